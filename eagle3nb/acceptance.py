@@ -1,0 +1,176 @@
+"""Acceptance of a drafter: greedy chain speculative decoding with a real target (the simulator).
+
+One *cycle*: the drafter proposes k tokens from the target's aux states and the newest token; the
+target scores context + drafts in one forward, accepts the longest prefix of drafts that equals its
+own greedy choices, and adds one token of its own (the bonus token). Output therefore equals the
+target's plain greedy output token for token (checked by :func:`evaluate_acceptance`).
+
+Definitions (as in ``../shared/reference/conventions.md`` section 4, vLLM ``spec_decode`` metrics):
+- per-position acceptance a_i (i = 1..k) = fraction of cycles whose draft position i was accepted
+  (vLLM ``spec_decode_num_accepted_tokens_per_pos`` / ``num_drafts``); non-increasing in i.
+- acceptance length tau = mean tokens emitted per cycle = 1 + mean accepted drafts = 1 + sum a_i
+  (SGLang: ``completion_tokens / spec_verify_ct``); at most k + 1.
+- draft acceptance rate = accepted drafts / drafted tokens = (tau - 1) / k (vLLM's name).
+Cycles cut short by ``max_new_tokens`` or EOS are counted with what the target accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Sequence
+
+import torch
+
+from .capture import capture_boundaries, n_layers_of
+from .drafter import Eagle3Drafter
+
+__all__ = ["AcceptanceStats", "draft_chain", "speculative_generate", "greedy_generate", "evaluate_acceptance"]
+
+
+@dataclass
+class AcceptanceStats:
+    """Counters over cycles; :meth:`summary` gives a_i, tau and the draft acceptance rate."""
+
+    k: int
+    cycles: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    accepted_total: int = 0
+    emitted_tokens: int = 0
+
+    def __post_init__(self):
+        if not self.accepted_per_pos:
+            self.accepted_per_pos = [0] * self.k
+
+    def add(self, n_accepted: int) -> None:
+        self.cycles += 1
+        self.accepted_total += n_accepted
+        for i in range(n_accepted):
+            self.accepted_per_pos[i] += 1
+
+    def merge(self, other: "AcceptanceStats") -> None:
+        self.cycles += other.cycles
+        self.accepted_total += other.accepted_total
+        self.emitted_tokens += other.emitted_tokens
+        self.accepted_per_pos = [a + b for a, b in zip(self.accepted_per_pos, other.accepted_per_pos)]
+
+    def summary(self) -> dict:
+        c = max(self.cycles, 1)
+        a = [x / c for x in self.accepted_per_pos]
+        return {
+            "k": self.k,
+            "cycles": self.cycles,
+            "per_position_acceptance": a,
+            "tau": 1.0 + self.accepted_total / c,
+            "draft_acceptance_rate": self.accepted_total / (c * self.k),
+            "emitted_tokens": self.emitted_tokens,
+        }
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@torch.no_grad()
+def draft_chain(drafter: Eagle3Drafter, tokens: torch.Tensor, aux: torch.Tensor, k: int) -> list[int]:
+    """Propose k target-vocab tokens greedily.
+
+    Args:
+        tokens: ``[n+1]`` int64 context x_0..x_n (x_n = newest token, not yet seen by the target).
+        aux: ``[n, n_aux*Ht]`` aux states of positions 0..n-1.
+
+    Returns:
+        k target ids d_1..d_k (d_1 drafts x_{n+1}).
+
+    Mirrors the serve-time flow of SGLang ``eagle_worker.py`` (draft extend over the verified
+    tokens with the target's states, then k-1 chained steps on the drafter's own outputs), with
+    top-k = 1.
+    """
+    n = aux.shape[0]
+    dev = aux.device
+    idx = torch.arange(n, device=dev)
+    out, logits, kv = drafter.step(tokens[None, 1 : n + 1], aux[None], idx[None], [], idx)  # out: [1, n, H]
+    cache = [kv]
+    d = drafter.draft_to_target(logits[0, -1].argmax())  # scalar
+    drafts = [int(d)]
+    hidden = out[:, -1:]  # [1, 1, H] pre-norm output at the last position
+    last = idx[-1:]
+    for j in range(1, k):
+        out, logits, kv = drafter.step(d.view(1, 1), hidden, (last + j)[None], cache, last)
+        cache.append(kv)
+        d = drafter.draft_to_target(logits[0, -1].argmax())
+        drafts.append(int(d))
+        hidden = out
+    return drafts
+
+
+@torch.no_grad()
+def speculative_generate(target, drafter: Eagle3Drafter, prompt_ids: Sequence[int], boundaries: Sequence[int], k: int, max_new_tokens: int, eos_token_id: int | None = None):
+    """Greedy chain speculative decoding of one prompt.
+
+    Args:
+        target: HF causal LM; boundaries: aux boundaries fed to the drafter (may differ from the ones
+            it was trained on, to measure a mismatch); k: drafts per cycle.
+
+    Returns:
+        ``(new_token_ids list[int], AcceptanceStats)``.
+    """
+    n_layers = n_layers_of(target)
+    bnds = list(boundaries)
+    dec = target.model
+    stats = AcceptanceStats(k)
+    seq = torch.tensor(list(prompt_ids), dtype=torch.long)
+    new: list[int] = []
+    drafts: list[int] = []
+    while True:
+        full = torch.cat([seq, torch.tensor(drafts, dtype=torch.long)])
+        st = capture_boundaries(target, full[None], sorted(set(bnds + [n_layers])))
+        logits = target.lm_head(dec.norm(st[n_layers][0]))  # [L, vocab]
+        n = seq.numel() - 1  # index of the newest verified token
+        greedy = logits[n:].argmax(-1).tolist()  # target choices for positions n+1 .. n+len(drafts)+1
+        m = 0
+        while m < len(drafts) and drafts[m] == greedy[m]:
+            m += 1
+        if drafts:
+            stats.add(m)
+        emit = drafts[:m] + [greedy[m]]
+        stop = False
+        for t in emit:
+            new.append(t)
+            if len(new) >= max_new_tokens or (eos_token_id is not None and t == eos_token_id):
+                stop = True
+                break
+        if stop:
+            break
+        seq = torch.cat([seq, torch.tensor(emit, dtype=torch.long)])
+        aux = torch.cat([st[b][0, : seq.numel() - 1] for b in bnds], dim=-1)  # [n', n_aux*Ht]
+        drafts = draft_chain(drafter, seq, aux, k)
+    stats.emitted_tokens = len(new)
+    return new, stats
+
+
+@torch.no_grad()
+def greedy_generate(target, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_id: int | None) -> list[int]:
+    """The target's plain greedy continuation (HF ``generate``, unpadded, KV cache)."""
+    ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
+    out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos_token_id, pad_token_id=eos_token_id if eos_token_id is not None else 0)
+    return out[0, ids.shape[1] :].tolist()
+
+
+def evaluate_acceptance(target, drafter, prompts_ids: Sequence[Sequence[int]], boundaries, k: int, max_new_tokens: int, eos_token_id: int | None, check_greedy: bool = True, progress=None) -> dict:
+    """Run :func:`speculative_generate` over prompts and aggregate.
+
+    Returns:
+        ``summary`` of :class:`AcceptanceStats` plus ``greedy_mismatches`` (prompts whose output
+        differs from plain greedy; must be 0) and per-prompt emitted counts.
+    """
+    total = AcceptanceStats(k)
+    mismatches = []
+    it = progress(prompts_ids) if progress else prompts_ids
+    for i, p in enumerate(it):
+        new, st = speculative_generate(target, drafter, p, boundaries, k, max_new_tokens, eos_token_id)
+        total.merge(st)
+        if check_greedy and new != greedy_generate(target, p, max_new_tokens, eos_token_id):
+            mismatches.append(i)
+    out = total.summary()
+    out["greedy_mismatches"] = mismatches
+    out["boundaries"] = list(boundaries)
+    return out

@@ -1,0 +1,168 @@
+"""Capture the target's residual stream at boundaries, behind one engine interface.
+
+A *capture engine* takes token ids and layer ids in its own convention and returns, per sample,
+the aux hidden states ``[T, n_aux * H]`` (concatenated in boundary order) and the final pre-norm
+state ``[T, H]`` (boundary N, from which the target's next-token distribution is recomputed by its
+norm and lm_head). The engine that really ran is named in ``engine_name``; the convention whose ids
+it accepts is ``convention`` (HF capturing at SGLang's capture point is still HF output).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+from .conventions import Convention, check_boundaries, get_convention
+
+__all__ = ["capture_boundaries", "CaptureEngine", "HFCaptureEngine", "Captured", "n_layers_of"]
+
+
+def n_layers_of(model) -> int:
+    """Number of decoder layers N of an HF causal LM."""
+    return int(model.config.num_hidden_layers)
+
+
+def _decoder(model):
+    return model.model if hasattr(model, "model") else model
+
+
+@contextmanager
+def _boundary_hooks(model, boundaries: Sequence[int], store: dict):
+    """Hooks that clone the residual stream at each boundary into ``store[b]``.
+
+    Boundary b < N: input of decoder layer b (forward pre-hook). Boundary N: input of the final norm
+    (the last layer's output before the norm). HF Llama keeps the residual stream whole (no fused
+    add+norm), so the layer input *is* the residual stream; we clone because later in-place kernels
+    could overwrite a view (failure kind "residual aliased").
+    """
+    dec = _decoder(model)
+    n = len(dec.layers)
+    handles = []
+
+    def grab(b):
+        def hook(_mod, args, kwargs):
+            x = args[0] if args else kwargs["hidden_states"]
+            store[b] = x.detach().clone()
+
+        return hook
+
+    for b in boundaries:
+        mod = dec.norm if b == n else dec.layers[b]
+        handles.append(mod.register_forward_pre_hook(grab(b), with_kwargs=True))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@torch.no_grad()
+def capture_boundaries(model, input_ids: torch.Tensor, boundaries: Sequence[int], attention_mask=None) -> dict[int, torch.Tensor]:
+    """Residual stream of an HF decoder at the given boundaries.
+
+    Args:
+        model: HF causal LM (Llama family).
+        input_ids: ``[B, T]`` int64. Right padding only (positions are 0..T-1).
+        boundaries: each in 0..N; N means the last layer's output before the final norm.
+        attention_mask: ``[B, T]`` (1 = token, 0 = pad) or None.
+
+    Returns:
+        ``{b: [B, T, H]}`` in the model's dtype, cloned.
+
+    Raises:
+        ValueError: a boundary outside 0..N, or left padding in ``attention_mask``.
+    """
+    n = n_layers_of(model)
+    bs = check_boundaries(sorted(set(int(b) for b in boundaries)), n, "boundaries")
+    if attention_mask is not None and (attention_mask[:, 0] == 0).any():
+        raise ValueError("attention_mask: capture needs right padding (pad at the end); got left padding")
+    store: dict[int, torch.Tensor] = {}
+    with _boundary_hooks(model, bs, store):
+        _decoder(model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    return {b: store[b] for b in bs}
+
+
+@dataclass
+class Captured:
+    """One sample's capture: ``aux`` ``[T, n_aux*H]``, ``final`` ``[T, H]`` (boundary N)."""
+
+    aux: torch.Tensor
+    final: torch.Tensor
+
+
+class CaptureEngine(Protocol):
+    """What an extraction notebook needs from an engine (HF here; SGLang/vLLM behind the same API).
+
+    Attributes:
+        engine_name: the engine that actually runs (e.g. ``"hf-transformers"``).
+        engine_version: its package version.
+        convention: the layer-id convention of the ids passed to :meth:`capture`.
+    """
+
+    engine_name: str
+    engine_version: str
+    convention: Convention
+
+    def capture(self, samples: Sequence[Sequence[int]], ids: Sequence[int]) -> list[Captured]: ...
+
+
+class HFCaptureEngine:
+    """Hugging Face transformers capturing at another engine's capture point.
+
+    It maps ``ids`` through ``convention`` (default SGLang: boundary = id + 1) and captures the
+    residual stream there, cloned, plus boundary N for the target distribution. The output is HF's
+    output: ``engine_name`` says ``hf-transformers`` whatever the convention.
+
+    Args:
+        model: HF causal LM in eval mode.
+        convention: name of the convention the ids are given in.
+        batch_size: samples per padded forward (right padding; equal to one-by-one, see tests).
+    """
+
+    engine_name = "hf-transformers"
+
+    def __init__(self, model, convention: str = "sglang", batch_size: int = 16):
+        import transformers
+
+        self.model = model
+        self.convention = get_convention(convention)
+        self.engine_version = transformers.__version__
+        self.batch_size = int(batch_size)
+        self.n_layers = n_layers_of(model)
+
+    def boundaries(self, ids: Sequence[int]) -> list[int]:
+        """Boundaries captured for ``ids`` (raises like the engine would refuse)."""
+        return check_boundaries(self.convention.ids_to_boundaries(ids, self.n_layers), self.n_layers, "aux boundaries")
+
+    def capture(self, samples: Sequence[Sequence[int]], ids: Sequence[int]) -> list[Captured]:
+        """Capture aux states for each sample.
+
+        Args:
+            samples: token id lists (ragged).
+            ids: layer ids in ``self.convention``.
+
+        Returns:
+            One :class:`Captured` per sample, float tensors on CPU, ``aux [T, len(ids)*H]``,
+            ``final [T, H]``.
+        """
+        bnds = self.boundaries(ids)
+        n = self.n_layers
+        out: list[Captured] = []
+        dev = next(self.model.parameters()).device
+        for s in range(0, len(samples), self.batch_size):
+            chunk = [list(x) for x in samples[s : s + self.batch_size]]
+            lens = [len(x) for x in chunk]
+            T = max(lens)
+            ids_t = torch.zeros(len(chunk), T, dtype=torch.long)
+            mask = torch.zeros(len(chunk), T, dtype=torch.long)
+            for i, x in enumerate(chunk):
+                ids_t[i, : len(x)] = torch.tensor(x)
+                mask[i, : len(x)] = 1
+            states = capture_boundaries(self.model, ids_t.to(dev), sorted(set(bnds + [n])), mask.to(dev))
+            for i, L in enumerate(lens):
+                aux = torch.cat([states[b][i, :L] for b in bnds], dim=-1).cpu()  # [L, n_aux*H]
+                out.append(Captured(aux=aux, final=states[n][i, :L].cpu()))  # final: [L, H]
+        return out

@@ -1,0 +1,194 @@
+"""The offline aux hidden-state dataset: safetensors shards plus a manifest.
+
+Shard ``shard-00000.safetensors`` packs its samples back to back (S samples, N tokens in all):
+
+    input_ids  [N] int64          loss_mask [N] uint8 (1 = loss-bearing)
+    aux        [N, n_aux*H]       aux states at the manifest's boundaries, concatenated in order
+    final      [N, H]             boundary N (last layer output before the final norm)
+    offsets    [S+1] int64        sample i = rows offsets[i]:offsets[i+1]
+    sample_ids [S] int64          index into the generation JSONL
+
+``manifest.json`` records provenance and per-shard sha256. Shards are written to a temp file and
+renamed; the manifest is rewritten after every shard, so an interrupted extraction loses nothing
+finished and a rerun skips finished shards.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .manifest import ManifestMismatch, atomic_write_json, read_json, sha256_file
+
+__all__ = ["write_dataset", "AuxDataset", "collate", "states_by_boundary", "DATASET_KIND", "estimate_bytes"]
+
+DATASET_KIND = "eagle3nb-aux-dataset"
+FORMAT_VERSION = 1
+# settings that must match for a rerun to resume instead of starting over
+_RESUME_KEYS = ("target", "engine", "convention", "layer_ids", "aux_boundaries", "dtype", "template", "shard_size", "n_input_samples")
+
+
+def estimate_bytes(n_tokens: int, n_aux: int, hidden: int, dtype_bytes: int) -> int:
+    """Disk need: tokens x (n_aux + 1) x H x bytes, plus ids (8 B) and mask (1 B) per token."""
+    return n_tokens * ((n_aux + 1) * hidden * dtype_bytes + 9)
+
+
+def _save_atomic(tensors: dict, path: Path, metadata: dict) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata=metadata)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_dataset(out_dir: str | os.PathLike, samples: Sequence[tuple[int, list[int], list[int]]], capture: Callable, manifest: dict, shard_size: int = 64, dtype: torch.dtype = torch.float32, progress=None) -> dict:
+    """Capture and store aux states for ``samples``, resuming a compatible partial run.
+
+    Args:
+        samples: ``(sample_id, input_ids, loss_mask)`` triples.
+        capture: ``list[list[int]] -> list[Captured]`` (an engine's bound ``capture`` method).
+        manifest: provenance fields (target, engine, convention, layer_ids, aux_boundaries, dtype,
+            template, seed, ...), stored in ``manifest.json``.
+        shard_size: samples per shard.
+
+    Returns:
+        The final manifest (``complete: True``).
+
+    Raises:
+        ManifestMismatch: ``out_dir`` holds a dataset made with other settings (delete it or pick
+            another run name). ValueError: ``shard_size`` < 1 or no samples.
+    """
+    if shard_size < 1:
+        raise ValueError(f"shard_size={shard_size}: must be >= 1")
+    if not samples:
+        raise ValueError("samples is empty: 01_generate produced no sample to extract")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    man = dict(manifest, kind=DATASET_KIND, format_version=FORMAT_VERSION, shard_size=shard_size, n_input_samples=len(samples))
+    mpath = out / "manifest.json"
+    done: dict[str, dict] = {}
+    skipped = {"nonfinite": [], "empty_loss_mask": []}
+    if mpath.exists():
+        old = read_json(mpath)
+        diff = [k for k in _RESUME_KEYS if old.get(k) != man.get(k)]
+        if diff:
+            raise ManifestMismatch(f"{out} holds a dataset made with other settings ({', '.join(diff)} differ); delete the folder or use another run_name")
+        for s in old.get("shards", []):
+            f = out / s["file"]
+            if f.exists() and sha256_file(f) == s["sha256"]:
+                done[s["file"]] = s
+        skipped = old.get("skipped", skipped)
+    shards = []
+    chunks = [samples[i : i + shard_size] for i in range(0, len(samples), shard_size)]
+    it = progress(list(enumerate(chunks))) if progress else enumerate(chunks)
+    for si, chunk in it:
+        name = f"shard-{si:05d}.safetensors"
+        if name in done:
+            shards.append(done[name])
+            continue
+        keep = [s for s in chunk if any(s[2])]
+        skipped["empty_loss_mask"] += [int(s[0]) for s in chunk if not any(s[2])]
+        caps = capture([s[1] for s in keep]) if keep else []
+        rows = []
+        for s, c in zip(keep, caps):
+            if len(s[1]) != c.aux.shape[0]:
+                raise RuntimeError(f"engine returned {c.aux.shape[0]} rows for sample {s[0]} of {len(s[1])} tokens")
+            if not (torch.isfinite(c.aux).all() and torch.isfinite(c.final).all()):
+                skipped["nonfinite"].append(int(s[0]))
+                continue
+            rows.append((s, c))
+        lens = [len(s[1]) for s, _ in rows]
+        t = {
+            "input_ids": torch.tensor([x for s, _ in rows for x in s[1]], dtype=torch.long),
+            "loss_mask": torch.tensor([x for s, _ in rows for x in s[2]], dtype=torch.uint8),
+            "aux": torch.cat([c.aux for _, c in rows]).to(dtype) if rows else torch.zeros(0, 0, dtype=dtype),
+            "final": torch.cat([c.final for _, c in rows]).to(dtype) if rows else torch.zeros(0, 0, dtype=dtype),
+            "offsets": torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist() if lens else []), dtype=torch.long),
+            "sample_ids": torch.tensor([int(s[0]) for s, _ in rows], dtype=torch.long),
+        }
+        _save_atomic({k: v.contiguous() for k, v in t.items()}, out / name, {"format": DATASET_KIND})
+        shards.append({"file": name, "n_samples": len(rows), "n_tokens": int(sum(lens)), "sha256": sha256_file(out / name)})
+        atomic_write_json(mpath, dict(man, shards=shards, skipped=skipped, complete=False))
+    man = dict(man, shards=shards, skipped=skipped, complete=True)
+    man["n_samples"] = sum(s["n_samples"] for s in shards)
+    man["n_tokens"] = sum(s["n_tokens"] for s in shards)
+    atomic_write_json(mpath, man)
+    return man
+
+
+class AuxDataset:
+    """Samples of a dataset folder, loaded into memory after checking every shard's sha256.
+
+    ``ds[i]`` -> dict ``input_ids [T] int64, loss_mask [T] uint8, aux [T, n_aux*H], final [T, H]``.
+
+    Raises:
+        FileNotFoundError: no manifest. ValueError: incomplete dataset, or a shard whose bytes do
+            not match its recorded sha256 (the file is named).
+    """
+
+    def __init__(self, path: str | os.PathLike, verify: bool = True):
+        self.path = Path(path)
+        self.manifest = read_json(self.path / "manifest.json", "dataset manifest")
+        if self.manifest.get("kind") != DATASET_KIND:
+            raise ValueError(f"{self.path}/manifest.json is not an eagle3nb dataset manifest (kind={self.manifest.get('kind')!r})")
+        if not self.manifest.get("complete"):
+            raise ValueError(f"dataset {self.path} is incomplete (extraction interrupted); rerun 02b to finish it")
+        self.items: list[dict] = []
+        for s in self.manifest["shards"]:
+            f = self.path / s["file"]
+            if verify and sha256_file(f) != s["sha256"]:
+                raise ValueError(f"shard {f} is corrupt: its sha256 differs from the manifest; rerun 02b after deleting it")
+            t = load_file(str(f))
+            off = t["offsets"].tolist()
+            for i in range(len(off) - 1):
+                a, b = off[i], off[i + 1]
+                self.items.append({k: t[k][a:b] for k in ("input_ids", "loss_mask", "aux", "final")} | {"sample_id": int(t["sample_ids"][i])})
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict:
+        return self.items[i]
+
+
+def collate(items: Sequence[dict]) -> dict:
+    """Right-pad samples into a batch: ``input_ids, loss_mask, attn_mask [B, T]``, ``aux [B, T, A]``,
+    ``final [B, T, H]`` (aux/final cast to float32 for training)."""
+    B, T = len(items), max(x["input_ids"].numel() for x in items)
+    A, H = items[0]["aux"].shape[1], items[0]["final"].shape[1]
+    out = {
+        "input_ids": torch.zeros(B, T, dtype=torch.long),
+        "loss_mask": torch.zeros(B, T, dtype=torch.long),
+        "attn_mask": torch.zeros(B, T, dtype=torch.long),
+        "aux": torch.zeros(B, T, A),
+        "final": torch.zeros(B, T, H),
+    }
+    for r, x in enumerate(items):
+        L = x["input_ids"].numel()
+        out["input_ids"][r, :L] = x["input_ids"]
+        out["loss_mask"][r, :L] = x["loss_mask"].long()
+        out["attn_mask"][r, :L] = 1
+        out["aux"][r, :L] = x["aux"].float()
+        out["final"][r, :L] = x["final"].float()
+    return out
+
+
+def states_by_boundary(ds: AuxDataset, max_tokens: int = 4096) -> dict[int, torch.Tensor]:
+    """``{boundary: [n, H] float32}`` for the aux boundaries and the final boundary N, from the first
+    ``max_tokens`` tokens of the dataset (for distribution plots)."""
+    bnds = list(ds.manifest["aux_boundaries"])
+    aux = torch.cat([x["aux"] for x in ds.items])[:max_tokens].float()  # [n, n_aux*H]
+    fin = torch.cat([x["final"] for x in ds.items])[:max_tokens].float()  # [n, H]
+    H = fin.shape[1]
+    out = {b: aux[:, i * H : (i + 1) * H] for i, b in enumerate(bnds)}
+    out[int(ds.manifest["final_boundary"])] = fin
+    return out

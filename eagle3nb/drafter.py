@@ -1,0 +1,246 @@
+"""The EAGLE-3 draft model (drafter), in one readable file.
+
+Mirrors SGLang ``srt/models/llama_eagle3.py`` (``LlamaForCausalLMEagle3``) and vLLM
+``model_executor/models/llama_eagle3.py`` so that an exported drafter computes the same function in
+both engines; the EAGLE-3 paper (Li et al., 2025) and SafeAILab/EAGLE ``cnets.py`` for training.
+
+Data flow for one draft step at sequence position t (H = drafter hidden, Ht = target hidden):
+
+    step 0:  hidden = fc(concat(aux states at the low/mid/high boundaries))   [B, T, n_aux*Ht] -> [B, T, H]
+    step j:  hidden = the drafter's own pre-norm output of step j-1           [B, T, H]
+    x      = concat(input_layernorm(embed(token)), hidden_norm(hidden))        [B, T, 2H]
+    h      = hidden + o_proj(attention(x))          (residual = the un-normed hidden)
+    out    = h + mlp(post_attention_layernorm(h))   -> pre-norm output, fed to step j+1
+    logits = lm_head(norm(out))                     [B, T, draft_vocab]; target id = d + d2t[d]
+
+Attention in training-time test (TTT): the query of step j at position t sees the step-0 keys of
+positions 0..t (causal) and the keys of steps 1..j at position t only (the draft chain so far). Its
+RoPE position is t + j, the position that token occupies when served.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+__all__ = ["DrafterConfig", "Eagle3Drafter", "RMSNorm", "KV"]
+
+
+@dataclass
+class DrafterConfig:
+    """Shapes of the drafter. Defaults of a drafter for a target come from :meth:`for_target`."""
+
+    hidden_size: int
+    target_hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int  # target vocab (embeddings, t2d)
+    draft_vocab_size: int
+    n_aux: int = 3
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+    norm_before_residual: bool = False
+
+    @classmethod
+    def for_target(cls, target_config, draft_vocab_size: int, n_aux: int = 3) -> "DrafterConfig":
+        """Drafter shaped like one decoder layer of the target (the usual EAGLE-3 choice)."""
+        c = target_config
+        hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        rope = (getattr(c, "rope_parameters", None) or {}).get("rope_theta", getattr(c, "rope_theta", 10000.0))
+        if not 1 <= draft_vocab_size <= c.vocab_size:
+            raise ValueError(
+                f"draft_vocab_size={draft_vocab_size}: must be in 1..{c.vocab_size} (the target vocab); "
+                "lower it or use the full vocab"
+            )
+        return cls(
+            hidden_size=c.hidden_size,
+            target_hidden_size=c.hidden_size,
+            intermediate_size=c.intermediate_size,
+            num_attention_heads=c.num_attention_heads,
+            num_key_value_heads=c.num_key_value_heads,
+            head_dim=hd,
+            vocab_size=c.vocab_size,
+            draft_vocab_size=int(draft_vocab_size),
+            n_aux=n_aux,
+            rms_norm_eps=c.rms_norm_eps,
+            rope_theta=float(rope),
+            max_position_embeddings=c.max_position_embeddings,
+        )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm as in Llama: ``x / rms(x) * weight``, computed in float32."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dt = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dt)
+
+
+def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotary embedding (HF rotate_half layout). x: [B, h, T, d]; pos: [B, T] int64."""
+    d = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))  # [d/2]
+    ang = pos.to(torch.float32)[..., None] * inv  # [B, T, d/2]
+    emb = torch.cat([ang, ang], dim=-1)[:, None]  # [B, 1, T, d]
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    x1, x2 = x[..., : d // 2], x[..., d // 2 :]
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+
+
+KV = tuple[torch.Tensor, torch.Tensor]  # (k, v), each [B, h_kv, T, d]
+
+
+class Eagle3Attention(nn.Module):
+    """Self-attention over the TTT cache: causal over step-0 keys, diagonal over later steps."""
+
+    def __init__(self, c: DrafterConfig):
+        super().__init__()
+        self.c = c
+        nh, nkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.q_proj = nn.Linear(2 * c.hidden_size, nh * hd, bias=False)
+        self.k_proj = nn.Linear(2 * c.hidden_size, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(2 * c.hidden_size, nkv * hd, bias=False)
+        self.o_proj = nn.Linear(nh * hd, c.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: list[KV], q_index: torch.Tensor, key_mask: Optional[torch.Tensor]):
+        """x: [B, Tq, 2H]; pos: [B, Tq] RoPE positions; cache: earlier steps' KV (step 0 first);
+        q_index: [Tq] sequence index of each query (for the causal mask over step 0);
+        key_mask: [B, T0] bool, False on padding keys. Returns ([B, Tq, H], this step's KV)."""
+        c = self.c
+        B, Tq, _ = x.shape
+        nh, nkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        q = self.q_proj(x).view(B, Tq, nh, hd).transpose(1, 2)  # [B, nh, Tq, hd]
+        k = self.k_proj(x).view(B, Tq, nkv, hd).transpose(1, 2)  # [B, nkv, Tq, hd]
+        v = self.v_proj(x).view(B, Tq, nkv, hd).transpose(1, 2)  # [B, nkv, Tq, hd]
+        q, k = _rope(q, pos, c.rope_theta), _rope(k, pos, c.rope_theta)
+        rep = nh // nkv
+        steps = cache + [(k, v)]
+        k0, v0 = (t.repeat_interleave(rep, dim=1) for t in steps[0])  # [B, nh, T0, hd]
+        scale = 1.0 / math.sqrt(hd)
+        s0 = (q @ k0.transpose(-1, -2)) * scale  # [B, nh, Tq, T0]
+        T0 = k0.shape[2]
+        allowed = torch.arange(T0, device=x.device)[None, :] <= q_index[:, None]  # [Tq, T0] causal
+        allowed = allowed[None, None]
+        if key_mask is not None:
+            allowed = allowed & key_mask[:, None, None, :]
+        s0 = s0.masked_fill(~allowed, torch.finfo(s0.dtype).min)
+        # later steps: each query sees only the same-position key of steps 1..j
+        later = [(ki.repeat_interleave(rep, 1), vi.repeat_interleave(rep, 1)) for ki, vi in steps[1:]]
+        sd = [(q * ki).sum(-1, keepdim=True) * scale for ki, _ in later]  # each [B, nh, Tq, 1]
+        p = torch.softmax(torch.cat([s0, *sd], dim=-1), dim=-1)  # [B, nh, Tq, T0 + j]
+        o = p[..., :T0] @ v0  # [B, nh, Tq, hd]
+        for i, (_, vi) in enumerate(later):
+            o = o + p[..., T0 + i : T0 + i + 1] * vi
+        o = o.transpose(1, 2).reshape(B, Tq, nh * hd)  # [B, Tq, nh*hd]
+        return self.o_proj(o), (k, v)
+
+
+class Eagle3MLP(nn.Module):
+    def __init__(self, c: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(c.intermediate_size, c.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Eagle3DecoderLayer(nn.Module):
+    """The single decoder layer (``midlayer``): attention input = concat(normed embeds, normed hidden)."""
+
+    def __init__(self, c: DrafterConfig):
+        super().__init__()
+        self.c = c
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.self_attn = Eagle3Attention(c)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.mlp = Eagle3MLP(c)
+
+    def forward(self, embeds, hidden, pos, cache, q_index, key_mask):
+        normed_h = self.hidden_norm(hidden)  # [B, Tq, H]
+        residual = normed_h if self.c.norm_before_residual else hidden
+        x = torch.cat([self.input_layernorm(embeds), normed_h], dim=-1)  # [B, Tq, 2H]
+        a, kv = self.self_attn(x, pos, cache, q_index, key_mask)
+        h = residual + a  # [B, Tq, H]
+        out = h + self.mlp(self.post_attention_layernorm(h))  # [B, Tq, H] pre-norm output
+        return out, kv
+
+
+class Eagle3Drafter(nn.Module):
+    """EAGLE-3 drafter: ``fc``, ``midlayer``, ``norm``, ``lm_head`` over the draft vocab, ``d2t``/``t2d``.
+
+    Buffers:
+        d2t: ``[draft_vocab]`` int64 offsets, target id = draft id + d2t[draft id].
+        t2d: ``[vocab]`` bool, True for target ids in the draft vocab.
+    The embedding is the target's, frozen (engines share it at serve time; exports omit it).
+    """
+
+    def __init__(self, c: DrafterConfig, target_embed: Optional[torch.Tensor] = None):
+        super().__init__()
+        self.config = c
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        if target_embed is not None:
+            if tuple(target_embed.shape) != (c.vocab_size, c.hidden_size):
+                raise ValueError(
+                    f"target_embed shape {tuple(target_embed.shape)} != (vocab_size, hidden_size) = "
+                    f"({c.vocab_size}, {c.hidden_size}); pass the target's embed_tokens.weight"
+                )
+            self.embed_tokens.weight.data.copy_(target_embed)
+        self.embed_tokens.requires_grad_(False)
+        self.fc = nn.Linear(c.n_aux * c.target_hidden_size, c.hidden_size, bias=False)
+        self.midlayer = Eagle3DecoderLayer(c)
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
+        self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool) if c.draft_vocab_size == c.vocab_size else torch.zeros(c.vocab_size, dtype=torch.bool))
+
+    def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+        """Install the draft vocabulary mapping (see :mod:`eagle3nb.vocab`)."""
+        self.d2t.copy_(d2t)
+        self.t2d.copy_(t2d)
+
+    def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocab ids (any shape, int64) -> target ids."""
+        return draft_ids + self.d2t[draft_ids]
+
+    def step(self, token_ids, hidden, pos, cache: list[KV], q_index, key_mask=None):
+        """One draft step.
+
+        Args:
+            token_ids: ``[B, Tq]`` int64 target ids fed at this step.
+            hidden: ``[B, Tq, n_aux*Ht]`` aux states (when ``cache`` is empty: step 0, goes through
+                ``fc``) or ``[B, Tq, H]`` the previous step's pre-norm output.
+            pos: ``[B, Tq]`` int64 RoPE positions.
+            cache: KV of earlier steps of this chain, step 0 first.
+            q_index: ``[Tq]`` int64 index of each query among the step-0 keys.
+            key_mask: ``[B, T0]`` bool, False on padding.
+
+        Returns:
+            ``(out [B, Tq, H] pre-norm, logits [B, Tq, draft_vocab], kv)``.
+        """
+        if not cache:
+            hidden = self.fc(hidden)  # [B, Tq, n_aux*Ht] -> [B, Tq, H]
+        embeds = self.embed_tokens(token_ids)  # [B, Tq, H]
+        out, kv = self.midlayer(embeds, hidden, pos, cache, q_index, key_mask)
+        logits = self.lm_head(self.norm(out))  # [B, Tq, draft_vocab]
+        return out, logits, kv

@@ -1,0 +1,138 @@
+"""Export a trained drafter to a folder SGLang and vLLM load, and load it back (refusing broken ones).
+
+Config keys (``../shared/reference/conventions.md`` section 2):
+- ``architectures: ["LlamaForCausalLMEagle3"]``: SGLang's ``srt/models/llama_eagle3.py`` class name;
+  vLLM's model registry maps the same name to its ``Eagle3LlamaForCausalLM``.
+- ids for each engine in its own convention, so both capture the boundaries the drafter was trained
+  on: SGLang reads only nested ``eagle_config.eagle_aux_hidden_state_layer_ids`` (id = boundary - 1);
+  vLLM reads top-level ``eagle_aux_hidden_state_layer_ids`` (id = boundary).
+- ``draft_vocab_size``, ``target_hidden_size``, ``tie_word_embeddings: false`` when the vocab is
+  reduced, ``norm_before_residual``.
+Weights (``model.safetensors``): ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``,
+``d2t`` (int64 offsets), ``t2d`` (bool). The embedding is omitted: both engines share the target's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .conventions import check_boundaries, get_convention
+from .drafter import DrafterConfig, Eagle3Drafter
+from .manifest import atomic_write_json
+from .vocab import check_draft_vocab
+
+__all__ = ["export_drafter", "load_drafter", "REQUIRED_TENSORS", "drafter_config_json"]
+
+ARCH = "LlamaForCausalLMEagle3"
+REQUIRED_TENSORS = ["fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"] + [
+    f"midlayer.{n}.weight"
+    for n in [
+        "input_layernorm", "hidden_norm", "post_attention_layernorm",
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+    ]
+]
+
+
+def drafter_config_json(c: DrafterConfig, aux_boundaries: list[int], target_n_layers: int, bos: int | None, eos: int | None) -> dict:
+    """The config.json for both engines (ids in each engine's own convention)."""
+    b = check_boundaries(aux_boundaries, target_n_layers, "aux_boundaries")
+    sglang_ids = get_convention("sglang").boundaries_to_ids(b, target_n_layers)
+    vllm_ids = get_convention("vllm").boundaries_to_ids(b, target_n_layers)
+    return {
+        "architectures": [ARCH],
+        "model_type": "llama",
+        "num_hidden_layers": 1,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": c.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "rope_scaling": None,
+        "max_position_embeddings": c.max_position_embeddings,
+        "vocab_size": c.vocab_size,
+        "draft_vocab_size": c.draft_vocab_size,
+        "target_hidden_size": c.target_hidden_size,
+        "tie_word_embeddings": False,
+        "norm_before_residual": c.norm_before_residual,
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+        "torch_dtype": "float32",
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": sglang_ids, "use_aux_hidden_state": True},
+        "eagle_aux_hidden_state_layer_ids": vllm_ids,
+        "eagle3nb": {"aux_boundaries": b, "target_num_hidden_layers": target_n_layers, "n_aux": c.n_aux},
+    }
+
+
+def export_drafter(drafter: Eagle3Drafter, out_dir: str | os.PathLike, aux_boundaries: list[int], target_n_layers: int, manifest: dict, bos: int | None = None, eos: int | None = None) -> Path:
+    """Write ``config.json``, ``model.safetensors`` and ``manifest.json`` into ``out_dir``.
+
+    The folder is built in a temp folder and renamed into place, so a crash never leaves a
+    half-written drafter. Returns the folder path.
+    """
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".tmp"))
+    try:
+        sd = {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items() if not k.startswith("embed_tokens")}
+        save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        cfg = drafter_config_json(drafter.config, aux_boundaries, target_n_layers, bos, eos)
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        atomic_write_json(tmp / "manifest.json", manifest)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def load_drafter(path: str | os.PathLike, target_embed: torch.Tensor | None = None) -> tuple[Eagle3Drafter, dict]:
+    """Load an exported drafter.
+
+    Args:
+        target_embed: ``[vocab, H]`` the target's embedding (exports omit it).
+
+    Returns:
+        ``(drafter, config_json)``.
+
+    Raises:
+        ValueError: a required tensor is missing (named), a shape contradicts the config (e.g. fc
+            width vs n_aux x target_hidden_size), or ``d2t``/``t2d`` are not consistent offsets.
+    """
+    path = Path(path)
+    cfg = json.loads((path / "config.json").read_text())
+    if ARCH not in cfg.get("architectures", []):
+        raise ValueError(f"{path}/config.json architectures={cfg.get('architectures')}; expected {ARCH!r}")
+    sd = load_file(str(path / "model.safetensors"))
+    missing = [k for k in REQUIRED_TENSORS if k not in sd]
+    if missing:
+        raise ValueError(f"drafter {path} lacks required tensors {missing}; re-export it (an engine would silently use random weights or an identity vocab)")
+    n_aux = cfg.get("eagle3nb", {}).get("n_aux") or len(cfg["eagle_aux_hidden_state_layer_ids"])
+    c = DrafterConfig(
+        hidden_size=cfg["hidden_size"], target_hidden_size=cfg.get("target_hidden_size", cfg["hidden_size"]),
+        intermediate_size=cfg["intermediate_size"], num_attention_heads=cfg["num_attention_heads"],
+        num_key_value_heads=cfg["num_key_value_heads"], head_dim=cfg["head_dim"], vocab_size=cfg["vocab_size"],
+        draft_vocab_size=cfg.get("draft_vocab_size", cfg["vocab_size"]), n_aux=n_aux, rms_norm_eps=cfg["rms_norm_eps"],
+        rope_theta=cfg["rope_theta"], max_position_embeddings=cfg["max_position_embeddings"],
+        norm_before_residual=cfg.get("norm_before_residual", False),
+    )
+    d = Eagle3Drafter(c, target_embed)
+    expect = {k: tuple(v.shape) for k, v in d.state_dict().items() if not k.startswith("embed_tokens")}
+    bad = [f"{k}: file {tuple(sd[k].shape)} vs config {s}" for k, s in expect.items() if k in sd and tuple(sd[k].shape) != s]
+    if bad:
+        raise ValueError(f"drafter {path}: weights contradict config.json ({'; '.join(bad)})")
+    check_draft_vocab(sd["d2t"], sd["t2d"])
+    d.load_state_dict(sd, strict=False)
+    return d.eval(), cfg

@@ -1,0 +1,70 @@
+"""Regenerate continuations with the target (the drafter learns what the target actually says).
+
+Writes JSONL, one record per prompt: ``{"id", "prompt", "prompt_ids", "output_ids", "text"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+__all__ = ["generate_batch", "write_jsonl", "read_jsonl"]
+
+
+@torch.no_grad()
+def generate_batch(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, eos_token_id: int | None, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> list[list[int]]:
+    """Continuations of a batch of prompts (left padding, HF ``generate``).
+
+    Args:
+        prompt_ids: ragged token id lists (with BOS / template applied).
+        temperature: 0 = greedy; > 0 samples with ``top_p``.
+
+    Returns:
+        One list of new token ids per prompt, cut after the first EOS (EOS kept: the drafter must
+        learn to predict it too).
+
+    Raises:
+        ValueError: ``max_new_tokens`` < 1, ``temperature`` < 0 or ``top_p`` outside (0, 1].
+    """
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 1")
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"temperature={temperature}, top_p={top_p}: need temperature >= 0 and 0 < top_p <= 1")
+    pad = eos_token_id if eos_token_id is not None else 0
+    T = max(len(p) for p in prompt_ids)
+    ids = torch.full((len(prompt_ids), T), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompt_ids):
+        ids[i, T - len(p) :] = torch.tensor(list(p))
+        mask[i, T - len(p) :] = 1
+    kw = dict(do_sample=False) if temperature == 0 else dict(do_sample=True, temperature=temperature, top_p=top_p)
+    torch.manual_seed(seed)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, pad_token_id=pad, **kw)
+    res = []
+    for row in out[:, T:].tolist():
+        if eos_token_id is not None and eos_token_id in row:
+            row = row[: row.index(eos_token_id) + 1]
+        res.append(row)
+    return res
+
+
+def write_jsonl(path: str | Path, records: list[dict]) -> None:
+    """Write records atomically (temp file, then rename)."""
+    path = Path(path)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: str | Path) -> list[dict]:
+    """Read JSONL records. Raises FileNotFoundError naming the file and the step that writes it."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; run notebooks/01_generate for this run first")
+    return [json.loads(ln) for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip()]

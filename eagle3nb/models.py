@@ -1,0 +1,113 @@
+"""Find and load target models from local folders (never from a hub).
+
+Resolution order for :func:`resolve_model`: an explicit existing path, then each folder listed in
+``$EAGLE3NB_MODEL_PATH`` (os.pathsep-separated), then ``../shared/models`` next to the repository.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+__all__ = ["resolve_model", "model_search_dirs", "load_target", "load_tokenizer", "model_hash", "DTYPES"]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ENV_VAR = "EAGLE3NB_MODEL_PATH"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SUPPORTED_ARCHS = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+
+
+def model_search_dirs() -> list[Path]:
+    """Folders searched for a model given by name, in order."""
+    dirs = [Path(p) for p in os.environ.get(ENV_VAR, "").split(os.pathsep) if p]
+    dirs.append(REPO_ROOT.parent / "shared" / "models")
+    return dirs
+
+
+def resolve_model(name_or_path: str | os.PathLike) -> Path:
+    """Resolve a model name or path to a local HF folder holding ``config.json``.
+
+    Args:
+        name_or_path: an existing folder, or a folder name looked up in :func:`model_search_dirs`.
+
+    Returns:
+        Absolute path of the model folder.
+
+    Raises:
+        FileNotFoundError: nothing found; the message lists every place looked at and how to add one.
+    """
+    looked = []
+    p = Path(name_or_path).expanduser()
+    candidates = [p] if p.is_absolute() or p.exists() else []
+    candidates += [d / str(name_or_path) for d in model_search_dirs()]
+    for c in candidates:
+        looked.append(str(c))
+        if (c / "config.json").is_file():
+            return c.resolve()
+    raise FileNotFoundError(
+        f"model={str(name_or_path)!r} not found; looked in: {looked}. Pass an existing folder with "
+        f"config.json, or add its parent folder to ${ENV_VAR} (no downloads are made)."
+    )
+
+
+def model_hash(path: str | os.PathLike) -> str:
+    """sha256 (hex) over the model folder's config.json and weight files, in name order."""
+    path = Path(path)
+    h = hashlib.sha256()
+    files = sorted([path / "config.json", *path.glob("*.safetensors"), *path.glob("*.bin")])
+    for f in files:
+        h.update(f.name.encode())
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def _check_folder(path: Path) -> None:
+    cfg = json.loads((path / "config.json").read_text())
+    archs = cfg.get("architectures") or []
+    if not set(archs) & SUPPORTED_ARCHS:
+        raise ValueError(
+            f"model={str(path)!r} has architectures={archs}; eagle3nb captures decoder-only models of "
+            f"{sorted(SUPPORTED_ARCHS)}; use one of those"
+        )
+    if not ((path / "tokenizer.json").is_file() or (path / "tokenizer.model").is_file()):
+        raise ValueError(f"model={str(path)!r} has no tokenizer.json or tokenizer.model; copy the tokenizer files into it")
+
+
+def load_tokenizer(path: str | os.PathLike):
+    """Load the target's tokenizer from its folder (local files only)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+
+
+def load_target(name_or_path: str | os.PathLike, dtype: str = "float32", device: str = "cpu"):
+    """Load a target model and tokenizer for inference (eval mode, grads off).
+
+    Args:
+        name_or_path: see :func:`resolve_model`.
+        dtype: one of ``float32``, ``bfloat16``, ``float16``.
+
+    Returns:
+        ``(model, tokenizer, path)``.
+
+    Raises:
+        ValueError: unknown dtype, unsupported architecture, or a folder without tokenizer.
+        FileNotFoundError: model not found.
+    """
+    from transformers import AutoModelForCausalLM
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype={dtype!r} is not supported; use one of {sorted(DTYPES)}")
+    path = resolve_model(name_or_path)
+    _check_folder(path)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=DTYPES[dtype], local_files_only=True, attn_implementation="eager"
+    ).to(device)
+    model.eval().requires_grad_(False)
+    return model, load_tokenizer(path), path

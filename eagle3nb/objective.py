@@ -1,0 +1,121 @@
+"""Training-time test (TTT): the EAGLE-3 training objective.
+
+Alignment at sequence position t and TTT step j (0..k-1), as in SafeAILab/EAGLE ``cnets.py`` and
+SpecForge ``core/eagle3.py``, with positions shifted by j as at serve time:
+
+    hidden  : step 0 -> aux states of position t; step j -> drafter pre-norm output of step j-1
+    token   : x[t+1+j]        (teacher forcing with the ground-truth token)
+    target  : p[t+1+j] = softmax over the draft vocab of lm_head(norm(final[t+1+j])), the target's
+              distribution of x[t+2+j]
+    weight  : 0.8**j, only where loss_mask[t+2+j] (the predicted token is loss-bearing), the position
+              is real (not padding), and the target's argmax lies in the draft vocab.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .drafter import Eagle3Drafter
+
+__all__ = ["shift_left", "ttt_inputs", "target_probs", "ttt_loss", "TTTResult"]
+
+
+def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
+    """``y[:, t] = x[:, t+n]`` along dim 1, ``fill`` past the end. x: ``[B, T, ...]``."""
+    if n == 0:
+        return x
+    pad = torch.full_like(x[:, :n], fill)
+    return torch.cat([x[:, n:], pad], dim=1)
+
+
+def ttt_inputs(input_ids: torch.Tensor, loss_mask: torch.Tensor, attn_mask: torch.Tensor, j: int):
+    """Token ids and loss weights (before decay and vocab masking) of TTT step j.
+
+    Args:
+        input_ids: ``[B, T]`` int64. loss_mask, attn_mask: ``[B, T]`` (1 = loss-bearing / real token).
+
+    Returns:
+        ``(tokens [B, T] = x[t+1+j], mask [B, T] bool = loss_mask[t+2+j] & real[t+2+j])``.
+    """
+    tokens = shift_left(input_ids, 1 + j)
+    mask = shift_left((loss_mask.bool() & attn_mask.bool()), 2 + j, False)
+    return tokens, mask
+
+
+@torch.no_grad()
+def target_probs(final: torch.Tensor, target_norm, target_lm_head, t2d: torch.Tensor, d2t: torch.Tensor):
+    """Target next-token distribution restricted to the draft vocab.
+
+    Args:
+        final: ``[B, T, Ht]`` boundary-N states (pre final norm).
+        target_norm, target_lm_head: the target's final RMSNorm and lm_head modules.
+        t2d: ``[vocab]`` bool; d2t: ``[draft_vocab]`` int64 offsets.
+
+    Returns:
+        ``(probs [B, T, draft_vocab] float32, in_vocab [B, T] bool: target argmax in the draft vocab,
+        argmax_target [B, T] int64 target ids)``.
+    """
+    logits = target_lm_head(target_norm(final)).float()  # [B, T, vocab]
+    amax = logits.argmax(-1)  # [B, T]
+    draft_ids_in_target = torch.arange(d2t.numel(), device=d2t.device) + d2t  # [draft_vocab]
+    probs = torch.softmax(logits[..., draft_ids_in_target], dim=-1)  # [B, T, draft_vocab]
+    return probs, t2d[amax], amax
+
+
+@dataclass
+class TTTResult:
+    """Loss (scalar, with grad), per-step loss and accuracy (python floats), per-step token counts."""
+
+    loss: torch.Tensor
+    step_loss: list[float]
+    step_acc: list[float]
+    step_count: list[int]
+
+
+def ttt_loss(drafter: Eagle3Drafter, input_ids, aux, final, loss_mask, attn_mask, target_norm, target_lm_head, k: int = 7, decay: float = 0.8) -> TTTResult:
+    """Unroll the drafter k steps and return the weighted soft cross-entropy.
+
+    Args:
+        input_ids: ``[B, T]`` int64; aux: ``[B, T, n_aux*Ht]``; final: ``[B, T, Ht]``;
+        loss_mask, attn_mask: ``[B, T]`` (right padding); k: TTT steps >= 1; decay: weight base.
+
+    Returns:
+        :class:`TTTResult`. Steps with no loss-bearing position contribute 0 (never NaN).
+
+    Raises:
+        ValueError: k < 1.
+    """
+    if k < 1:
+        raise ValueError(f"k={k}: the number of TTT steps must be >= 1")
+    B, T = input_ids.shape
+    dev = input_ids.device
+    probs, in_vocab, amax = target_probs(final, target_norm, target_lm_head, drafter.t2d, drafter.d2t)
+    key_mask = attn_mask.bool()  # [B, T]
+    q_index = torch.arange(T, device=dev)
+    base_pos = q_index[None].expand(B, T)
+    hidden, cache = aux, []
+    total = torch.zeros((), device=dev)
+    step_loss, step_acc, step_count = [], [], []
+    for j in range(k):
+        tokens, mask = ttt_inputs(input_ids, loss_mask, attn_mask, j)
+        p_j = shift_left(probs, 1 + j)  # [B, T, draft_vocab] target of x[t+2+j]
+        mask = mask & shift_left(in_vocab, 1 + j, False)
+        out, logits, kv = drafter.step(tokens, hidden, base_pos + j, cache, q_index, key_mask)
+        cache.append(kv)
+        hidden = out  # pre-norm output feeds the next step (EAGLE-3)
+        logp = F.log_softmax(logits.float(), dim=-1)  # [B, T, draft_vocab]
+        ce = -(p_j * logp).sum(-1)  # [B, T]
+        n = int(mask.sum())
+        m = mask.float()
+        lj = (ce * m).sum() / max(n, 1)
+        total = total + (decay**j) * lj
+        with torch.no_grad():
+            pred = drafter.draft_to_target(logits.argmax(-1))  # [B, T] target ids
+            acc = ((pred == shift_left(amax, 1 + j)).float() * m).sum() / max(n, 1)
+        step_loss.append(float(lj.detach()))
+        step_acc.append(float(acc))
+        step_count.append(n)
+    return TTTResult(total, step_loss, step_acc, step_count)

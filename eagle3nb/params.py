@@ -1,0 +1,173 @@
+"""Run parameters: one validated model for params/*.yaml and every notebook's parameters cell.
+
+Papermill only warns about unknown parameters; here an unknown key, a wrong type or an
+out-of-range value fails before any work starts, naming the key, the value and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+__all__ = ["RunParams", "load_params", "collect", "RunDir", "REPO_ROOT", "update_metrics", "read_metrics"]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+class RunParams(BaseModel):
+    """All parameters of a run (defaults = the seconds-long smoke run of the notebooks)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # common
+    run_name: str = Field("smoke", pattern=r"^[A-Za-z0-9._-]+$")
+    outputs_dir: str = "outputs"
+    model: str = "stories260K-hd32"
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    seed: int = 0
+    # 01_generate
+    prompts_file: str = "eagle3nb/data/prompts_tinystories.txt"
+    heldout_fraction: float = Field(0.15, gt=0, lt=1)
+    max_train_prompts: int = Field(24, ge=0)
+    max_new_tokens: int = Field(32, ge=1)
+    temperature: float = Field(0.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    gen_batch_size: int = Field(64, ge=1)
+    mode: Literal["completion", "chat"] = "completion"
+    chat_template: Optional[str] = None
+    # 02b_extract_sglang
+    convention: str = "sglang"
+    layer_ids: Optional[list[int]] = None
+    shard_size: int = Field(64, ge=1)
+    capture_batch_size: int = Field(32, ge=1)
+    # 03_train
+    draft_vocab_size: int = Field(256, ge=1)
+    ttt_steps: int = Field(7, ge=1)
+    loss_decay: float = Field(0.8, gt=0, le=1)
+    batch_size: int = Field(8, ge=1)
+    max_steps: int = Field(20, ge=1)
+    lr: float = Field(3e-3, gt=0)
+    warmup_steps: int = Field(5, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    aux_noise: float = Field(0.0, ge=0)
+    init_head_from_target: bool = True
+    checkpoint_every: int = Field(200, ge=1)
+    allow_manifest_mismatch: bool = False
+    # 04_eval_acceptance
+    k: int = Field(5, ge=1)
+    eval_max_new_tokens: int = Field(32, ge=1)
+    max_eval_prompts: int = Field(6, ge=0)
+    baselines: bool = True
+
+    @field_validator("convention")
+    @classmethod
+    def _known_convention(cls, v):
+        from .conventions import CONVENTIONS
+
+        if v not in CONVENTIONS:
+            raise ValueError(f"convention={v!r} is unknown; use one of {sorted(CONVENTIONS)}")
+        return v
+
+    @field_validator("layer_ids")
+    @classmethod
+    def _ids_sorted(cls, v):
+        if v is not None and (len(v) == 0 or any(b <= a for a, b in zip(v, v[1:]))):
+            raise ValueError(f"layer_ids={v}: must be non-empty, strictly increasing, no duplicates (e.g. {sorted(set(v or [0]))}); or null for the default")
+        return v
+
+    @model_validator(mode="after")
+    def _paths(self):
+        pf = resolve_path(self.prompts_file)
+        if not pf.is_file():
+            raise ValueError(f"prompts_file={self.prompts_file!r} does not exist (looked at {pf}); point it at a text file with one prompt per line")
+        if self.chat_template is not None and not resolve_path(self.chat_template).is_file():
+            raise ValueError(f"chat_template={self.chat_template!r} is not a file; give a jinja template file or null for the tokenizer's own")
+        if self.mode == "completion" and self.chat_template is not None:
+            raise ValueError("chat_template is set but mode='completion'; set mode: chat or chat_template: null")
+        return self
+
+
+def resolve_path(p: str | os.PathLike) -> Path:
+    """Relative paths are relative to the repository root (so notebooks and CLI agree)."""
+    p = Path(p).expanduser()
+    return p if p.is_absolute() else REPO_ROOT / p
+
+
+def _format_error(e: ValidationError, source: str) -> str:
+    lines = [f"invalid parameters in {source}:"]
+    for err in e.errors():
+        key = ".".join(str(x) for x in err["loc"]) or "(file)"
+        val = err.get("input")
+        hint = "remove it (typo?); known keys: see params/default.yaml" if err["type"] == "extra_forbidden" else err["msg"]
+        lines.append(f"  {key}={val!r}: {hint}")
+    return "\n".join(lines)
+
+
+def load_params(path: str | os.PathLike, **overrides) -> RunParams:
+    """Read and validate a params YAML file (plus overrides).
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: any invalid key or value (all listed).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"params file {path} does not exist; see params/default.yaml")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"params file {path} must hold a mapping of key: value")
+    data.update(overrides)
+    try:
+        return RunParams(**data)
+    except ValidationError as e:
+        raise ValueError(_format_error(e, str(path))) from None
+
+
+def collect(namespace: dict) -> RunParams:
+    """Validate the parameters a notebook declared (the RunParams fields found in ``namespace``,
+    e.g. ``globals()``); fields it does not declare keep their defaults."""
+    data = {k: namespace[k] for k in RunParams.model_fields if k in namespace}
+    try:
+        return RunParams(**data)
+    except ValidationError as e:
+        raise ValueError(_format_error(e, "the notebook's parameters")) from None
+
+
+class RunDir:
+    """Paths of one run's artefacts under ``outputs_dir/run_name`` (the only state between notebooks)."""
+
+    def __init__(self, p: RunParams):
+        self.root = resolve_path(p.outputs_dir) / p.run_name
+        self.generated = self.root / "data" / "generated.jsonl"
+        self.generation_manifest = self.root / "data" / "generation_manifest.json"
+        self.dataset = self.root / "dataset"
+        self.train = self.root / "train"
+        self.drafter = self.root / "drafter"
+        self.figures = self.root / "figures"
+        self.metrics = self.root / "metrics.json"
+        self.notebooks = self.root / "notebooks"
+
+    def make(self) -> "RunDir":
+        for d in (self.root, self.generated.parent, self.figures):
+            d.mkdir(parents=True, exist_ok=True)
+        return self
+
+
+def read_metrics(path: str | os.PathLike) -> dict:
+    from .manifest import read_json
+
+    path = Path(path)
+    return read_json(path, "metrics") if path.exists() else {}
+
+
+def update_metrics(path: str | os.PathLike, section: str, values: dict) -> dict:
+    """Merge ``values`` into ``metrics.json[section]`` (atomic rewrite). Returns the whole file."""
+    from .manifest import atomic_write_json
+
+    m = read_metrics(path)
+    m.setdefault(section, {}).update(values)
+    atomic_write_json(path, m)
+    return m

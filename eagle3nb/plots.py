@@ -1,0 +1,75 @@
+"""Plotly figures of the workbook, returned as ``go.Figure`` objects (tests inspect their data).
+
+Figures are written as standalone HTML with plotly.js inlined (no network needed to open them) and
+with fixed div ids, so the same data gives the same file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+
+__all__ = ["hidden_state_figure", "acceptance_figure", "training_figure", "save_html"]
+
+
+def hidden_state_figure(states: Mapping[int, torch.Tensor], engine: str, max_values: int = 20000, seed: int = 0) -> go.Figure:
+    """Distribution per boundary: histogram of values (left) and of per-token L2 norms (right).
+
+    Args:
+        states: ``{boundary: [N_tokens, H]}`` float tensors from one engine.
+        engine: the engine that really produced them (shown in the title and legend).
+        max_values: values sampled per boundary for the value histogram (seeded).
+    """
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("values", "per-token L2 norm"))
+    g = torch.Generator().manual_seed(seed)
+    for b in sorted(states):
+        x = states[b].float()
+        vals = x.flatten()
+        if vals.numel() > max_values:
+            vals = vals[torch.randperm(vals.numel(), generator=g)[:max_values]]
+        name = f"{engine} b={b}"
+        fig.add_trace(go.Histogram(x=vals.tolist(), name=name, legendgroup=name, opacity=0.6, nbinsx=80, histnorm="probability density"), 1, 1)
+        fig.add_trace(go.Histogram(x=x.norm(dim=-1).tolist(), name=name, legendgroup=name, showlegend=False, opacity=0.6, nbinsx=60, histnorm="probability density"), 1, 2)
+    fig.update_layout(barmode="overlay", title=f"Hidden states per boundary ({engine})", template="plotly_white")
+    return fig
+
+
+def acceptance_figure(results: Mapping[str, dict]) -> go.Figure:
+    """Per-position acceptance a_i as grouped bars, one group per drafter; tau in the legend.
+
+    Args:
+        results: ``{label: summary}`` with ``per_position_acceptance`` (list, fractions) and ``tau``.
+    """
+    fig = go.Figure()
+    for label, r in results.items():
+        a = r["per_position_acceptance"]
+        fig.add_trace(go.Bar(x=[f"a{i + 1}" for i in range(len(a))], y=a, name=f"{label} (tau={r['tau']:.2f})"))
+    fig.update_layout(barmode="group", title="Per-position acceptance on held-out prompts", yaxis_title="fraction of cycles accepted", yaxis_range=[0, 1], template="plotly_white")
+    return fig
+
+
+def training_figure(history: Sequence[dict]) -> go.Figure:
+    """Training loss (left) and accuracy per TTT step (right) against optimizer step."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("loss (weighted sum over TTT steps)", "accuracy per TTT step"))
+    steps = [h["step"] for h in history]
+    fig.add_trace(go.Scatter(x=steps, y=[h["loss"] for h in history], name="loss", mode="lines"), 1, 1)
+    k = len(history[0]["step_acc"]) if history else 0
+    for j in range(k):
+        fig.add_trace(go.Scatter(x=steps, y=[h["step_acc"][j] for h in history], name=f"TTT step {j}", mode="lines"), 1, 2)
+    fig.update_layout(title="Drafter training", template="plotly_white", xaxis_title="step", xaxis2_title="step")
+    return fig
+
+
+def save_html(fig: go.Figure, path: str | os.PathLike) -> Path:
+    """Write ``fig`` as standalone HTML (plotly.js inlined, deterministic div id), atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".html.tmp")
+    fig.write_html(str(tmp), include_plotlyjs=True, full_html=True, div_id=path.stem)
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,72 @@
+"""Run the ordered notebooks headless with papermill: ``python -m eagle3nb.run params/default.yaml``.
+
+Validates the whole params file first (unknown keys, types, ranges), then executes each notebook
+with the parameters it declares, writes the executed copies to ``outputs/<run>/notebooks/`` and
+records each notebook's wall time in ``metrics.json``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+import yaml
+
+from .params import REPO_ROOT, RunDir, load_params, update_metrics
+
+__all__ = ["NOTEBOOKS", "run_notebooks", "main"]
+
+NOTEBOOKS = ["01_generate", "02b_extract_sglang", "03_train", "04_eval_acceptance"]
+NB_DIR = REPO_ROOT / "notebooks"
+
+app = typer.Typer(add_completion=False, help=__doc__)
+
+
+def run_notebooks(params_file: str | Path, only: Optional[list[str]] = None, overrides: Optional[dict] = None, log_output: bool = False) -> Path:
+    """Execute the notebooks in order for one params file; returns the run directory.
+
+    Raises:
+        ValueError: invalid params (before anything runs); unknown notebook name in ``only``.
+        papermill.PapermillExecutionError: a notebook failed (its executed copy shows where).
+    """
+    import papermill as pm
+
+    p = load_params(params_file, **(overrides or {}))
+    names = only or NOTEBOOKS
+    unknown = [n for n in names if n not in NOTEBOOKS]
+    if unknown:
+        raise ValueError(f"only={unknown}: unknown notebooks; choose from {NOTEBOOKS}")
+    rd = RunDir(p).make()
+    rd.notebooks.mkdir(parents=True, exist_ok=True)
+    (rd.root / "params.yaml").write_text(yaml.safe_dump(p.model_dump(), sort_keys=False))
+    all_params = p.model_dump()
+    times = {}
+    t_all = time.time()
+    for name in names:
+        src = NB_DIR / f"{name}.ipynb"
+        declared = pm.inspect_notebook(str(src)).keys()
+        params = {k: all_params[k] for k in declared if k in all_params}
+        t0 = time.time()
+        pm.execute_notebook(str(src), str(rd.notebooks / f"{name}.ipynb"), parameters=params, cwd=str(NB_DIR), kernel_name="python3", progress_bar=False, log_output=log_output)
+        times[name] = round(time.time() - t0, 2)
+        update_metrics(rd.metrics, "timing", {"notebook_seconds": dict(times)})
+    if only is None:
+        update_metrics(rd.metrics, "timing", {"notebook_seconds": times, "total_seconds": round(time.time() - t_all, 2)})
+    return rd.root
+
+
+@app.command()
+def main(
+    params_file: Path = typer.Argument(..., help="params YAML, e.g. params/default.yaml"),
+    only: Optional[list[str]] = typer.Option(None, help="run only these notebooks (repeatable)"),
+    log_output: bool = typer.Option(False, help="stream notebook output to the terminal"),
+):
+    """Run the workbook's notebooks on one params file."""
+    root = run_notebooks(params_file, only=only, log_output=log_output)
+    typer.echo(f"run finished: {root}")
+
+
+if __name__ == "__main__":
+    app()

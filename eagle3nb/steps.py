@@ -1,0 +1,199 @@
+"""One function per notebook: the work of 01/02b/03/04, reading and writing only the run directory.
+
+Notebooks call these and plot; each step validates its inputs (and the previous step's manifest)
+before long work starts, writes its artefacts atomically, and merges its numbers into metrics.json.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from . import chat, conventions, models
+from .acceptance import evaluate_acceptance
+from .capture import HFCaptureEngine, n_layers_of
+from .dataset import AuxDataset, estimate_bytes, write_dataset
+from .drafter import Eagle3Drafter
+from .export import export_drafter, load_drafter
+from .generate import generate_batch, read_jsonl, write_jsonl
+from .manifest import atomic_write_json, check_compatible, provenance, read_json, sha256_file
+from .params import RunDir, RunParams, resolve_path, update_metrics
+from .prompts import load_prompts, split_prompts
+from .train import TrainConfig, train_drafter
+
+__all__ = ["generate_step", "extract_step", "train_step", "eval_step", "target_info", "resolve_aux"]
+
+
+def _progress():
+    from tqdm.auto import tqdm
+
+    return tqdm
+
+
+def target_info(path, model) -> dict:
+    """Manifest block describing the target model."""
+    c = model.config
+    return {"name": path.name, "path": str(path), "sha256": models.model_hash(path), "architecture": (c.architectures or ["?"])[0], "n_layers": n_layers_of(model), "hidden_size": c.hidden_size, "vocab_size": c.vocab_size}
+
+
+def _template(p: RunParams, tok) -> str:
+    text = resolve_path(p.chat_template).read_text() if p.chat_template else None
+    return chat.template_text(tok, text, p.mode)
+
+
+def resolve_aux(p: RunParams, n_layers: int) -> tuple[list[int], list[int]]:
+    """``(layer_ids in p.convention, boundaries)``: explicit ids mapped through the convention, or the
+    default picker's boundaries expressed as that convention's ids. Raises ValueError on bad ids."""
+    conv = conventions.get_convention(p.convention)
+    if p.layer_ids is None:
+        b = conventions.pick_default_boundaries(n_layers)
+        return conv.boundaries_to_ids(b, n_layers), b
+    b = conventions.check_boundaries(conv.ids_to_boundaries(p.layer_ids, n_layers), n_layers, "layer_ids -> boundaries")
+    return list(p.layer_ids), b
+
+
+def generate_step(p: RunParams, progress=True) -> dict:
+    """01: regenerate a continuation for each train prompt; store held-out prompts for 04."""
+    rd = RunDir(p).make()
+    model, tok, path = models.load_target(p.model, p.dtype)
+    template = _template(p, tok)
+    train, held = split_prompts(load_prompts(resolve_path(p.prompts_file)), p.heldout_fraction, p.seed)
+    if p.max_train_prompts:
+        train = train[: p.max_train_prompts]
+    ctx = model.config.max_position_embeddings
+    tmpl = template if p.mode == "chat" else None
+    recs = []
+    for split, prompts in (("train", train), ("heldout", held)):
+        for i, text in enumerate(prompts):
+            ids = chat.encode_prompt(tok, text, p.mode, tmpl)
+            if len(ids) + p.max_new_tokens > ctx:
+                raise ValueError(f"prompt {split}[{i}] has {len(ids)} tokens; with max_new_tokens={p.max_new_tokens} it exceeds the context of {ctx}; shorten it or lower max_new_tokens")
+            recs.append({"id": len(recs), "split": split, "prompt": text, "prompt_ids": ids})
+    todo = [r for r in recs if r["split"] == "train"]
+    eos = tok.eos_token_id
+    t0 = time.time()
+    batches = range(0, len(todo), p.gen_batch_size)
+    for s in (_progress()(batches, desc="generate") if progress else batches):
+        chunk = todo[s : s + p.gen_batch_size]
+        outs = generate_batch(model, [r["prompt_ids"] for r in chunk], p.max_new_tokens, eos, p.temperature, p.top_p, p.seed + s)
+        for r, o in zip(chunk, outs):
+            r["output_ids"], r["text"] = o, tok.decode(o, skip_special_tokens=True)
+    secs = time.time() - t0
+    write_jsonl(rd.generated, recs)
+    n_tok = sum(len(r["output_ids"]) for r in todo)
+    man = provenance(
+        p.seed, kind="eagle3nb-generation", target=target_info(path, model),
+        engine={"name": "hf-transformers", "version": __import__("transformers").__version__},
+        decoding={"temperature": p.temperature, "top_p": p.top_p, "max_new_tokens": p.max_new_tokens, "greedy": p.temperature == 0},
+        template={"mode": p.mode, "sha256": chat.template_hash(template)}, dtype=p.dtype,
+        prompts_file={"path": str(resolve_path(p.prompts_file)), "sha256": sha256_file(resolve_path(p.prompts_file))},
+        n_train=len(train), n_heldout=len(held), generated_tokens=n_tok, file=rd.generated.name, file_sha256=sha256_file(rd.generated),
+    )
+    atomic_write_json(rd.generation_manifest, man)
+    stats = {"engine": "hf-transformers", "n_train_prompts": len(train), "n_heldout_prompts": len(held), "generated_tokens": n_tok, "seconds": round(secs, 3), "tokens_per_s": round(n_tok / secs, 1) if secs else None}
+    update_metrics(rd.metrics, "generate", stats)
+    return {"manifest": man, "records": recs, "stats": stats}
+
+
+def extract_step(p: RunParams, progress=True) -> dict:
+    """02b: capture aux states at SGLang's capture point (engine: HF transformers) into shards."""
+    rd = RunDir(p)
+    gman = read_json(rd.generation_manifest, "generation manifest (from 01_generate)")
+    model, tok, path = models.load_target(p.model, p.dtype)
+    tinfo = target_info(path, model)
+    check_compatible(gman, {"target": tinfo, "template": {"mode": p.mode, "sha256": chat.template_hash(_template(p, tok))}}, ["target.sha256", "template"], "generation output", "(delete the run folder)")
+    n = tinfo["n_layers"]
+    ids, bnds = resolve_aux(p, n)
+    engine = HFCaptureEngine(model, p.convention, p.capture_batch_size)
+    assert engine.boundaries(ids) == bnds
+    recs = [r for r in read_jsonl(rd.generated) if r["split"] == "train"]
+    if p.mode == "chat":
+        tmpl = _template(p, tok)
+        samples = [(r["id"], *chat.chat_sample(tok, chat.chat_turns_from_generation(r["prompt"], r["text"]), tmpl)) for r in recs]
+    else:
+        samples = [(r["id"], r["prompt_ids"] + r["output_ids"], [0] * len(r["prompt_ids"]) + [1] * len(r["output_ids"])) for r in recs]
+    n_tok = sum(len(s[1]) for s in samples)
+    need = estimate_bytes(n_tok, len(bnds), tinfo["hidden_size"], torch.finfo(models.DTYPES[p.dtype]).bits // 8)
+    man = provenance(
+        p.seed, target=tinfo,
+        engine={"name": engine.engine_name, "version": engine.engine_version, "capture_point_of": p.convention},
+        convention=p.convention, layer_ids=ids, aux_boundaries=bnds, final_boundary=n, dtype=p.dtype,
+        template=gman["template"], generation_sha256=gman["file_sha256"],
+    )
+    t0 = time.time()
+    m = write_dataset(rd.dataset, samples, lambda xs: engine.capture(xs, ids), man, p.shard_size, models.DTYPES[p.dtype], _progress() if progress else None)
+    secs = time.time() - t0
+    table = conventions.boundary_table(bnds, n)
+    stats = {"engine": engine.engine_name, "capture_point_of": p.convention, "layer_ids": ids, "aux_boundaries": bnds, "n_samples": m["n_samples"], "n_tokens": m["n_tokens"], "estimated_bytes": need, "skipped": {k: len(v) for k, v in m["skipped"].items()}, "seconds": round(secs, 3), "tokens_per_s": round(m["n_tokens"] / secs, 1) if secs else None}
+    update_metrics(rd.metrics, "extract", stats)
+    return {"manifest": m, "boundary_table": table, "stats": stats}
+
+
+def train_step(p: RunParams, progress=True) -> dict:
+    """03: train the drafter with TTT on the dataset and export it for SGLang and vLLM."""
+    rd = RunDir(p)
+    ds = AuxDataset(rd.dataset)
+    model, tok, path = models.load_target(p.model, "float32")
+    if not p.allow_manifest_mismatch:
+        want = {"target": {"sha256": models.model_hash(path)}, "dtype": p.dtype, "convention": p.convention}
+        check_compatible(ds.manifest, want, ["target.sha256", "dtype", "convention"], f"dataset {rd.dataset}", "allow_manifest_mismatch")
+        _, bnds = resolve_aux(p, n_layers_of(model))
+        check_compatible(ds.manifest, {"aux_boundaries": bnds}, ["aux_boundaries"], f"dataset {rd.dataset} (boundaries the exported drafter will be served with)", "allow_manifest_mismatch")
+    if p.draft_vocab_size > model.config.vocab_size:
+        raise ValueError(f"draft_vocab_size={p.draft_vocab_size} exceeds the target vocab ({model.config.vocab_size}); lower it")
+    cfg = TrainConfig(draft_vocab_size=p.draft_vocab_size, ttt_steps=p.ttt_steps, loss_decay=p.loss_decay, batch_size=p.batch_size, max_steps=p.max_steps, lr=p.lr, warmup_steps=p.warmup_steps, weight_decay=p.weight_decay, aux_noise=p.aux_noise, init_head_from_target=p.init_head_from_target, seed=p.seed, checkpoint_every=p.checkpoint_every)
+    drafter, rep = train_drafter(ds, model, cfg, rd.train, _progress() if progress else None)
+    atomic_write_json(rd.train / "history.json", rep["history"])
+    bnds = ds.manifest["aux_boundaries"]
+    man = provenance(p.seed, kind="eagle3nb-drafter", target=ds.manifest["target"], dataset_engine=ds.manifest["engine"], convention=ds.manifest["convention"], layer_ids=ds.manifest["layer_ids"], aux_boundaries=bnds, dtype=ds.manifest["dtype"], template=ds.manifest["template"], train_config=cfg.__dict__, vocab=rep["vocab"])
+    export_drafter(drafter, rd.drafter, bnds, ds.manifest["target"]["n_layers"], man, tok.bos_token_id, tok.eos_token_id)
+    last = rep["history"][-1]
+    stats = {"steps": rep["steps"], "seconds": round(rep["seconds"], 2), "tokens_per_s": round(rep["tokens_per_s"], 1) if rep["tokens_per_s"] else None, "final_loss": last["loss"], "final_step_acc": last["step_acc"], "draft_vocab_size": p.draft_vocab_size, "vocab": rep["vocab"], "n_train_samples": len(ds), "n_train_tokens": ds.manifest["n_tokens"]}
+    update_metrics(rd.metrics, "train", stats)
+    return {"history": rep["history"], "stats": stats, "export_dir": rd.drafter}
+
+
+def eval_step(p: RunParams, progress=True) -> dict:
+    """04: greedy chain speculative decoding of held-out prompts; trained drafter vs baselines."""
+    rd = RunDir(p)
+    model, tok, path = models.load_target(p.model, "float32")
+    drafter, cfg = load_drafter(rd.drafter, model.get_input_embeddings().weight.detach().float())
+    dman = read_json(rd.drafter / "manifest.json", "drafter manifest")
+    check_compatible(dman, {"template": {"mode": p.mode, "sha256": chat.template_hash(_template(p, tok))}, "target": {"sha256": models.model_hash(path)}}, ["template", "target.sha256"], f"drafter {rd.drafter}", "(retrain for this template/target)")
+    bnds = cfg["eagle3nb"]["aux_boundaries"]
+    n = n_layers_of(model)
+    held = [r for r in read_jsonl(rd.generated) if r["split"] == "heldout"]
+    if p.max_eval_prompts:
+        held = held[: p.max_eval_prompts]
+    if not held:
+        raise ValueError("no held-out prompt to evaluate; raise heldout_fraction or max_eval_prompts")
+    prompts = [r["prompt_ids"] for r in held]
+    eos = tok.eos_token_id
+    bar = (lambda xs: _progress()(xs, desc="speculative decoding")) if progress else None
+    runs = {"trained": (drafter, bnds)}
+    if p.baselines:
+        torch.manual_seed(p.seed + 1234)
+        fresh = Eagle3Drafter(drafter.config, model.get_input_embeddings().weight.detach().float())
+        fresh.set_vocab(drafter.d2t, drafter.t2d)
+        runs["untrained"] = (fresh.eval(), bnds)
+        if max(bnds) + 1 <= n:
+            runs["trained, boundaries +1"] = (drafter, [b + 1 for b in bnds])
+    results, t0 = {}, time.time()
+    for label, (d, b) in runs.items():
+        results[label] = evaluate_acceptance(model, d, prompts, b, p.k, p.eval_max_new_tokens, eos, check_greedy=(label == "trained"), progress=bar)
+    secs = time.time() - t0
+    gm = read_json(rd.generation_manifest)
+    stats = {
+        "engine": "eagle3nb simulator on hf-transformers target",
+        "k": p.k, "n_prompts": len(prompts), "max_new_tokens": p.eval_max_new_tokens,
+        "tau": {k: round(v["tau"], 4) for k, v in results.items()},
+        "per_position_acceptance": {k: [round(a, 4) for a in v["per_position_acceptance"]] for k, v in results.items()},
+        "draft_acceptance_rate": {k: round(v["draft_acceptance_rate"], 4) for k, v in results.items()},
+        "greedy_mismatches": len(results["trained"]["greedy_mismatches"]),
+        "definitions": "tau = mean tokens emitted per draft-verify cycle (1 + accepted drafts); a_i = fraction of cycles whose draft position i was accepted; draft_acceptance_rate = accepted / drafted = (tau - 1) / k",
+        "data_and_budget": f"{gm['n_train']} train prompts x <= {gm['decoding']['max_new_tokens']} greedy tokens; {p.max_steps} steps of batch {p.batch_size}, TTT {p.ttt_steps}; {len(prompts)} held-out prompts x <= {p.eval_max_new_tokens} tokens",
+        "seconds": round(secs, 2),
+    }
+    update_metrics(rd.metrics, "eval", stats)
+    return {"results": results, "stats": stats}
