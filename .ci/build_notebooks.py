@@ -7,25 +7,25 @@ import nbformat as nbf
 
 NB = Path(__file__).resolve().parents[1] / "notebooks"
 
-COMMON = '''run_name = "smoke"  # help: folder under outputs_dir holding this run's artefacts
-outputs_dir = "outputs"  # help: parent folder of runs (relative to the repo root)
-model = "stories260K-hd32"  # help: target model folder name or path (searched in $EAGLE3NB_MODEL_PATH, ../shared/models)
-dtype = "float32"  # help: target dtype for generation and capture: float32 or bfloat16
-seed = 0  # help: seed for the split, sampling, init and shuffling
-mode = "completion"  # help: completion (base model, loss on the continuation) or chat (loss on assistant tokens)
-chat_template = None  # help: jinja template file for chat mode; None = the tokenizer's own'''
+COMMON = '''run_name = "smoke"  # folder under outputs_dir holding this run's artefacts
+outputs_dir = "outputs"  # parent folder of runs (relative to the repo root)
+model = "stories260K-hd32"  # target model folder name or path (searched in $EAGLE3NB_MODEL_PATH, ../shared/models)
+dtype = "float32"  # target dtype for generation and capture: float32 or bfloat16
+seed = 0  # seed for the split, sampling, init and shuffling
+mode = "completion"  # completion (base model, loss on the continuation) or chat (loss on assistant tokens)
+chat_template = None  # jinja template file for chat mode; None for the tokenizer's own'''
 
 CELLS = {
     "01_generate": [
         ("md", "# 01 Generate: the target writes the training continuations\n\nThe drafter must learn what the *target* says, so the target regenerates a continuation for every train prompt (greedy by default). Held-out prompts are only stored, for `04_eval_acceptance`.\n\nWrites `outputs/<run_name>/data/generated.jsonl` and `generation_manifest.json`."),
         ("params", COMMON + '''
-prompts_file = "eagle3nb/data/prompts_tinystories.txt"  # help: one prompt per line; '#' lines ignored
-heldout_fraction = 0.15  # help: share of prompts held out for evaluation (deterministic by text hash)
-max_train_prompts = 24  # help: cap on train prompts (0 = all)
-max_new_tokens = 32  # help: tokens generated per prompt
-temperature = 0.0  # help: 0 = greedy; > 0 samples
-top_p = 1.0  # help: nucleus sampling when temperature > 0
-gen_batch_size = 64  # help: prompts per batched generate call'''),
+prompts_file = "eagle3nb/data/prompts_tinystories.txt"  # one prompt per line; '#' lines ignored
+heldout_fraction = 0.15  # share of prompts held out for evaluation (deterministic by text hash)
+max_train_prompts = 24  # cap on train prompts (0 for all)
+max_new_tokens = 32  # tokens generated per prompt
+temperature = 0.0  # 0 for greedy, above 0 samples
+top_p = 1.0  # nucleus sampling when temperature > 0
+gen_batch_size = 64  # prompts per batched generate call'''),
         ("code", "from eagle3nb import params, steps\n\nP = params.collect(globals())\nout = steps.generate_step(P, progress=False)"),
         ("check", '# NBVAL_CHECK_OUTPUT\ns = out["stats"]\nprint("engine:", s["engine"])\nprint("train prompts:", s["n_train_prompts"], "| held-out prompts:", s["n_heldout_prompts"])\nprint("generated tokens:", s["generated_tokens"])\nfirst = next(r for r in out["records"] if r["split"] == "train")\nprint("prompt:", first["prompt"])\nprint("target continues:", first["text"][:120])'),
         ("code", 'assert s["n_train_prompts"] > 0 and s["n_heldout_prompts"] > 0\nassert all(len(r["output_ids"]) > 0 for r in out["records"] if r["split"] == "train")\nassert params.RunDir(P).generated.exists()'),
@@ -33,10 +33,10 @@ gen_batch_size = 64  # help: prompts per batched generate call'''),
     "02b_extract_sglang": [
         ("md", "# 02b Extract aux hidden states at SGLang's capture point\n\n**Engine that runs here: Hugging Face transformers.** It captures the residual stream where SGLang's `LlamaForCausalLM` does for explicit EAGLE-3 layer ids (id L = the stream entering layer L+1, i.e. boundary L+1), cloned, plus boundary N (the last layer's output before the final norm) for the target's distribution. This is HF output, labelled as such in the manifest; the real SGLang engine plugs in behind the same interface later.\n\nWrites safetensors shards and `manifest.json` under `outputs/<run_name>/dataset/`."),
         ("params", COMMON + '''
-convention = "sglang"  # help: layer-id convention of layer_ids (sglang, vllm, speculators_le_0.4, speculators_ge_0.5, specforge, eagle)
-layer_ids = None  # help: aux layer ids in that convention; None = default low/mid/high boundaries
-shard_size = 64  # help: samples per shard file
-capture_batch_size = 32  # help: samples per padded capture forward'''),
+convention = "sglang"  # layer-id convention of layer_ids (sglang, vllm, speculators_le_0.4, speculators_ge_0.5, specforge, eagle)
+layer_ids = None  # aux layer ids in that convention; None for the default low/mid/high boundaries
+shard_size = 64  # samples per shard file
+capture_batch_size = 32  # samples per padded capture forward'''),
         ("code", "from eagle3nb import params, steps, plots\nfrom eagle3nb.dataset import AuxDataset, states_by_boundary\n\nP = params.collect(globals())\nout = steps.extract_step(P, progress=False)\nm = out[\"manifest\"]"),
         ("check", '# NBVAL_CHECK_OUTPUT\nprint("engine that ran:", m["engine"]["name"], "| capture point of:", m["engine"]["capture_point_of"])\nprint("target:", m["target"]["name"], "| layers N =", m["target"]["n_layers"], "| hidden =", m["target"]["hidden_size"])\nprint(f"{P.convention} layer ids {m[\'layer_ids\']} -> boundaries {m[\'aux_boundaries\']} (+ final boundary {m[\'final_boundary\']})")\nprint("the same boundaries in each convention:")\nfor row in out["boundary_table"]:\n    print(f"  {row[\'convention\']:<20} ids={row[\'ids\']}  key={row[\'config_key\']}")\nds = AuxDataset(params.RunDir(P).dataset)\nx = ds[0]\nprint("samples:", len(ds), "| tokens:", m["n_tokens"], "| shards:", len(m["shards"]), "| skipped:", {k: len(v) for k, v in m["skipped"].items()})\nprint("sample 0: input_ids", tuple(x["input_ids"].shape), "loss_mask", tuple(x["loss_mask"].shape), "aux", tuple(x["aux"].shape), "final", tuple(x["final"].shape), x["aux"].dtype)'),
         ("code", 'fig = plots.hidden_state_figure(states_by_boundary(ds), engine=m["engine"]["name"])\nplots.save_html(fig, params.RunDir(P).figures / "hidden_states.html")\nfig'),
@@ -45,20 +45,20 @@ capture_batch_size = 32  # help: samples per padded capture forward'''),
     "03_train": [
         ("md", "# 03 Train the EAGLE-3 drafter with training-time test\n\nOne decoder layer over concat(normed token embedding, normed hidden); step 0 reads the aux states through `fc`, step j reads the drafter's own pre-norm output of step j-1 (TTT). Loss: soft cross-entropy against the target's distribution restricted to the draft vocab, weighted `loss_decay**j`, on loss-bearing positions only. The drafter is exported for SGLang (nested ids, its convention) and vLLM (top-level ids, its convention) to `outputs/<run_name>/drafter/`."),
         ("params", COMMON + '''
-convention = "sglang"  # help: convention of the dataset's layer ids (checked against its manifest)
-layer_ids = None  # help: ids the drafter will be served with (None = default); must name the dataset's boundaries
-draft_vocab_size = 256  # help: draft vocabulary size (most frequent loss-bearing tokens)
-ttt_steps = 7  # help: training-time test unroll length k
-loss_decay = 0.8  # help: weight of TTT step j is loss_decay**j
-batch_size = 8  # help: samples per optimizer step
-max_steps = 20  # help: optimizer steps
-lr = 0.003  # help: AdamW peak learning rate
-warmup_steps = 5  # help: linear warmup steps before cosine decay
-weight_decay = 0.0  # help: AdamW weight decay
-aux_noise = 0.0  # help: Gaussian noise on aux states, relative to their std
-init_head_from_target = True  # help: start lm_head and final norm from the target's
-checkpoint_every = 200  # help: steps between checkpoints (resume on rerun)
-allow_manifest_mismatch = False  # help: continue although the dataset's target/convention/boundaries differ'''),
+convention = "sglang"  # convention of the dataset's layer ids (checked against its manifest)
+layer_ids = None  # ids the drafter will be served with (None for the default); must name the dataset's boundaries
+draft_vocab_size = 256  # draft vocabulary size (most frequent loss-bearing tokens)
+ttt_steps = 7  # training-time test unroll length k
+loss_decay = 0.8  # TTT step j is weighted loss_decay**j
+batch_size = 8  # samples per optimizer step
+max_steps = 20  # optimizer steps
+lr = 0.003  # AdamW peak learning rate
+warmup_steps = 5  # linear warmup steps before cosine decay
+weight_decay = 0.0  # AdamW weight decay
+aux_noise = 0.0  # Gaussian noise on aux states, relative to their std
+init_head_from_target = True  # start lm_head and final norm from the target's
+checkpoint_every = 200  # steps between checkpoints (resume on rerun)
+allow_manifest_mismatch = False  # continue although the dataset's target/convention/boundaries differ'''),
         ("code", "from eagle3nb import params, steps, plots\nfrom eagle3nb.export import load_drafter\n\nP = params.collect(globals())\nout = steps.train_step(P, progress=False)\ns = out[\"stats\"]"),
         ("check", '# NBVAL_CHECK_OUTPUT\nprint("optimizer steps:", s["steps"], "| train samples:", s["n_train_samples"], "| tokens:", s["n_train_tokens"])\nprint("draft vocab:", s["draft_vocab_size"], "| distinct loss-bearing tokens:", s["vocab"]["distinct_loss_tokens"], "| coverage:", round(s["vocab"]["coverage"], 3))\nprint("exported:", sorted(p.name for p in out["export_dir"].iterdir()))'),
         ("code", 'fig = plots.training_figure(out["history"])\nplots.save_html(fig, params.RunDir(P).figures / "training.html")\nfig'),
@@ -67,10 +67,10 @@ allow_manifest_mismatch = False  # help: continue although the dataset's target/
     "04_eval_acceptance": [
         ("md", "# 04 Acceptance: speculative decoding of held-out prompts\n\nGreedy chain speculative decoding: the drafter proposes `k` tokens per cycle, the target verifies them in one forward, keeps the accepted prefix and adds its own bonus token. The output must equal the target's plain greedy output. Engine: this workbook's simulator over the Hugging Face target (not SGLang or vLLM serving).\n\n- per-position acceptance a_i: fraction of cycles in which draft position i was accepted\n- acceptance length tau: mean tokens emitted per cycle = 1 + sum_i a_i (at most k + 1)\n- draft acceptance rate: accepted / drafted = (tau - 1) / k\n\nBaselines: an untrained drafter, and the trained drafter fed boundaries shifted by +1 (the layer-id mismatch)."),
         ("params", COMMON + '''
-k = 5  # help: draft tokens per cycle
-eval_max_new_tokens = 32  # help: tokens generated per held-out prompt
-max_eval_prompts = 6  # help: cap on held-out prompts (0 = all)
-baselines = True  # help: also evaluate an untrained drafter and shifted boundaries'''),
+k = 5  # draft tokens per cycle
+eval_max_new_tokens = 32  # tokens generated per held-out prompt
+max_eval_prompts = 6  # cap on held-out prompts (0 for all)
+baselines = True  # also evaluate an untrained drafter and shifted boundaries'''),
         ("code", "from eagle3nb import params, steps, plots\n\nP = params.collect(globals())\nout = steps.eval_step(P, progress=False)\ns, res = out[\"stats\"], out[\"results\"]"),
         ("check", '# NBVAL_CHECK_OUTPUT\nprint("engine:", s["engine"])\nprint("held-out prompts:", s["n_prompts"], "| k =", s["k"], "| outputs differing from plain greedy:", s["greedy_mismatches"])\nfor label, r in res.items():\n    print(f"{label:<24} tau={r[\'tau\']:.1f}  boundaries={r[\'boundaries\']}")'),
         ("code", 'fig = plots.acceptance_figure(res)\nplots.save_html(fig, params.RunDir(P).figures / "acceptance.html")\nfig'),

@@ -83,7 +83,11 @@ def check_draft_vocab(d2t: torch.Tensor, t2d: torch.Tensor) -> None:
     mask = torch.zeros(V, dtype=torch.bool)
     mask[tgt] = True
     if not torch.equal(mask, t2d):
-        raise ValueError(f"t2d marks {int(t2d.sum())} ids but d2t reaches {d2t.numel()} others; rebuild both together")
+        extra = int((mask & ~t2d).sum())
+        raise ValueError(
+            f"d2t reaches {extra} target ids that t2d does not mark: d2t must hold offsets "
+            "(target = draft + d2t[draft]) built together with t2d; rebuild both with build_draft_vocab"
+        )
 
 
 def coverage(counts: torch.Tensor, t2d: torch.Tensor) -> float:

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Create .venv and install eagle3nb with everything the workbook and its tests need (CPU).
+# torch is pinned to the CPU wheel found on this machine kind; an unpinned torch pulls a CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q torch==2.13.0
+.venv/bin/python -m pip install -q -e '.[dev]'
+.venv/bin/python -c "import torch, transformers, papermill, nbval, plotly; print('eagle3nb env ready: torch', torch.__version__, '| transformers', transformers.__version__)"

@@ -1,0 +1,83 @@
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from eagle3nb.drafter import DrafterConfig, Eagle3Drafter
+from eagle3nb.export import REQUIRED_TENSORS, export_drafter, load_drafter
+from eagle3nb.vocab import build_draft_vocab
+
+
+def make_drafter(model, dv=256):
+    torch.manual_seed(1)
+    d = Eagle3Drafter(DrafterConfig.for_target(model.config, dv), model.get_input_embeddings().weight.detach())
+    counts = torch.arange(512).flip(0)
+    d.set_vocab(*build_draft_vocab(counts, dv))
+    for p in d.parameters():
+        if p.requires_grad:
+            p.data.normal_(0, 0.1)
+    return d
+
+
+def test_round_trip_same_function(target, tmp_path):
+    model, _, _ = target
+    d = make_drafter(model)
+    out = export_drafter(d, tmp_path / "drafter", [1, 2, 4], 5, {"kind": "test"}, 1, 2)
+    d2, cfg = load_drafter(out, model.get_input_embeddings().weight.detach())
+    ids = torch.randint(0, 512, (2, 9))
+    aux = torch.randn(2, 9, 192)
+    idx = torch.arange(9)
+    a = d.step(ids, aux, idx[None].expand(2, 9), [], idx)[1]
+    b = d2.step(ids, aux, idx[None].expand(2, 9), [], idx)[1]
+    assert torch.equal(a, b) and torch.equal(d.d2t, d2.d2t) and torch.equal(d.t2d, d2.t2d)
+
+
+def test_config_carries_each_engines_ids(target, tmp_path):
+    model, _, _ = target
+    out = export_drafter(make_drafter(model), tmp_path / "d", [1, 2, 4], 5, {}, 1, 2)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    # SGLang: nested key, id = boundary - 1; vLLM: top-level key, id = boundary
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 3]
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 4]
+    assert cfg["draft_vocab_size"] == 256 and cfg["vocab_size"] == 512
+    assert cfg["target_hidden_size"] == 64 and cfg["tie_word_embeddings"] is False
+    sd = load_file(str(out / "model.safetensors"))
+    assert set(REQUIRED_TENSORS) <= set(sd) and not any(k.startswith("embed_tokens") for k in sd)
+    assert sd["d2t"].dtype == torch.int64 and sd["t2d"].dtype == torch.bool
+
+
+def test_boundary_sglang_cannot_capture_is_refused(target, tmp_path):
+    model, _, _ = target
+    with pytest.raises(ValueError, match="cannot be captured by 'sglang'"):
+        export_drafter(make_drafter(model), tmp_path / "d", [1, 2, 5], 5, {}, 1, 2)
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("drop", ["lm_head.weight", "d2t", "t2d", "midlayer.hidden_norm.weight"])
+def test_loader_refuses_missing_tensor(target, tmp_path, drop):
+    model, _, _ = target
+    out = export_drafter(make_drafter(model), tmp_path / "d", [1, 2, 4], 5, {}, 1, 2)
+    sd = load_file(str(out / "model.safetensors"))
+    del sd[drop]
+    save_file(sd, str(out / "model.safetensors"))
+    with pytest.raises(ValueError, match=drop.replace(".", r"\.")):
+        load_drafter(out)
+
+
+def test_loader_refuses_contradictions(target, tmp_path):
+    model, _, _ = target
+    out = export_drafter(make_drafter(model), tmp_path / "d", [1, 2, 4], 5, {}, 1, 2)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg["target_hidden_size"] = 32  # fc width would be 3 x 32, file has 3 x 64
+    (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="fc.weight"):
+        load_drafter(out)
+    cfg["target_hidden_size"] = 64
+    (out / "config.json").write_text(json.dumps(cfg))
+    sd = load_file(str(out / "model.safetensors"))
+    sd["d2t"] = torch.arange(256) + sd["d2t"]  # absolute ids instead of offsets
+    save_file(sd, str(out / "model.safetensors"))
+    with pytest.raises(ValueError, match="offsets"):
+        load_drafter(out)

@@ -1,0 +1,95 @@
+import math
+
+import torch
+
+from eagle3nb.drafter import DrafterConfig, Eagle3Drafter
+from eagle3nb.objective import shift_left, target_probs, ttt_inputs, ttt_loss
+
+
+def tiny_drafter(seed=0, vocab=11, dv=11):
+    torch.manual_seed(seed)
+    c = DrafterConfig(hidden_size=8, target_hidden_size=6, intermediate_size=12, num_attention_heads=2, num_key_value_heads=1, head_dim=4, vocab_size=vocab, draft_vocab_size=dv, n_aux=3)
+    return Eagle3Drafter(c, torch.randn(vocab, 8))
+
+
+def test_ttt_step_inputs_hand_example():
+    ids = torch.tensor([[10, 11, 12, 13, 14, 15]])
+    loss = torch.tensor([[0, 0, 1, 1, 1, 1]])  # prompt 10, 11; continuation 12..15
+    attn = torch.ones_like(ids)
+    tok0, m0 = ttt_inputs(ids, loss, attn, 0)
+    # step 0 at position t reads x[t+1] and is scored on the prediction of x[t+2]
+    assert tok0.tolist() == [[11, 12, 13, 14, 15, 0]]
+    assert m0.tolist() == [[True, True, True, True, False, False]]
+    tok2, m2 = ttt_inputs(ids, loss, attn, 2)
+    assert tok2.tolist() == [[13, 14, 15, 0, 0, 0]]
+    assert m2.tolist() == [[True, True, False, False, False, False]]
+    # padding never scores
+    attn_p = torch.tensor([[1, 1, 1, 1, 0, 0]])
+    _, mp = ttt_inputs(ids, loss, attn_p, 0)
+    assert mp.tolist() == [[True, True, False, False, False, False]]
+    assert shift_left(torch.tensor([[1, 2, 3]]), 1, -1).tolist() == [[2, 3, -1]]
+
+
+def test_target_probs_restricted_to_draft_vocab():
+    norm = torch.nn.Identity()
+    head = torch.nn.Linear(2, 4, bias=False)
+    head.weight.data = torch.tensor([[1.0, 0], [0, 1], [2, 0], [0, 0]])
+    final = torch.tensor([[[1.0, 0.5]]])  # logits [1, .5, 2, 0]
+    d2t = torch.tensor([0, 1])  # draft {0 -> 0, 1 -> 2}
+    t2d = torch.tensor([True, False, True, False])
+    p, inv, amax = target_probs(final, norm, head, t2d, d2t)
+    e = torch.tensor([math.exp(1), math.exp(2)])
+    torch.testing.assert_close(p[0, 0], e / e.sum())
+    assert amax.item() == 2 and inv.item() is True
+
+
+def naive_ttt_logits(d, ids, aux, k):
+    """Second method: run each (t, j) chain separately, attention written out per key."""
+    T = ids.shape[1]
+    out = torch.zeros(k, T, d.config.draft_vocab_size)
+    # full recompute per target position t: step 0 for all s <= t, then chain j at t only
+    for t in range(T):
+        idx = torch.arange(t + 1)
+        tok0 = shift_left(ids, 1)[:, : t + 1]
+        o, lg, kv = d.step(tok0, aux[:, : t + 1], idx[None], [], idx)
+        out[0, t] = lg[0, t]
+        cache, hidden = [kv], o[:, t : t + 1]
+        for j in range(1, k):
+            tok = shift_left(ids, 1 + j)[:, t : t + 1]
+            o, lg, kv = d.step(tok, hidden, torch.tensor([[t + j]]), cache, torch.tensor([t]))
+            cache.append(kv)
+            out[j, t] = lg[0, 0]
+            hidden = o
+    return out
+
+
+def test_ttt_attention_matches_per_position_chains():
+    """The batched TTT forward (all positions, diagonal cache) equals running each position's
+    draft chain on its own, the way the serving engine does."""
+    d = tiny_drafter()
+    T, k = 7, 3
+    ids = torch.randint(0, 11, (1, T))
+    aux = torch.randn(1, T, 18)
+    # batched: steps over all positions, keys of later steps at the same position only
+    idx = torch.arange(T)
+    hidden, cache, batched = aux, [], []
+    for j in range(k):
+        o, lg, kv = d.step(shift_left(ids, 1 + j), hidden, (idx + j)[None], cache, idx)
+        cache.append(kv)
+        hidden = o
+        batched.append(lg[0])
+    naive = naive_ttt_logits(d, ids, aux, k)
+    for j in range(k):
+        torch.testing.assert_close(batched[j], naive[j], atol=1e-5, rtol=1e-5)
+
+
+def test_empty_mask_gives_zero_loss_not_nan():
+    d = tiny_drafter()
+    norm, head = torch.nn.Identity(), torch.nn.Linear(6, 11, bias=False)
+    ids = torch.randint(0, 11, (2, 5))
+    r = ttt_loss(d, ids, torch.randn(2, 5, 18), torch.randn(2, 5, 6), torch.zeros(2, 5), torch.ones(2, 5), norm, head, k=3)
+    assert r.loss.item() == 0.0 and r.step_count == [0, 0, 0]
+    r = ttt_loss(d, ids, torch.randn(2, 5, 18), torch.randn(2, 5, 6), torch.ones(2, 5), torch.ones(2, 5), norm, head, k=3)
+    assert math.isfinite(r.loss.item()) and r.loss.item() > 0
+    r.loss.backward()
+    assert d.fc.weight.grad is not None and d.embed_tokens.weight.grad is None  # embeddings frozen

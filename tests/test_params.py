@@ -1,0 +1,26 @@
+import pytest
+
+from eagle3nb.params import REPO_ROOT, load_params
+
+
+def test_shipped_params_files_validate():
+    for f in (REPO_ROOT / "params").glob("*.yaml"):
+        load_params(f)
+
+
+@pytest.mark.parametrize(
+    "text, msg",
+    [
+        ("max_step: 10\n", "max_step=10: remove it"),
+        ("k: 0\n", "k=0"),
+        ("layer_ids: [3, 1, 2]\n", "strictly increasing"),
+        ("prompts_file: nowhere.txt\n", "prompts_file='nowhere.txt' does not exist"),
+        ("convention: tensorrt\n", "convention='tensorrt' is unknown"),
+        ("batch_size: many\n", "batch_size='many'"),
+    ],
+)
+def test_bad_params_name_key_value_and_fix(tmp_path, text, msg):
+    f = tmp_path / "p.yaml"
+    f.write_text(text)
+    with pytest.raises(ValueError, match=msg):
+        load_params(f)

@@ -1,0 +1,62 @@
+"""The four notebooks, headless through papermill on the smoke params, checked via metrics.json."""
+
+import json
+
+import pytest
+
+from eagle3nb.export import load_drafter
+from eagle3nb.params import REPO_ROOT
+from eagle3nb.run import NOTEBOOKS, run_notebooks
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("outputs")
+    root = run_notebooks(REPO_ROOT / "params" / "smoke.yaml", overrides={"outputs_dir": str(out), "run_name": "ci-smoke"})
+    return root
+
+
+def test_run_leaves_every_artefact(smoke_run):
+    r = smoke_run
+    for nb in NOTEBOOKS:
+        assert (r / "notebooks" / f"{nb}.ipynb").is_file()
+    assert (r / "data" / "generated.jsonl").is_file() and (r / "data" / "generation_manifest.json").is_file()
+    man = json.loads((r / "dataset" / "manifest.json").read_text())
+    assert man["complete"] and man["engine"]["name"] == "hf-transformers" and man["engine"]["capture_point_of"] == "sglang"
+    assert man["aux_boundaries"] == [1, 2, 4] and man["layer_ids"] == [0, 1, 3]
+    for key in ("target", "dtype", "template", "seed", "git_commit", "eagle3nb_version"):
+        assert key in man, key
+    assert all(len(s["sha256"]) == 64 for s in man["shards"])
+    for fig in ("hidden_states", "training", "acceptance"):
+        html = (r / "figures" / f"{fig}.html").read_text()
+        assert "plotly" in html and len(html) > 100_000  # plotly.js inlined: opens offline
+    d, cfg = load_drafter(r / "drafter")
+    assert cfg["eagle3nb"]["aux_boundaries"] == [1, 2, 4]
+
+
+def test_metrics(smoke_run):
+    m = json.loads((smoke_run / "metrics.json").read_text())
+    assert set(m) >= {"generate", "extract", "train", "eval", "timing"}
+    e = m["eval"]
+    assert e["greedy_mismatches"] == 0 and e["k"] == 5
+    for label, tau in e["tau"].items():
+        a = e["per_position_acceptance"][label]
+        assert 1.0 <= tau <= 6.0 and abs(tau - (1 + sum(a))) < 1e-3, label
+    assert set(e["tau"]) == {"trained", "untrained", "trained, boundaries +1"}
+    assert m["extract"]["n_samples"] == m["generate"]["n_train_prompts"] == 24
+    assert m["train"]["steps"] == 20
+    assert set(m["timing"]["notebook_seconds"]) == set(NOTEBOOKS) and m["timing"]["total_seconds"] > 0
+
+
+def test_mismatched_boundaries_refused_before_training(smoke_run, tmp_path):
+    """03 refuses a dataset whose boundaries differ from those the drafter will be served with."""
+    import shutil
+
+    from eagle3nb.manifest import ManifestMismatch
+    from eagle3nb.params import RunParams
+    from eagle3nb.steps import train_step
+
+    shutil.copytree(smoke_run / "dataset", tmp_path / "ci-smoke" / "dataset")
+    p = RunParams(outputs_dir=str(tmp_path), run_name="ci-smoke", layer_ids=[1, 2, 3])
+    with pytest.raises(ManifestMismatch, match="aux_boundaries"):
+        train_step(p, progress=False)
