@@ -30,7 +30,7 @@ __all__ = ["write_dataset", "AuxDataset", "collate", "states_by_boundary", "DATA
 DATASET_KIND = "eagle3nb-aux-dataset"
 FORMAT_VERSION = 1
 # settings that must match for a rerun to resume instead of starting over
-_RESUME_KEYS = ("target", "engine", "convention", "layer_ids", "aux_boundaries", "dtype", "template", "shard_size", "n_input_samples")
+_RESUME_KEYS = ("target", "engine", "convention", "layer_ids", "aux_boundaries", "dtype", "template", "shard_size", "n_input_samples", "generation_sha256")
 
 
 def estimate_bytes(n_tokens: int, n_aux: int, hidden: int, dtype_bytes: int) -> int:
@@ -152,6 +152,12 @@ class AuxDataset:
             for i in range(len(off) - 1):
                 a, b = off[i], off[i + 1]
                 self.items.append({k: t[k][a:b] for k in ("input_ids", "loss_mask", "aux", "final")} | {"sample_id": int(t["sample_ids"][i])})
+
+    def fingerprint(self) -> str:
+        """sha256 over the shards' recorded hashes: changes whenever any stored byte changes."""
+        import hashlib
+
+        return hashlib.sha256("".join(s["sha256"] for s in self.manifest["shards"]).encode()).hexdigest()
 
     def __len__(self) -> int:
         return len(self.items)

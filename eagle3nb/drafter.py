@@ -50,10 +50,19 @@ class DrafterConfig:
     norm_before_residual: bool = False
 
     @classmethod
-    def for_target(cls, target_config, draft_vocab_size: int, n_aux: int = 3) -> "DrafterConfig":
-        """Drafter shaped like one decoder layer of the target (the usual EAGLE-3 choice)."""
+    def for_target(cls, target_config, draft_vocab_size: int, n_aux: int = 3, num_attention_heads: int | None = None, num_key_value_heads: int | None = None, intermediate_size: int | None = None) -> "DrafterConfig":
+        """Drafter shaped like one decoder layer of the target (the usual EAGLE-3 choice); heads and
+        MLP width may be overridden (head_dim stays the target's: vLLM's CPU backend needs >= 32).
+
+        Raises:
+            ValueError: draft vocab outside 1..vocab, or heads not divisible by kv heads.
+        """
         c = target_config
         hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        nh = num_attention_heads or c.num_attention_heads
+        nkv = num_key_value_heads or min(nh, c.num_key_value_heads)
+        if nh % nkv:
+            raise ValueError(f"num_attention_heads={nh} is not a multiple of num_key_value_heads={nkv}; pick divisible head counts")
         rope = (getattr(c, "rope_parameters", None) or {}).get("rope_theta", getattr(c, "rope_theta", 10000.0))
         if not 1 <= draft_vocab_size <= c.vocab_size:
             raise ValueError(
@@ -63,9 +72,9 @@ class DrafterConfig:
         return cls(
             hidden_size=c.hidden_size,
             target_hidden_size=c.hidden_size,
-            intermediate_size=c.intermediate_size,
-            num_attention_heads=c.num_attention_heads,
-            num_key_value_heads=c.num_key_value_heads,
+            intermediate_size=intermediate_size or c.intermediate_size,
+            num_attention_heads=nh,
+            num_key_value_heads=nkv,
             head_dim=hd,
             vocab_size=c.vocab_size,
             draft_vocab_size=int(draft_vocab_size),
@@ -105,7 +114,7 @@ def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-KV = tuple[torch.Tensor, torch.Tensor]  # (k, v), each [B, h_kv, T, d]
+KV = tuple[torch.Tensor, torch.Tensor]  # (k, v) of one TTT step, each [B, n_heads, T, d] (kv heads repeated)
 
 
 class Eagle3Attention(nn.Module):
@@ -131,9 +140,10 @@ class Eagle3Attention(nn.Module):
         k = self.k_proj(x).view(B, Tq, nkv, hd).transpose(1, 2)  # [B, nkv, Tq, hd]
         v = self.v_proj(x).view(B, Tq, nkv, hd).transpose(1, 2)  # [B, nkv, Tq, hd]
         q, k = _rope(q, pos, c.rope_theta), _rope(k, pos, c.rope_theta)
-        rep = nh // nkv
+        if nh != nkv:  # GQA: repeat kv heads once here, so the cache holds them ready for later steps
+            k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)  # [B, nh, Tq, hd]
         steps = cache + [(k, v)]
-        k0, v0 = (t.repeat_interleave(rep, dim=1) for t in steps[0])  # [B, nh, T0, hd]
+        k0, v0 = steps[0]  # [B, nh, T0, hd]
         scale = 1.0 / math.sqrt(hd)
         s0 = (q @ k0.transpose(-1, -2)) * scale  # [B, nh, Tq, T0]
         T0 = k0.shape[2]
@@ -143,7 +153,7 @@ class Eagle3Attention(nn.Module):
             allowed = allowed & key_mask[:, None, None, :]
         s0 = s0.masked_fill(~allowed, torch.finfo(s0.dtype).min)
         # later steps: each query sees only the same-position key of steps 1..j
-        later = [(ki.repeat_interleave(rep, 1), vi.repeat_interleave(rep, 1)) for ki, vi in steps[1:]]
+        later = steps[1:]
         sd = [(q * ki).sum(-1, keepdim=True) * scale for ki, _ in later]  # each [B, nh, Tq, 1]
         p = torch.softmax(torch.cat([s0, *sd], dim=-1), dim=-1)  # [B, nh, Tq, T0 + j]
         o = p[..., :T0] @ v0  # [B, nh, Tq, hd]

@@ -142,7 +142,7 @@ def train_step(p: RunParams, progress=True) -> dict:
         check_compatible(ds.manifest, {"aux_boundaries": bnds}, ["aux_boundaries"], f"dataset {rd.dataset} (boundaries the exported drafter will be served with)", "allow_manifest_mismatch")
     if p.draft_vocab_size > model.config.vocab_size:
         raise ValueError(f"draft_vocab_size={p.draft_vocab_size} exceeds the target vocab ({model.config.vocab_size}); lower it")
-    cfg = TrainConfig(draft_vocab_size=p.draft_vocab_size, ttt_steps=p.ttt_steps, loss_decay=p.loss_decay, batch_size=p.batch_size, max_steps=p.max_steps, lr=p.lr, warmup_steps=p.warmup_steps, weight_decay=p.weight_decay, aux_noise=p.aux_noise, init_head_from_target=p.init_head_from_target, seed=p.seed, checkpoint_every=p.checkpoint_every)
+    cfg = TrainConfig(draft_vocab_size=p.draft_vocab_size, draft_num_heads=p.draft_num_heads, draft_num_kv_heads=p.draft_num_kv_heads, draft_intermediate_size=p.draft_intermediate_size, ttt_steps=p.ttt_steps, loss_decay=p.loss_decay, batch_size=p.batch_size, max_steps=p.max_steps, lr=p.lr, warmup_steps=p.warmup_steps, weight_decay=p.weight_decay, aux_noise=p.aux_noise, init_head_from_target=p.init_head_from_target, seed=p.seed, checkpoint_every=p.checkpoint_every)
     drafter, rep = train_drafter(ds, model, cfg, rd.train, _progress() if progress else None)
     atomic_write_json(rd.train / "history.json", rep["history"])
     bnds = ds.manifest["aux_boundaries"]

@@ -28,6 +28,9 @@ class TrainConfig:
     """Training settings (units: steps = optimizer steps; lr in 1/step-size units of AdamW)."""
 
     draft_vocab_size: int = 256
+    draft_num_heads: int = 0  # 0 = the target's head count
+    draft_num_kv_heads: int = 0  # 0 = min(heads, target's kv heads)
+    draft_intermediate_size: int = 0  # 0 = the target's MLP width
     ttt_steps: int = 7
     loss_decay: float = 0.8
     batch_size: int = 16
@@ -64,7 +67,7 @@ def build_drafter(ds: AuxDataset, target, cfg: TrainConfig) -> tuple[Eagle3Draft
     loss-bearing tokens. Returns ``(drafter, vocab_info)``."""
     torch.manual_seed(cfg.seed)
     n_aux = len(ds.manifest["aux_boundaries"])
-    c = DrafterConfig.for_target(target.config, cfg.draft_vocab_size, n_aux=n_aux)
+    c = DrafterConfig.for_target(target.config, cfg.draft_vocab_size, n_aux, cfg.draft_num_heads or None, cfg.draft_num_kv_heads or None, cfg.draft_intermediate_size or None)
     d = Eagle3Drafter(c, target.get_input_embeddings().weight.detach().float().cpu())
     counts = count_loss_tokens(((x["input_ids"], x["loss_mask"]) for x in ds.items), c.vocab_size)
     d2t, t2d = build_draft_vocab(counts, cfg.draft_vocab_size)
@@ -110,8 +113,8 @@ def train_drafter(ds: AuxDataset, target, cfg: TrainConfig, out_dir: str | os.Pa
     step, history, order, pos = 0, [], [], 0
     if ckpt.exists():
         st = torch.load(ckpt, weights_only=False)
-        if st["config"] != asdict(cfg):
-            raise ValueError(f"checkpoint {ckpt} was made with another training config; delete it or use another run_name")
+        if st["config"] != asdict(cfg) or st.get("data") != ds.fingerprint():
+            raise ValueError(f"checkpoint {ckpt} was made with another training config or dataset; delete {ckpt.parent} or use another run_name")
         drafter.load_state_dict(st["model"])
         opt.load_state_dict(st["optimizer"])
         sched.load_state_dict(st["scheduler"])
@@ -141,7 +144,7 @@ def train_drafter(ds: AuxDataset, target, cfg: TrainConfig, out_dir: str | os.Pa
         if step % cfg.log_every == 0 or step == cfg.max_steps:
             history.append({"step": step, "loss": float(r.loss.detach()), "lr": sched.get_last_lr()[0], "step_loss": r.step_loss, "step_acc": r.step_acc})
         if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
-            _save_ckpt(ckpt, {"config": asdict(cfg), "model": drafter.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": gen.get_state(), "noise_rng": noise_gen.get_state(), "step": step, "history": history, "order": order, "pos": pos})
+            _save_ckpt(ckpt, {"config": asdict(cfg), "data": ds.fingerprint(), "model": drafter.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": gen.get_state(), "noise_rng": noise_gen.get_state(), "step": step, "history": history, "order": order, "pos": pos})
         if bar is not None:
             bar.update(1)
     if bar is not None:

@@ -1,0 +1,60 @@
+import pytest
+import torch
+
+from eagle3nb.capture import HFCaptureEngine
+from eagle3nb.dataset import AuxDataset, write_dataset
+from eagle3nb.train import TrainConfig, lr_lambda, train_drafter
+
+TEXTS = ["Once upon a time there was a cat. The cat liked to play.", "Tom had a big red ball and a dog.", "The sun was warm and the sky was blue.", "Mia liked to sing songs with her mom.", "Ben ran to the park to see his friend."]
+
+
+@pytest.fixture(scope="module")
+def tiny_ds(target, tmp_path_factory):
+    model, tok, _ = target
+    eng = HFCaptureEngine(model, "sglang")
+    s = [(i, tok(t).input_ids, [0] * 3 + [1] * (len(tok(t).input_ids) - 3)) for i, t in enumerate(TEXTS)]
+    d = tmp_path_factory.mktemp("ds")
+    man = {"target": {}, "engine": {}, "convention": "sglang", "layer_ids": [0, 1, 3], "aux_boundaries": [1, 2, 4], "final_boundary": 5, "dtype": "float32", "template": {}}
+    write_dataset(d, s, lambda xs: eng.capture(xs, [0, 1, 3]), man, shard_size=2)
+    return AuxDataset(d)
+
+
+class StopAt:
+    """Progress stand-in that interrupts training after ``n`` steps (simulates a kill)."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __call__(self, total, initial):
+        self.i = initial
+        return self
+
+    def update(self, k):
+        self.i += k
+        if self.i == self.n:
+            raise KeyboardInterrupt
+
+    def close(self):
+        pass
+
+
+def test_lr_schedule_by_hand():
+    assert lr_lambda(0, 4, 10, 0.0) == 0.25 and lr_lambda(3, 4, 10, 0.0) == 1.0
+    assert lr_lambda(4, 4, 10, 0.0) == 1.0 and lr_lambda(10, 4, 10, 0.1) == pytest.approx(0.1)
+    assert lr_lambda(7, 4, 10, 0.0) == pytest.approx(0.5)
+
+
+def test_training_lowers_loss_and_resume_equals_uninterrupted(target, tiny_ds, tmp_path):
+    model, _, _ = target
+    cfg = TrainConfig(batch_size=2, max_steps=12, warmup_steps=2, checkpoint_every=4, ttt_steps=3, draft_vocab_size=128, log_every=1)
+    d_full, rep = train_drafter(tiny_ds, model, cfg, tmp_path / "a")
+    assert rep["history"][-1]["loss"] < rep["history"][0]["loss"]
+    with pytest.raises(KeyboardInterrupt):
+        train_drafter(tiny_ds, model, cfg, tmp_path / "b", progress=StopAt(6))  # last checkpoint: step 4
+    assert torch.load(tmp_path / "b" / "checkpoints" / "last.pt", weights_only=False)["step"] == 4
+    d_res, rep_res = train_drafter(tiny_ds, model, cfg, tmp_path / "b")
+    for (k, a), b in zip(d_full.state_dict().items(), d_res.state_dict().values()):
+        assert torch.equal(a, b), k
+    assert rep_res["history"] == rep["history"]
+    with pytest.raises(ValueError, match="another training config"):
+        train_drafter(tiny_ds, model, TrainConfig(**{**cfg.__dict__, "lr": 1e-4}), tmp_path / "b")
