@@ -46,8 +46,8 @@ class RunParams(BaseModel):
     capture_batch_size: int = Field(32, ge=1)
     # 03_train
     draft_vocab_size: int = Field(256, ge=1)
-    draft_num_heads: int = Field(0, ge=0)
-    draft_num_kv_heads: int = Field(0, ge=0)
+    draft_num_heads: int = Field(2, ge=0)
+    draft_num_kv_heads: int = Field(2, ge=0)
     draft_intermediate_size: int = Field(0, ge=0)
     ttt_steps: int = Field(7, ge=1)
     loss_decay: float = Field(0.8, gt=0, le=1)

@@ -20,7 +20,7 @@ from .generate import generate_batch, read_jsonl, write_jsonl
 from .manifest import atomic_write_json, check_compatible, provenance, read_json, sha256_file
 from .params import RunDir, RunParams, resolve_path, update_metrics
 from .prompts import load_prompts, split_prompts
-from .train import TrainConfig, train_drafter
+from .train import TrainConfig, init_head_from_target, train_drafter
 
 __all__ = ["generate_step", "extract_step", "train_step", "eval_step", "target_info", "resolve_aux"]
 
@@ -176,6 +176,8 @@ def eval_step(p: RunParams, progress=True) -> dict:
         torch.manual_seed(p.seed + 1234)
         fresh = Eagle3Drafter(drafter.config, model.get_input_embeddings().weight.detach().float())
         fresh.set_vocab(drafter.d2t, drafter.t2d)
+        if dman["train_config"].get("init_head_from_target"):
+            init_head_from_target(fresh, model)  # the trained drafter's starting point
         runs["untrained"] = (fresh.eval(), bnds)
         if max(bnds) + 1 <= n:
             runs["trained, boundaries +1"] = (drafter, [b + 1 for b in bnds])
@@ -184,6 +186,8 @@ def eval_step(p: RunParams, progress=True) -> dict:
         results[label] = evaluate_acceptance(model, d, prompts, b, p.k, p.eval_max_new_tokens, eos, check_greedy=(label == "trained"), progress=bar)
     secs = time.time() - t0
     gm = read_json(rd.generation_manifest)
+    tc = dman["train_config"]
+    tm = read_json(rd.metrics).get("train", {})
     stats = {
         "engine": "eagle3nb simulator on hf-transformers target",
         "k": p.k, "n_prompts": len(prompts), "max_new_tokens": p.eval_max_new_tokens,
@@ -192,7 +196,7 @@ def eval_step(p: RunParams, progress=True) -> dict:
         "draft_acceptance_rate": {k: round(v["draft_acceptance_rate"], 4) for k, v in results.items()},
         "greedy_mismatches": len(results["trained"]["greedy_mismatches"]),
         "definitions": "tau = mean tokens emitted per draft-verify cycle (1 + accepted drafts); a_i = fraction of cycles whose draft position i was accepted; draft_acceptance_rate = accepted / drafted = (tau - 1) / k",
-        "data_and_budget": f"{gm['n_train']} train prompts x <= {gm['decoding']['max_new_tokens']} greedy tokens; {p.max_steps} steps of batch {p.batch_size}, TTT {p.ttt_steps}; {len(prompts)} held-out prompts x <= {p.eval_max_new_tokens} tokens",
+        "data_and_budget": f"{gm['n_train']} train prompts x <= {gm['decoding']['max_new_tokens']} greedy tokens ({gm['generated_tokens']} tokens); {tc['max_steps']} steps of batch {tc['batch_size']}, TTT {tc['ttt_steps']} ({tm.get('seconds', '?')} s of training); {len(prompts)} held-out prompts x <= {p.eval_max_new_tokens} tokens",
         "seconds": round(secs, 2),
     }
     update_metrics(rd.metrics, "eval", stats)

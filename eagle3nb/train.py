@@ -20,7 +20,7 @@ from .drafter import DrafterConfig, Eagle3Drafter
 from .objective import ttt_loss
 from .vocab import build_draft_vocab, count_loss_tokens, coverage
 
-__all__ = ["TrainConfig", "build_drafter", "train_drafter", "lr_lambda"]
+__all__ = ["TrainConfig", "build_drafter", "init_head_from_target", "train_drafter", "lr_lambda"]
 
 
 @dataclass
@@ -62,6 +62,18 @@ def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * frac))
 
 
+def init_head_from_target(d: Eagle3Drafter, target) -> bool:
+    """Start ``lm_head`` (the draft-vocab rows) and the final norm from the target's own readout, as
+    speculators does: the drafter then only has to predict the target's next pre-norm state.
+    Returns False (and changes nothing) when the hidden sizes differ."""
+    head = target.get_output_embeddings().weight.detach().float().cpu()  # [vocab, Ht]
+    if head.shape[1] != d.config.hidden_size:
+        return False
+    d.lm_head.weight.data.copy_(head[torch.arange(d.config.draft_vocab_size) + d.d2t])
+    d.norm.weight.data.copy_(target.model.norm.weight.detach().float().cpu())
+    return True
+
+
 def build_drafter(ds: AuxDataset, target, cfg: TrainConfig) -> tuple[Eagle3Drafter, dict]:
     """A fresh seeded drafter for ``target`` with its draft vocab built from the dataset's
     loss-bearing tokens. Returns ``(drafter, vocab_info)``."""
@@ -73,12 +85,7 @@ def build_drafter(ds: AuxDataset, target, cfg: TrainConfig) -> tuple[Eagle3Draft
     d2t, t2d = build_draft_vocab(counts, cfg.draft_vocab_size)
     d.set_vocab(d2t, t2d)
     if cfg.init_head_from_target:
-        # start from the target's own readout of its final state (speculators does the same):
-        # the drafter then only has to predict the target's next pre-norm state
-        head = target.get_output_embeddings().weight.detach().float().cpu()  # [vocab, Ht]
-        if head.shape[1] == c.hidden_size:
-            d.lm_head.weight.data.copy_(head[torch.arange(c.draft_vocab_size) + d2t])
-            d.norm.weight.data.copy_(target.model.norm.weight.detach().float().cpu())
+        init_head_from_target(d, target)
     return d, {"distinct_loss_tokens": int((counts > 0).sum()), "coverage": coverage(counts, t2d), "loss_tokens": int(counts.sum())}
 
 
