@@ -93,7 +93,7 @@ def build():
             elif kind == "params":
                 nb.cells.append(nbf.v4.new_code_cell(src, metadata={"tags": ["parameters"]}))
             elif kind == "check":
-                nb.cells.append(nbf.v4.new_code_cell(src, metadata={"tags": ["nbval-check-output"]}))
+                nb.cells.append(nbf.v4.new_code_cell(src))  # marked by its "# NBVAL_CHECK_OUTPUT" line
             else:
                 nb.cells.append(nbf.v4.new_code_cell(src))
         for i, c in enumerate(nb.cells):

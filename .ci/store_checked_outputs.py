@@ -1,5 +1,5 @@
 """Execute the stored notebooks with their own defaults (as nbval does), keep the outputs of the
-cells tagged `nbval-check-output` only, and strip everything else (plots, timings, widget state).
+cells marked `# NBVAL_CHECK_OUTPUT` only, and strip everything else (plots, timings, widget state).
 
     .venv/bin/python .ci/store_checked_outputs.py          # refresh the outputs nbval compares
     .venv/bin/python .ci/store_checked_outputs.py --strip  # only strip, no execution
@@ -20,11 +20,11 @@ def strip(nb, executed=None):
     for i, c in enumerate(nb.cells):
         if c.cell_type != "code":
             continue
-        keep = "nbval-check-output" in c.metadata.get("tags", [])
+        keep = c.source.lstrip().startswith("# NBVAL_CHECK_OUTPUT")
         c.outputs = executed.cells[i].outputs if (keep and executed is not None) else ([] if not keep else c.outputs)
         for o in c.outputs:
             o.pop("execution_count", None)
-        c.execution_count = None
+        c.execution_count = i if keep else None  # nbval skips reference cells that look unrun
         c.metadata.pop("execution", None)
     return nb
 
