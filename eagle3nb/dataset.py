@@ -15,6 +15,7 @@ finished and a rerun skips finished shards.
 
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from pathlib import Path
@@ -25,7 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from .manifest import ManifestMismatch, atomic_write_json, read_json, sha256_file
 
-__all__ = ["write_dataset", "AuxDataset", "collate", "states_by_boundary", "DATASET_KIND", "estimate_bytes"]
+__all__ = ["write_dataset", "AuxDataset", "DiskFullError", "collate", "states_by_boundary", "DATASET_KIND", "estimate_bytes"]
 
 DATASET_KIND = "eagle3nb-aux-dataset"
 FORMAT_VERSION = 1
@@ -38,12 +39,26 @@ def estimate_bytes(n_tokens: int, n_aux: int, hidden: int, dtype_bytes: int) -> 
     return n_tokens * ((n_aux + 1) * hidden * dtype_bytes + 9)
 
 
+class DiskFullError(OSError):
+    """No space left while writing a shard; earlier shards and the manifest are intact."""
+
+
 def _save_atomic(tensors: dict, path: Path, metadata: dict) -> None:
+    """safetensors to a temp file in the same folder, fsync, then rename: a reader never sees a
+    half-written shard (a crash leaves only ``*.tmp``, removed by the next run)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata=metadata)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        if e.errno == errno.ENOSPC:
+            raise DiskFullError(errno.ENOSPC, f"disk full while writing {path.name}; earlier shards and manifest.json are intact: free space in {path.parent} and rerun to resume") from e
+        raise
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -65,7 +80,9 @@ def write_dataset(out_dir: str | os.PathLike, samples: Sequence[tuple[int, list[
 
     Raises:
         ManifestMismatch: ``out_dir`` holds a dataset made with other settings (delete it or pick
-            another run name). ValueError: ``shard_size`` < 1 or no samples.
+            another run name). ValueError: ``shard_size`` < 1 or no samples. DiskFullError: no
+            space left (finished shards stay valid; rerun resumes). RuntimeError: the engine
+            returned a row count different from the sample's token count.
     """
     if shard_size < 1:
         raise ValueError(f"shard_size={shard_size}: must be >= 1")
@@ -87,6 +104,8 @@ def write_dataset(out_dir: str | os.PathLike, samples: Sequence[tuple[int, list[
             if f.exists() and sha256_file(f) == s["sha256"]:
                 done[s["file"]] = s
         skipped = old.get("skipped", skipped)
+    for stale in out.glob("*.tmp"):  # left by a killed run; never listed in the manifest
+        stale.unlink()
     shards = []
     chunks = [samples[i : i + shard_size] for i in range(0, len(samples), shard_size)]
     it = progress(list(enumerate(chunks))) if progress else enumerate(chunks)
@@ -139,9 +158,9 @@ class AuxDataset:
         self.path = Path(path)
         self.manifest = read_json(self.path / "manifest.json", "dataset manifest")
         if self.manifest.get("kind") != DATASET_KIND:
-            raise ValueError(f"{self.path}/manifest.json is not an eagle3nb dataset manifest (kind={self.manifest.get('kind')!r})")
+            raise ValueError(f"{self.path}/manifest.json is not an eagle3nb dataset manifest (kind={self.manifest.get('kind')!r}, expected {DATASET_KIND!r}); point at the dataset folder 02b wrote (outputs/<run_name>/dataset)")
         if not self.manifest.get("complete"):
-            raise ValueError(f"dataset {self.path} is incomplete (extraction interrupted); rerun 02b to finish it")
+            raise ValueError(f"dataset {self.path} is incomplete (manifest.json complete={self.manifest.get('complete')!r}: extraction interrupted); rerun 02b with the same params to finish it")
         self.items: list[dict] = []
         for s in self.manifest["shards"]:
             f = self.path / s["file"]

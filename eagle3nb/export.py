@@ -109,7 +109,9 @@ def load_drafter(path: str | os.PathLike, target_embed: torch.Tensor | None = No
 
     Raises:
         ValueError: a required tensor is missing (named), a shape contradicts the config (e.g. fc
-            width vs n_aux x target_hidden_size), or ``d2t``/``t2d`` are not consistent offsets.
+            width vs n_aux x target_hidden_size, lm_head rows vs draft_vocab_size), or ``d2t``/``t2d``
+            are not consistent offsets (absolute ids, targets out of range); the message names the
+            folder.
     """
     path = Path(path)
     cfg = json.loads((path / "config.json").read_text())
@@ -130,9 +132,21 @@ def load_drafter(path: str | os.PathLike, target_embed: torch.Tensor | None = No
     )
     d = Eagle3Drafter(c, target_embed)
     expect = {k: tuple(v.shape) for k, v in d.state_dict().items() if not k.startswith("embed_tokens")}
-    bad = [f"{k}: file {tuple(sd[k].shape)} vs config {s}" for k, s in expect.items() if k in sd and tuple(sd[k].shape) != s]
+    why = {
+        "fc.weight": f"fc input width must be n_aux x target_hidden_size = {c.n_aux} x {c.target_hidden_size}",
+        "lm_head.weight": f"lm_head rows must equal draft_vocab_size={c.draft_vocab_size}",
+        "d2t": f"d2t length must equal draft_vocab_size={c.draft_vocab_size}",
+        "t2d": f"t2d length must equal vocab_size={c.vocab_size}",
+    }
+    bad = [f"{k}: file {tuple(sd[k].shape)} vs config {s}" + (f" ({why[k]})" if k in why else "") for k, s in expect.items() if k in sd and tuple(sd[k].shape) != s]
     if bad:
-        raise ValueError(f"drafter {path}: weights contradict config.json ({'; '.join(bad)})")
-    check_draft_vocab(sd["d2t"], sd["t2d"])
+        raise ValueError(
+            f"drafter {path}: model.safetensors contradicts config.json ({'; '.join(bad)}); re-export the "
+            "drafter, or correct config.json to the shapes it was trained with"
+        )
+    try:
+        check_draft_vocab(sd["d2t"], sd["t2d"])
+    except ValueError as e:
+        raise ValueError(f"drafter {path}/model.safetensors: {e}") from None
     d.load_state_dict(sd, strict=False)
     return d.eval(), cfg

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["resolve_model", "model_search_dirs", "load_target", "load_tokenizer", "model_hash", "DTYPES"]
+__all__ = ["resolve_model", "model_search_dirs", "load_target", "load_tokenizer", "model_hash", "read_model_config", "check_model_folder", "DTYPES", "SUPPORTED_ARCHS"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ENV_VAR = "EAGLE3NB_MODEL_PATH"
@@ -67,8 +67,35 @@ def model_hash(path: str | os.PathLike) -> str:
     return h.hexdigest()
 
 
-def _check_folder(path: Path) -> None:
-    cfg = json.loads((path / "config.json").read_text())
+def read_model_config(path: str | os.PathLike) -> dict:
+    """The model folder's ``config.json`` as a dict (no weights are read).
+
+    Raises:
+        FileNotFoundError: no config.json. ValueError: config.json is not a JSON object.
+    """
+    f = Path(path) / "config.json"
+    if not f.is_file():
+        raise FileNotFoundError(f"model folder {str(path)!r} has no config.json; point model at a Hugging Face model folder")
+    try:
+        cfg = json.loads(f.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{f} is not valid JSON ({e}); restore the model's original config.json") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{f} must hold a JSON object, got {type(cfg).__name__}; restore the model's original config.json")
+    return cfg
+
+
+def check_model_folder(path: str | os.PathLike) -> dict:
+    """Check, from config.json and file names only, that eagle3nb can use the model folder.
+
+    Returns:
+        The parsed config.json.
+
+    Raises:
+        ValueError: unsupported architecture, or no tokenizer.json / tokenizer.model in the folder.
+    """
+    path = Path(path)
+    cfg = read_model_config(path)
     archs = cfg.get("architectures") or []
     if not set(archs) & SUPPORTED_ARCHS:
         raise ValueError(
@@ -77,6 +104,10 @@ def _check_folder(path: Path) -> None:
         )
     if not ((path / "tokenizer.json").is_file() or (path / "tokenizer.model").is_file()):
         raise ValueError(f"model={str(path)!r} has no tokenizer.json or tokenizer.model; copy the tokenizer files into it")
+    return cfg
+
+
+_check_folder = check_model_folder  # old private name
 
 
 def load_tokenizer(path: str | os.PathLike):
@@ -105,7 +136,7 @@ def load_target(name_or_path: str | os.PathLike, dtype: str = "float32", device:
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is not supported; use one of {sorted(DTYPES)}")
     path = resolve_model(name_or_path)
-    _check_folder(path)
+    check_model_folder(path)  # before any weight is read
     model = AutoModelForCausalLM.from_pretrained(
         str(path), dtype=DTYPES[dtype], local_files_only=True, attn_implementation="eager"
     ).to(device)

@@ -13,7 +13,7 @@ from typing import Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-__all__ = ["RunParams", "load_params", "collect", "RunDir", "REPO_ROOT", "update_metrics", "read_metrics"]
+__all__ = ["RunParams", "load_params", "collect", "check_against_model", "RunDir", "REPO_ROOT", "update_metrics", "read_metrics"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,10 +87,10 @@ class RunParams(BaseModel):
         pf = resolve_path(self.prompts_file)
         if not pf.is_file():
             raise ValueError(f"prompts_file={self.prompts_file!r} does not exist (looked at {pf}); point it at a text file with one prompt per line")
+        if self.mode == "completion" and self.chat_template is not None:
+            raise ValueError(f"chat_template={self.chat_template!r} is set but mode='completion'; set mode: chat or chat_template: null")
         if self.chat_template is not None and not resolve_path(self.chat_template).is_file():
             raise ValueError(f"chat_template={self.chat_template!r} is not a file; give a jinja template file or null for the tokenizer's own")
-        if self.mode == "completion" and self.chat_template is not None:
-            raise ValueError("chat_template is set but mode='completion'; set mode: chat or chat_template: null")
         return self
 
 
@@ -100,12 +100,28 @@ def resolve_path(p: str | os.PathLike) -> Path:
     return p if p.is_absolute() else REPO_ROOT / p
 
 
+_HINTS = {
+    "run_name": "letters, digits, '.', '_' and '-' only (it names the folder outputs_dir/run_name)",
+}
+
+
 def _format_error(e: ValidationError, source: str) -> str:
     lines = [f"invalid parameters in {source}:"]
     for err in e.errors():
         key = ".".join(str(x) for x in err["loc"]) or "(file)"
         val = err.get("input")
-        hint = "remove it (typo?); known keys: see params/default.yaml" if err["type"] == "extra_forbidden" else err["msg"]
+        if err["type"] == "value_error":  # our validators' messages already name key, value and fix
+            lines.append(f"  {err['ctx']['error']}")
+            continue
+        if err["type"] == "extra_forbidden":
+            hint = "remove it (typo?); known keys: see params/default.yaml"
+        else:
+            hint = err["msg"]
+            field = RunParams.model_fields.get(str(err["loc"][0])) if err["loc"] else None
+            if str(err["loc"][0] if err["loc"] else "") in _HINTS:
+                hint += "; use " + _HINTS[str(err["loc"][0])]
+            elif field is not None and field.default is not None:
+                hint += f"; e.g. {key}: {field.default!r} (the default)"
         lines.append(f"  {key}={val!r}: {hint}")
     return "\n".join(lines)
 
@@ -137,6 +153,63 @@ def collect(namespace: dict) -> RunParams:
         return RunParams(**data)
     except ValidationError as e:
         raise ValueError(_format_error(e, "the notebook's parameters")) from None
+
+
+def check_against_model(p: RunParams) -> dict:
+    """Upfront checks of ``p`` against the target's ``config.json`` (no weights are loaded), so that
+    a run fails before any notebook executes.
+
+    Returns:
+        ``{"path", "n_layers", "vocab_size", "layer_ids", "boundaries"}``: the model folder, its
+        num_hidden_layers and vocab_size, and the aux ids (in ``p.convention``) and boundaries the
+        run will capture.
+
+    Raises:
+        FileNotFoundError: the model is not found (the message lists every place looked at).
+        ValueError: naming the parameter, its value and the fix, for: an unsupported architecture or
+            a folder without tokenizer; ``draft_vocab_size`` > the target's vocab; ``layer_ids`` the
+            convention cannot capture for this many layers, or giving non-increasing boundaries;
+            ``layer_ids: null`` on a target too small for the default picker; ``draft_num_heads``
+            not a multiple of ``draft_num_kv_heads``.
+    """
+    from . import conventions, models
+
+    path = models.resolve_model(p.model)
+    cfg = models.check_model_folder(path)
+    n, V = cfg.get("num_hidden_layers"), cfg.get("vocab_size")
+    for k, v in (("num_hidden_layers", n), ("vocab_size", V)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"model={p.model!r}: {path}/config.json has {k}={v!r}; eagle3nb needs a positive int there (restore the original config.json)")
+    if p.draft_vocab_size > V:
+        raise ValueError(f"draft_vocab_size={p.draft_vocab_size} exceeds the target vocab_size={V} of model={p.model!r}; set draft_vocab_size to at most {V}")
+    conv = conventions.get_convention(p.convention)
+    if p.layer_ids is None:
+        try:
+            b = conventions.pick_default_boundaries(n)
+            ids = conv.boundaries_to_ids(b, n)
+        except ValueError as e:
+            raise ValueError(
+                f"layer_ids=None: no default aux layers for model={p.model!r} (num_hidden_layers={n}) in convention "
+                f"{p.convention!r}: {e}; set layer_ids explicitly or use a target with more layers"
+            ) from None
+    else:
+        try:
+            b = conventions.check_boundaries(conv.ids_to_boundaries(p.layer_ids, n), n, "boundaries")
+        except ValueError as e:
+            raise ValueError(
+                f"layer_ids={p.layer_ids} (convention {p.convention!r}) do not fit model={p.model!r} with "
+                f"num_hidden_layers={n}: {e}"
+            ) from None
+        ids = list(p.layer_ids)
+    nh = p.draft_num_heads or cfg.get("num_attention_heads")
+    nkv = p.draft_num_kv_heads or (min(nh, cfg.get("num_key_value_heads") or nh) if nh else None)
+    if nh and nkv and nh % nkv:
+        raise ValueError(
+            f"draft_num_heads={p.draft_num_heads} ({nh} heads) is not a multiple of draft_num_kv_heads="
+            f"{p.draft_num_kv_heads} ({nkv} kv heads; 0 = from the target); pick divisible head counts, "
+            f"e.g. draft_num_kv_heads: {nh}"
+        )
+    return {"path": str(path), "n_layers": n, "vocab_size": V, "layer_ids": ids, "boundaries": b}
 
 
 class RunDir:

@@ -1,6 +1,7 @@
 """Run the ordered notebooks headless with papermill: ``python -m eagle3nb.run params/default.yaml``.
 
-Validates the whole params file first (unknown keys, types, ranges), then executes each notebook
+Validates the whole params file first (unknown keys, types, ranges) and checks it against the
+model's config.json (:func:`eagle3nb.params.check_against_model`), then executes each notebook
 with the parameters it declares, writes the executed copies to ``outputs/<run>/notebooks/`` and
 records each notebook's wall time in ``metrics.json``.
 """
@@ -14,7 +15,7 @@ from typing import Optional
 import typer
 import yaml
 
-from .params import REPO_ROOT, RunDir, load_params, update_metrics
+from .params import REPO_ROOT, RunDir, check_against_model, load_params, update_metrics
 
 __all__ = ["NOTEBOOKS", "run_notebooks", "main"]
 
@@ -28,12 +29,15 @@ def run_notebooks(params_file: str | Path, only: Optional[list[str]] = None, ove
     """Execute the notebooks in order for one params file; returns the run directory.
 
     Raises:
-        ValueError: invalid params (before anything runs); unknown notebook name in ``only``.
+        ValueError: invalid params, or params that do not fit the model's config.json (before
+            anything runs); unknown notebook name in ``only``.
+        FileNotFoundError: the params file or the model is not found (before anything runs).
         papermill.PapermillExecutionError: a notebook failed (its executed copy shows where).
     """
     import papermill as pm
 
     p = load_params(params_file, **(overrides or {}))
+    check_against_model(p)  # model, vocab, layer ids, heads: fail before any notebook runs
     names = only or NOTEBOOKS
     unknown = [n for n in names if n not in NOTEBOOKS]
     if unknown:

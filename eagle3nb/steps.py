@@ -6,6 +6,7 @@ before long work starts, writes its artefacts atomically, and merges its numbers
 
 from __future__ import annotations
 
+import shutil
 import time
 
 import torch
@@ -15,6 +16,7 @@ from .acceptance import evaluate_acceptance
 from .capture import HFCaptureEngine, n_layers_of
 from .dataset import AuxDataset, estimate_bytes, write_dataset
 from .drafter import Eagle3Drafter
+from .engine_configs import engine_report
 from .export import export_drafter, load_drafter
 from .generate import generate_batch, read_jsonl, write_jsonl
 from .manifest import atomic_write_json, check_compatible, provenance, read_json, sha256_file
@@ -22,7 +24,7 @@ from .params import RunDir, RunParams, resolve_path, update_metrics
 from .prompts import load_prompts, split_prompts
 from .train import TrainConfig, init_head_from_target, train_drafter
 
-__all__ = ["generate_step", "extract_step", "train_step", "eval_step", "target_info", "resolve_aux"]
+__all__ = ["record_checks", "generate_step", "extract_step", "train_step", "eval_step", "target_info", "resolve_aux"]
 
 
 def _progress():
@@ -51,6 +53,11 @@ def resolve_aux(p: RunParams, n_layers: int) -> tuple[list[int], list[int]]:
         return conv.boundaries_to_ids(b, n_layers), b
     b = conventions.check_boundaries(conv.ids_to_boundaries(p.layer_ids, n_layers), n_layers, "layer_ids -> boundaries")
     return list(p.layer_ids), b
+
+
+def record_checks(rd: RunDir, step: str, checks: list[str]) -> None:
+    """List, in metrics.json["checks"][step], the checks that ran on this run's data."""
+    update_metrics(rd.metrics, "checks", {step: checks})
 
 
 def generate_step(p: RunParams, progress=True) -> dict:
@@ -93,6 +100,7 @@ def generate_step(p: RunParams, progress=True) -> dict:
     atomic_write_json(rd.generation_manifest, man)
     stats = {"engine": "hf-transformers", "n_train_prompts": len(train), "n_heldout_prompts": len(held), "generated_tokens": n_tok, "seconds": round(secs, 3), "tokens_per_s": round(n_tok / secs, 1) if secs else None}
     update_metrics(rd.metrics, "generate", stats)
+    record_checks(rd, "01_generate", [f"params validated ({len(RunParams.model_fields)} keys)", f"{len(recs)} prompts fit the context of {ctx} with max_new_tokens={p.max_new_tokens}", "train/held-out split disjoint by prompt hash"])
     return {"manifest": man, "records": recs, "stats": stats}
 
 
@@ -115,6 +123,10 @@ def extract_step(p: RunParams, progress=True) -> dict:
         samples = [(r["id"], r["prompt_ids"] + r["output_ids"], [0] * len(r["prompt_ids"]) + [1] * len(r["output_ids"])) for r in recs]
     n_tok = sum(len(s[1]) for s in samples)
     need = estimate_bytes(n_tok, len(bnds), tinfo["hidden_size"], torch.finfo(models.DTYPES[p.dtype]).bits // 8)
+    rd.dataset.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(rd.dataset).free
+    if need > free:
+        raise OSError(f"the dataset needs ~{need / 1e9:.2f} GB (tokens x (n_aux + 1) x H x bytes) but {rd.dataset} has {free / 1e9:.2f} GB free; free space, lower max_train_prompts/max_new_tokens, or use dtype: bfloat16")
     man = provenance(
         p.seed, target=tinfo,
         engine={"name": engine.engine_name, "version": engine.engine_version, "capture_point_of": p.convention},
@@ -127,6 +139,14 @@ def extract_step(p: RunParams, progress=True) -> dict:
     table = conventions.boundary_table(bnds, n)
     stats = {"engine": engine.engine_name, "capture_point_of": p.convention, "layer_ids": ids, "aux_boundaries": bnds, "n_samples": m["n_samples"], "n_tokens": m["n_tokens"], "estimated_bytes": need, "skipped": {k: len(v) for k, v in m["skipped"].items()}, "seconds": round(secs, 3), "tokens_per_s": round(m["n_tokens"] / secs, 1) if secs else None}
     update_metrics(rd.metrics, "extract", stats)
+    record_checks(rd, "02b_extract_sglang", [
+        f"target sha256 and template match the generation manifest ({gman['target']['sha256'][:12]})",
+        f"{p.convention} ids {ids} -> boundaries {bnds}: capturable, strictly increasing",
+        f"disk need {need} B <= free {free} B",
+        f"engine row count == token count for all {m['n_samples']} samples",
+        f"finite states: {len(m['skipped']['nonfinite'])} samples skipped, {len(m['skipped']['empty_loss_mask'])} with empty loss mask skipped",
+        f"{len(m['shards'])} shards written atomically with sha256",
+    ])
     return {"manifest": m, "boundary_table": table, "stats": stats}
 
 
@@ -136,8 +156,8 @@ def train_step(p: RunParams, progress=True) -> dict:
     ds = AuxDataset(rd.dataset)
     model, tok, path = models.load_target(p.model, "float32")
     if not p.allow_manifest_mismatch:
-        want = {"target": {"sha256": models.model_hash(path)}, "dtype": p.dtype, "convention": p.convention}
-        check_compatible(ds.manifest, want, ["target.sha256", "dtype", "convention"], f"dataset {rd.dataset}", "allow_manifest_mismatch")
+        want = {"target": {"sha256": models.model_hash(path)}, "dtype": p.dtype, "convention": p.convention, "template": {"mode": p.mode, "sha256": chat.template_hash(_template(p, tok))}}
+        check_compatible(ds.manifest, want, ["target.sha256", "dtype", "convention", "template"], f"dataset {rd.dataset}", "allow_manifest_mismatch")
         _, bnds = resolve_aux(p, n_layers_of(model))
         check_compatible(ds.manifest, {"aux_boundaries": bnds}, ["aux_boundaries"], f"dataset {rd.dataset} (boundaries the exported drafter will be served with)", "allow_manifest_mismatch")
     if p.draft_vocab_size > model.config.vocab_size:
@@ -148,9 +168,19 @@ def train_step(p: RunParams, progress=True) -> dict:
     bnds = ds.manifest["aux_boundaries"]
     man = provenance(p.seed, kind="eagle3nb-drafter", target=ds.manifest["target"], dataset_engine=ds.manifest["engine"], convention=ds.manifest["convention"], layer_ids=ds.manifest["layer_ids"], aux_boundaries=bnds, dtype=ds.manifest["dtype"], template=ds.manifest["template"], train_config=cfg.__dict__, vocab=rep["vocab"])
     export_drafter(drafter, rd.drafter, bnds, ds.manifest["target"]["n_layers"], man, tok.bos_token_id, tok.eos_token_id)
+    _, cfg_json = load_drafter(rd.drafter)  # refuses a folder missing a tensor or contradicting itself
+    engines = engine_report(cfg_json, bnds, ds.manifest["target"]["n_layers"], {"norm_before_residual": drafter.config.norm_before_residual})
+    update_metrics(rd.metrics, "export", {"engines": engines})
     last = rep["history"][-1]
     stats = {"steps": rep["steps"], "seconds": round(rep["seconds"], 2), "tokens_per_s": round(rep["tokens_per_s"], 1) if rep["tokens_per_s"] else None, "final_loss": last["loss"], "final_step_acc": last["step_acc"], "draft_vocab_size": p.draft_vocab_size, "vocab": rep["vocab"], "n_train_samples": len(ds), "n_train_tokens": ds.manifest["n_tokens"]}
     update_metrics(rd.metrics, "train", stats)
+    record_checks(rd, "03_train", [
+        f"dataset: {len(ds.manifest['shards'])} shard sha256 verified at load",
+        "manifest target/dtype/convention/template " + ("match this run" if not p.allow_manifest_mismatch else "NOT checked (allow_manifest_mismatch)"),
+        f"dataset boundaries {bnds} == boundaries the drafter is served with" if not p.allow_manifest_mismatch else "serve-time boundaries NOT checked (allow_manifest_mismatch)",
+        "exported drafter reloads: required tensors present, shapes match config, d2t offsets consistent with t2d",
+        "engines read back the trained boundaries: " + ", ".join(f"{e}={'ok' if r['ok'] else 'MISMATCH ' + str(r)}" for e, r in engines.items()),
+    ])
     return {"history": rep["history"], "stats": stats, "export_dir": rd.drafter}
 
 
@@ -200,4 +230,9 @@ def eval_step(p: RunParams, progress=True) -> dict:
         "seconds": round(secs, 2),
     }
     update_metrics(rd.metrics, "eval", stats)
+    record_checks(rd, "04_eval_acceptance", [
+        "drafter loads: required tensors present, d2t offsets consistent with t2d",
+        "drafter's template and target sha256 match this run",
+        f"speculative output == plain greedy output on {len(prompts)} prompts: {stats['greedy_mismatches']} mismatches",
+    ])
     return {"results": results, "stats": stats}

@@ -70,13 +70,13 @@ def check_draft_vocab(d2t: torch.Tensor, t2d: torch.Tensor) -> None:
             does not mark exactly the targets of ``d2t`` (e.g. ``d2t`` stored as absolute ids).
     """
     if d2t.dtype != torch.long or t2d.dtype != torch.bool:
-        raise ValueError(f"d2t must be int64 and t2d bool; got {d2t.dtype} and {t2d.dtype}")
+        raise ValueError(f"d2t must be int64 and t2d bool; got {d2t.dtype} and {t2d.dtype}; rebuild both with build_draft_vocab")
     tgt = torch.arange(d2t.numel()) + d2t
     V = t2d.numel()
     if tgt.min() < 0 or tgt.max() >= V:
         raise ValueError(
             f"d2t maps draft ids to target ids {int(tgt.min())}..{int(tgt.max())}, outside 0..{V - 1}: "
-            "d2t must hold offsets (target = draft + d2t[draft]), not absolute ids"
+            "d2t must hold offsets (target = draft + d2t[draft]), not absolute ids; rebuild it with build_draft_vocab"
         )
     if torch.unique(tgt).numel() != tgt.numel():
         raise ValueError("d2t maps two draft ids to the same target id; rebuild it with build_draft_vocab")

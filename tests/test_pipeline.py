@@ -46,6 +46,9 @@ def test_metrics(smoke_run):
     assert m["extract"]["n_samples"] == m["generate"]["n_train_prompts"] == 24
     assert m["train"]["steps"] == 20
     assert set(m["timing"]["notebook_seconds"]) == set(NOTEBOOKS) and m["timing"]["total_seconds"] > 0
+    assert set(m["checks"]) == set(NOTEBOOKS) and all(m["checks"].values())
+    eng = m["export"]["engines"]
+    assert eng["sglang"]["boundaries"] == eng["vllm"]["boundaries"] == [1, 2, 4] and eng["sglang"]["ok"] and eng["vllm"]["ok"]
 
 
 def test_mismatched_boundaries_refused_before_training(smoke_run, tmp_path):

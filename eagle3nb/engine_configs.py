@@ -1,0 +1,74 @@
+"""Read an exported drafter config the way each serving engine reads it, and report what it ignores.
+
+An exported flag only matters if the serving engine reads it. These readers mirror what the
+engines' EAGLE-3 model files read (``../shared/reference/conventions.md`` section 2):
+
+- SGLang ``srt/models/llama_eagle3.py`` + ``llama.py`` (0.5.x): ids only from the nested
+  ``eagle_config.eagle_aux_hidden_state_layer_ids`` (id = boundary - 1; absent -> its default
+  ``[2, N//2, N-3]`` unshifted), ``draft_vocab_size``, ``target_hidden_size`` (fc input width /
+  n_aux). It does not read ``norm_before_residual`` (residual = un-normed hidden).
+- vLLM ``model_executor/models/llama_eagle3.py`` (0.3x): ids from the top-level
+  ``eagle_aux_hidden_state_layer_ids`` (id = boundary; absent -> ``(2, N//2, N-3)``),
+  ``draft_vocab_size``, ``target_hidden_size``, ``norm_before_residual``.
+
+Versions change: when an engine is upgraded, re-read its source and update the table.
+"""
+
+from __future__ import annotations
+
+from .conventions import get_convention
+
+__all__ = ["ENGINE_READS", "read_as_engine", "engine_report"]
+
+# flag -> engines that read it (flags the trainer sets that change the computed function)
+ENGINE_READS = {
+    "sglang": {"ids_key": "eagle_config.eagle_aux_hidden_state_layer_ids", "flags": {"draft_vocab_size", "target_hidden_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta"}},
+    "vllm": {"ids_key": "eagle_aux_hidden_state_layer_ids", "flags": {"draft_vocab_size", "target_hidden_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "norm_before_residual"}},
+}
+# value an engine assumes for a flag it does not read
+ENGINE_ASSUMES = {"norm_before_residual": False}
+
+
+def _get(cfg: dict, dotted: str):
+    for part in dotted.split("."):
+        cfg = cfg.get(part) if isinstance(cfg, dict) else None
+    return cfg
+
+
+def read_as_engine(cfg: dict, engine: str, target_n_layers: int) -> dict:
+    """What ``engine`` will use from a drafter ``config.json`` dict.
+
+    Returns:
+        ``{"boundaries": [...], "ids_source": "config"|"engine default", "flags": {...}}``.
+
+    Raises:
+        ValueError: unknown engine, or ids the engine cannot capture.
+    """
+    if engine not in ENGINE_READS:
+        raise ValueError(f"engine={engine!r}: known engines are {sorted(ENGINE_READS)}")
+    spec = ENGINE_READS[engine]
+    conv = get_convention(engine)
+    ids = _get(cfg, spec["ids_key"])
+    if ids is None:
+        b, src = conv.default_boundaries(target_n_layers), "engine default"
+    else:
+        b, src = conv.ids_to_boundaries(ids, target_n_layers), "config"
+    flags = {k: cfg.get(k, ENGINE_ASSUMES.get(k)) for k in sorted(spec["flags"])}
+    return {"boundaries": b, "ids_source": src, "flags": flags}
+
+
+def engine_report(cfg: dict, trained_boundaries: list[int], target_n_layers: int, trainer_flags: dict) -> dict:
+    """Per engine: the boundaries it will capture, whether they equal the trained ones, and the
+    trainer flags it ignores while they differ from what it assumes (the drafter would compute
+    another function there).
+
+    Returns:
+        ``{engine: {"boundaries", "matches_training", "ignored_flags": [...], "ok"}}``.
+    """
+    out = {}
+    for engine in ENGINE_READS:
+        r = read_as_engine(cfg, engine, target_n_layers)
+        ignored = [k for k, v in trainer_flags.items() if k not in ENGINE_READS[engine]["flags"] and k in ENGINE_ASSUMES and v != ENGINE_ASSUMES[k]]
+        match = r["boundaries"] == list(trained_boundaries)
+        out[engine] = {"boundaries": r["boundaries"], "ids_source": r["ids_source"], "matches_training": match, "ignored_flags": ignored, "ok": match and not ignored}
+    return out

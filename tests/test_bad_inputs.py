@@ -1,0 +1,183 @@
+"""Bad input of every kind fails early with a message naming the parameter or file, the value and the fix.
+
+Static cases live in ``tests/bad_inputs/``: ``params/*.yaml`` (first line ``# expect: <regex>``),
+``models/<case>/config.json`` (config only, no weights) and ``manifests/<case>/manifest.json`` (key
+``expect``). Broken drafters are made at runtime from a fresh export (safetensors are binary).
+"""
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from eagle3nb import models
+from eagle3nb.dataset import AuxDataset
+from eagle3nb.drafter import DrafterConfig, Eagle3Drafter
+from eagle3nb.export import export_drafter, load_drafter
+from eagle3nb.params import REPO_ROOT, RunParams, check_against_model, load_params
+from eagle3nb.vocab import build_draft_vocab
+
+BAD = Path(__file__).parent / "bad_inputs"
+PARAM_FILES = sorted((BAD / "params").glob("*.yaml"))
+STORIES = models.resolve_model("stories260K-hd32")
+
+
+def _expect(path: Path) -> str:
+    first = path.read_text().splitlines()[0]
+    m = re.match(r"#\s*expect:\s*(.+)$", first)
+    assert m, f"{path} must start with '# expect: <regex>'"
+    return m.group(1).strip()
+
+
+def test_every_params_kind_is_present():
+    names = {f.stem for f in PARAM_FILES}
+    assert {"unknown_key", "wrong_type", "k_zero", "layer_ids_unsorted", "layer_ids_duplicate", "layer_ids_out_of_range",
+            "draft_vocab_too_big", "missing_model", "missing_prompts", "completion_with_template", "run_name_slash"} <= names
+
+
+@pytest.mark.parametrize("path", PARAM_FILES, ids=[f.stem for f in PARAM_FILES])
+def test_bad_params_file(path):
+    with pytest.raises((ValueError, FileNotFoundError), match=_expect(path)):
+        check_against_model(load_params(path))
+
+
+@pytest.mark.parametrize("path", sorted((REPO_ROOT / "params").glob("*.yaml")), ids=lambda f: f.stem)
+def test_shipped_params_pass_model_checks(path):
+    info = check_against_model(load_params(path))
+    assert info["n_layers"] == 5 and info["vocab_size"] == 512
+
+
+def test_model_checks_return_what_the_run_captures():
+    info = check_against_model(RunParams())
+    assert info["boundaries"] == [1, 2, 4] and info["layer_ids"] == [0, 1, 3]  # sglang: id = boundary - 1
+    info = check_against_model(RunParams(convention="vllm", layer_ids=[1, 3, 5]))
+    assert info["boundaries"] == [1, 3, 5]
+
+
+def test_run_notebooks_checks_the_model_before_any_notebook(tmp_path):
+    pytest.importorskip("papermill")
+    from eagle3nb.run import run_notebooks
+
+    with pytest.raises(ValueError, match=r"layer_ids=\[0, 1, 4\]"):
+        run_notebooks(BAD / "params" / "layer_ids_out_of_range.yaml", overrides={"outputs_dir": str(tmp_path), "run_name": "bad"})
+    assert not (tmp_path / "bad").exists()
+
+
+# --- model folders (config.json only: the checks must fire before any weight is read) -------------
+
+MODEL_CASES = {
+    "no_tokenizer": r"model='.*no_tokenizer' has no tokenizer\.json or tokenizer\.model; copy the tokenizer files into it",
+    "bert_arch": r"model='.*bert_arch' has architectures=\['BertModel'\]; eagle3nb captures decoder-only models of \[.*'LlamaForCausalLM'.*\]; use one of those",
+}
+
+
+@pytest.mark.parametrize("case", sorted(MODEL_CASES))
+def test_bad_model_folder(case):
+    folder = (BAD / "models" / case).resolve()
+    assert not list(folder.glob("*.safetensors"))
+    with pytest.raises(ValueError, match=MODEL_CASES[case]):
+        check_against_model(RunParams(model=str(folder)))
+    with pytest.raises(ValueError, match=MODEL_CASES[case]):
+        models.load_target(str(folder))
+
+
+def _tiny_model(tmp_path, n_layers):
+    cfg = json.loads((STORIES / "config.json").read_text())
+    cfg["num_hidden_layers"] = n_layers
+    d = tmp_path / f"model-{n_layers}"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    (d / "tokenizer.json").write_text("{}")  # only its presence is checked
+    return str(d)
+
+
+def test_too_few_layers_for_the_default_picker(tmp_path):
+    m = _tiny_model(tmp_path, 2)
+    with pytest.raises(ValueError, match=r"layer_ids=None: no default aux layers for model=.* \(num_hidden_layers=2\).*>= 3 layers.*set layer_ids explicitly"):
+        check_against_model(RunParams(model=m))
+    assert check_against_model(RunParams(model=m, convention="vllm", layer_ids=[1, 2]))["boundaries"] == [1, 2]
+
+
+def test_default_boundaries_the_convention_cannot_capture(tmp_path):
+    # 3 layers: the picker gives [1, 2, 3]; SGLang never captures boundary N
+    with pytest.raises(ValueError, match=r"layer_ids=None: .*cannot be captured by 'sglang'"):
+        check_against_model(RunParams(model=_tiny_model(tmp_path, 3)))
+
+
+def test_kv_heads_from_target_must_divide(tmp_path):
+    # draft_num_heads 0 = the target's 8 heads; 3 kv heads do not divide them
+    with pytest.raises(ValueError, match=r"draft_num_heads=0 \(8 heads\) is not a multiple of draft_num_kv_heads=3"):
+        check_against_model(RunParams(draft_num_heads=0, draft_num_kv_heads=3))
+
+
+# --- dataset manifests -----------------------------------------------------------------------------
+
+MANIFESTS = sorted(p.parent for p in (BAD / "manifests").glob("*/manifest.json"))
+
+
+@pytest.mark.parametrize("folder", MANIFESTS, ids=[p.name for p in MANIFESTS])
+def test_bad_dataset_manifest(folder):
+    expect = json.loads((folder / "manifest.json").read_text())["expect"]
+    with pytest.raises(ValueError, match=expect):
+        AuxDataset(folder)
+
+
+# --- exported drafters, broken after export --------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    from transformers import AutoConfig
+
+    tc = AutoConfig.from_pretrained(str(STORIES), local_files_only=True)
+    torch.manual_seed(1)
+    d = Eagle3Drafter(DrafterConfig.for_target(tc, 256))
+    counts = torch.randint(0, 100, (512,))  # a scattered draft vocab (offsets not all zero)
+    d.set_vocab(*build_draft_vocab(counts, 256))
+    out = export_drafter(d, tmp_path_factory.mktemp("drafter") / "d", [1, 2, 4], 5, {"kind": "test"}, 1, 2)
+    load_drafter(out)  # the unbroken export loads
+    return out
+
+
+def _break_weights(sd):
+    sd["d2t"] = torch.arange(256) + sd["d2t"]  # absolute target ids where offsets belong
+
+
+DRAFTER_CASES = {
+    "missing_lm_head": (lambda sd: sd.pop("lm_head.weight"), None, r"drafter .* lacks required tensors \['lm_head\.weight'\]; re-export it"),
+    "missing_d2t": (lambda sd: sd.pop("d2t"), None, r"lacks required tensors \['d2t'\]; re-export it"),
+    "missing_t2d": (lambda sd: sd.pop("t2d"), None, r"lacks required tensors \['t2d'\]; re-export it"),
+    "fc_width": (
+        lambda sd: sd.__setitem__("fc.weight", torch.zeros(64, 2 * 64)), None,
+        r"fc\.weight: file \(64, 128\) vs config \(64, 192\) \(fc input width must be n_aux x target_hidden_size = 3 x 64\).*re-export the drafter",
+    ),
+    "draft_vocab_size_config": (
+        None, lambda cfg: cfg.__setitem__("draft_vocab_size", 200),
+        r"lm_head\.weight: file \(256, 64\) vs config \(200, 64\) \(lm_head rows must equal draft_vocab_size=200\).*correct config\.json",
+    ),
+    "d2t_absolute_ids": (_break_weights, None, r"drafter .*model\.safetensors: d2t .*must hold offsets \(target = draft \+ d2t\[draft\]\).*rebuild"),
+    "d2t_out_of_range": (
+        lambda sd: sd["d2t"].__setitem__(-1, 10_000), None,
+        r"drafter .*model\.safetensors: d2t maps draft ids to target ids .*outside 0\.\.511.*rebuild it with build_draft_vocab",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(DRAFTER_CASES))
+def test_broken_drafter_refused(exported, tmp_path, case):
+    break_sd, break_cfg, expect = DRAFTER_CASES[case]
+    out = shutil.copytree(exported, tmp_path / case)
+    if break_sd:
+        sd = load_file(str(out / "model.safetensors"))
+        break_sd(sd)
+        save_file(sd, str(out / "model.safetensors"))
+    if break_cfg:
+        cfg = json.loads((out / "config.json").read_text())
+        break_cfg(cfg)
+        (out / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=expect):
+        load_drafter(out)

@@ -1,0 +1,43 @@
+import json
+
+import torch
+
+from eagle3nb.drafter import DrafterConfig, Eagle3Drafter
+from eagle3nb.engine_configs import engine_report, read_as_engine
+from eagle3nb.export import export_drafter
+
+
+def exported_config(tmp_path, model, norm_before_residual=False):
+    c = DrafterConfig.for_target(model.config, 512, num_attention_heads=2, num_key_value_heads=2)
+    c.norm_before_residual = norm_before_residual
+    out = export_drafter(Eagle3Drafter(c, model.get_input_embeddings().weight.detach()), tmp_path / "d", [1, 2, 4], 5, {}, 1, 2)
+    return json.loads((out / "config.json").read_text())
+
+
+def test_both_engines_read_back_the_trained_boundaries(target, tmp_path):
+    model, _, _ = target
+    cfg = exported_config(tmp_path, model)
+    assert read_as_engine(cfg, "sglang", 5)["boundaries"] == [1, 2, 4]
+    assert read_as_engine(cfg, "vllm", 5)["boundaries"] == [1, 2, 4]
+    rep = engine_report(cfg, [1, 2, 4], 5, {"norm_before_residual": False})
+    assert all(r["ok"] for r in rep.values())
+    # every shape flag survives export as the engines read it
+    f = read_as_engine(cfg, "vllm", 5)["flags"]
+    assert f["num_attention_heads"] == 2 and f["draft_vocab_size"] == 512 and f["target_hidden_size"] == 64
+
+
+def test_engine_default_ids_when_key_missing_are_reported(target, tmp_path):
+    model, _, _ = target
+    cfg = exported_config(tmp_path, model)
+    del cfg["eagle_config"]  # SGLang falls back to its default [2, N//2, N-3] = [2, 2, 2] at N=5
+    rep = engine_report(cfg, [1, 2, 4], 5, {})
+    assert rep["sglang"]["ids_source"] == "engine default" and not rep["sglang"]["matches_training"]
+    assert rep["vllm"]["ok"]
+
+
+def test_flag_sglang_ignores_is_reported(target, tmp_path):
+    model, _, _ = target
+    cfg = exported_config(tmp_path, model, norm_before_residual=True)
+    rep = engine_report(cfg, [1, 2, 4], 5, {"norm_before_residual": True})
+    assert rep["sglang"]["ignored_flags"] == ["norm_before_residual"] and not rep["sglang"]["ok"]
+    assert rep["vllm"]["ignored_flags"] == [] and rep["vllm"]["ok"]
