@@ -73,7 +73,8 @@ allow_manifest_mismatch = False  # continue although the dataset's target/conven
 k = 5  # draft tokens per cycle
 eval_max_new_tokens = 32  # tokens generated per held-out prompt
 max_eval_prompts = 6  # cap on held-out prompts (0 for all)
-baselines = True  # also evaluate an untrained drafter and shifted boundaries'''),
+baselines = True  # also evaluate an untrained drafter and shifted boundaries
+allow_template_mismatch = False  # evaluate although the drafter was trained under another template or target'''),
         ("code", "from eagle3nb import params, steps, plots\n\nP = params.collect(globals())\nout = steps.eval_step(P, progress=False)\ns, res = out[\"stats\"], out[\"results\"]"),
         ("check", '# NBVAL_CHECK_OUTPUT\nprint("engine:", s["engine"])\nprint("held-out prompts:", s["n_prompts"], "| k =", s["k"], "| outputs differing from plain greedy:", s["greedy_mismatches"])\nfor label, r in res.items():\n    print(f"{label:<24} tau={r[\'tau\']:.1f}  boundaries={r[\'boundaries\']}")'),
         ("code", 'fig = plots.acceptance_figure(res)\nplots.save_html(fig, params.RunDir(P).figures / "acceptance.html")\nfig'),

@@ -73,12 +73,17 @@ def capture_boundaries(model, input_ids: torch.Tensor, boundaries: Sequence[int]
         ``{b: [B, T, H]}`` in the model's dtype, cloned.
 
     Raises:
-        ValueError: a boundary outside 0..N, or left padding in ``attention_mask``.
+        ValueError: a boundary outside 0..N, or an ``attention_mask`` row that is not ones then zeros
+            (left padding, a gap, or an empty row).
     """
     n = n_layers_of(model)
     bs = check_boundaries(sorted(set(int(b) for b in boundaries)), n, "boundaries")
-    if attention_mask is not None and (attention_mask[:, 0] == 0).any():
-        raise ValueError("attention_mask: capture needs right padding (pad at the end); got left padding")
+    if attention_mask is not None and attention_mask.numel():
+        m = attention_mask != 0
+        bad = ~m[:, 0] | (m[:, 1:] & ~m[:, :-1]).any(dim=1)  # starts with pad, or a pad before a token
+        if bad.any():
+            rows = bad.nonzero().flatten().tolist()
+            raise ValueError(f"attention_mask rows {rows[:8]}: capture needs right padding (each row ones, then zeros); got left padding, a gap or an empty row")
     store: dict[int, torch.Tensor] = {}
     with _boundary_hooks(model, bs, store):
         _decoder(model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)

@@ -13,7 +13,17 @@ Assistant span convention (both chat paths): the assistant content *plus* the en
 rendered after the end-of-turn token (ChatML's trailing newline) is not marked: generation stops at
 the end-of-turn token, so the model never produces it (SpecForge's Qwen template also marks that
 newline; we do not).
+
+Reasoning templates (Qwen3-style: assistant content rendered with a ``<think>...</think>`` block,
+and the reasoning stripped from assistant turns before the last user message):
+* single turn (what the generation step produces, see ``chat_turns_from_generation``): the sample is
+  ``encode_prompt(prompt)`` followed by the reply's tokens (think block + content + end-of-turn), i.e.
+  what serving sends and the target generates; the think block is marked like the rest of the reply.
+* multi-turn: refused (ValueError, "not prefix-stable"). The full rendering rewrites the history (an
+  earlier turn loses its reasoning), so those tokens are not what the target generated at that turn
+  and no mask over one rendering is faithful. Train on single-turn samples instead.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -122,6 +132,21 @@ def completion_sample(tokenizer, prompt: str, continuation_ids: list[int]) -> tu
     return prompt_ids + cont, [0] * len(prompt_ids) + [1] * len(cont)
 
 
+def generated_sample(prompt_ids: list[int], output_ids: list[int]) -> tuple[list[int], list[int]]:
+    """Sample of a turn the target regenerated: the served prompt ids (BOS+prompt, or the template
+    rendered with its generation prompt) followed by exactly the generated ids; mask 0 / 1.
+
+    Never decode and re-tokenise generated ids: decoding is not the inverse of encoding (extra
+    spaces around added tokens, non-canonical tokenisations the target may emit).
+
+    Raises:
+        ValueError: no generated token (the mask would be all zeros).
+    """
+    if not output_ids:
+        raise ValueError("output_ids=[]: the target generated nothing for this prompt, so the loss mask would be all zeros")
+    return list(prompt_ids) + list(output_ids), [0] * len(prompt_ids) + [1] * len(output_ids)
+
+
 def chat_turns_from_generation(prompt: str, reply: str) -> list[dict]:
     """[{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]."""
     return [{"role": "user", "content": prompt}, {"role": "assistant", "content": reply}]
@@ -158,8 +183,9 @@ def chat_sample(tokenizer, messages: list[dict], chat_template: str | None = Non
     which must be a token prefix of the full rendering; the tokens in between are the turn (content +
     end-of-turn token; trailing separator whitespace after the last special token is left at 0).
     Raises ValueError for: a missing template, an unknown role, no assistant turn, a conversation that
-    starts with an assistant turn (prefix path), a template that is not prefix-stable, or a mask that is
-    all zeros or all ones.
+    starts with an assistant turn (prefix path), a template that is not prefix-stable (including a
+    multi-turn conversation under a template that rewrites history, e.g. strips earlier ``<think>``
+    blocks), or a mask that is all zeros or all ones.
     """
     template = template_text(tokenizer, chat_template, "chat")
     for j, m in enumerate(messages):

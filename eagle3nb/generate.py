@@ -16,25 +16,37 @@ __all__ = ["generate_batch", "write_jsonl", "read_jsonl"]
 
 
 @torch.no_grad()
-def generate_batch(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, eos_token_id: int | None, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> list[list[int]]:
+def generate_batch(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, eos_token_id: int | None, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, pad_token_id: int | None = None) -> list[list[int]]:
     """Continuations of a batch of prompts (left padding, HF ``generate``).
 
     Args:
-        prompt_ids: ragged token id lists (with BOS / template applied).
+        prompt_ids: ragged token id lists (with BOS / template applied), each non-empty.
         temperature: 0 = greedy; > 0 samples with ``top_p``.
+        pad_token_id: id written into the left padding (masked out, so it does not change the
+            output); None = ``eos_token_id``, or 0 when that is None too.
 
     Returns:
         One list of new token ids per prompt, cut after the first EOS (EOS kept: the drafter must
-        learn to predict it too).
+        learn to predict it too). An empty ``prompt_ids`` gives ``[]``.
 
     Raises:
-        ValueError: ``max_new_tokens`` < 1, ``temperature`` < 0 or ``top_p`` outside (0, 1].
+        ValueError: ``max_new_tokens`` < 1, ``temperature`` < 0 or ``top_p`` outside (0, 1], an empty
+            prompt, or a prompt whose length + ``max_new_tokens`` exceeds the model's context
+            (``config.max_position_embeddings``).
     """
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 1")
     if temperature < 0 or not 0 < top_p <= 1:
         raise ValueError(f"temperature={temperature}, top_p={top_p}: need temperature >= 0 and 0 < top_p <= 1")
-    pad = eos_token_id if eos_token_id is not None else 0
+    if len(prompt_ids) == 0:
+        return []
+    ctx = getattr(model.config, "max_position_embeddings", None)
+    for i, p in enumerate(prompt_ids):
+        if len(p) == 0:
+            raise ValueError(f"prompt_ids[{i}] is empty; a prompt needs at least one token (BOS)")
+        if ctx is not None and len(p) + max_new_tokens > ctx:
+            raise ValueError(f"prompt_ids[{i}] has {len(p)} tokens; with max_new_tokens={max_new_tokens} it exceeds the context of {ctx}; shorten it or lower max_new_tokens")
+    pad = pad_token_id if pad_token_id is not None else (eos_token_id if eos_token_id is not None else 0)
     T = max(len(p) for p in prompt_ids)
     ids = torch.full((len(prompt_ids), T), pad, dtype=torch.long)
     mask = torch.zeros_like(ids)

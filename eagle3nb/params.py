@@ -65,6 +65,7 @@ class RunParams(BaseModel):
     eval_max_new_tokens: int = Field(32, ge=1)
     max_eval_prompts: int = Field(6, ge=0)
     baselines: bool = True
+    allow_template_mismatch: bool = False
 
     @field_validator("convention")
     @classmethod

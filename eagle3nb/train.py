@@ -99,7 +99,8 @@ def train_drafter(ds: AuxDataset, target, cfg: TrainConfig, out_dir: str | os.Pa
     """Train a drafter on ``ds`` and return ``(drafter, report)``.
 
     ``report`` holds ``history`` (per logged step: step, loss, lr, per-TTT-step loss and accuracy),
-    ``vocab`` info, ``tokens_per_s`` (loss-bearing tokens x TTT steps / s) and ``seconds``.
+    ``vocab`` info, ``tokens_per_s`` (loss-bearing tokens x TTT steps / s), ``seconds`` and
+    ``empty_batches`` (batches with no loss-bearing position: counted, no optimizer update).
     Resumes from ``out_dir/checkpoints/last.pt`` when it exists with the same config.
 
     Raises:
@@ -130,7 +131,7 @@ def train_drafter(ds: AuxDataset, target, cfg: TrainConfig, out_dir: str | os.Pa
         step, history, order, pos = st["step"], st["history"], st["order"], st["pos"]
     norm, head = target.model.norm, target.lm_head
     drafter.train()
-    t0, tokens = time.time(), 0
+    t0, tokens, empty_batches = time.time(), 0, 0
     bar = progress(total=cfg.max_steps, initial=step) if progress else None
     while step < cfg.max_steps:
         if pos + bs > len(order):
@@ -142,9 +143,12 @@ def train_drafter(ds: AuxDataset, target, cfg: TrainConfig, out_dir: str | os.Pa
             aux = aux + cfg.aux_noise * aux.std() * torch.randn(aux.shape, generator=noise_gen)
         r = ttt_loss(drafter, b["input_ids"], aux, b["final"], b["loss_mask"], b["attn_mask"], norm, head, cfg.ttt_steps, cfg.loss_decay)
         opt.zero_grad(set_to_none=True)
-        r.loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-        opt.step()
+        if sum(r.step_count) == 0:
+            empty_batches += 1  # nothing loss-bearing: no update (AdamW would still decay and drift)
+        else:
+            r.loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            opt.step()
         sched.step()
         step += 1
         tokens += sum(r.step_count)
@@ -158,4 +162,4 @@ def train_drafter(ds: AuxDataset, target, cfg: TrainConfig, out_dir: str | os.Pa
         bar.close()
     secs = time.time() - t0
     drafter.eval()
-    return drafter, {"history": history, "vocab": vocab, "seconds": secs, "tokens_per_s": tokens / secs if secs > 0 else None, "steps": step}
+    return drafter, {"history": history, "vocab": vocab, "seconds": secs, "tokens_per_s": tokens / secs if secs > 0 else None, "steps": step, "empty_batches": empty_batches}

@@ -63,3 +63,22 @@ def test_mismatched_boundaries_refused_before_training(smoke_run, tmp_path):
     p = RunParams(outputs_dir=str(tmp_path), run_name="ci-smoke", layer_ids=[1, 2, 3])
     with pytest.raises(ManifestMismatch, match="aux_boundaries"):
         train_step(p, progress=False)
+
+
+@pytest.mark.parametrize("field, value", [("dtype", "bfloat16"), ("convention", "vllm"), ("template", {"mode": "chat", "sha256": "0" * 64}), ("target", {"sha256": "f" * 64})])
+def test_dataset_from_other_settings_refused_by_03_unless_overridden(smoke_run, tmp_path, field, value):
+    import shutil
+
+    from eagle3nb.manifest import ManifestMismatch, atomic_write_json
+    from eagle3nb.params import RunParams
+    from eagle3nb.steps import train_step
+
+    d = tmp_path / "ci-smoke" / "dataset"
+    shutil.copytree(smoke_run / "dataset", d)
+    man = json.loads((d / "manifest.json").read_text())
+    man[field] = value if not isinstance(value, dict) else {**man[field], **value}
+    atomic_write_json(d / "manifest.json", man)
+    with pytest.raises(ManifestMismatch, match=field):
+        train_step(RunParams(outputs_dir=str(tmp_path), run_name="ci-smoke"), progress=False)
+    out = train_step(RunParams(outputs_dir=str(tmp_path), run_name="ci-smoke", max_steps=2, allow_manifest_mismatch=True), progress=False)
+    assert out["stats"]["steps"] == 2

@@ -58,3 +58,18 @@ def test_training_lowers_loss_and_resume_equals_uninterrupted(target, tiny_ds, t
     assert rep_res["history"] == rep["history"]
     with pytest.raises(ValueError, match="another training config"):
         train_drafter(tiny_ds, model, TrainConfig(**{**cfg.__dict__, "lr": 1e-4}), tmp_path / "b")
+
+
+def test_batches_without_loss_tokens_are_counted_not_applied(target, tiny_ds, tmp_path):
+    import copy
+
+    model, _, _ = target
+    ds = copy.copy(tiny_ds)
+    ds.items = [dict(x, loss_mask=torch.zeros_like(x["loss_mask"])) for x in tiny_ds.items]  # every sample empty
+    cfg = TrainConfig(batch_size=2, max_steps=3, warmup_steps=1, ttt_steps=2, draft_vocab_size=128, init_head_from_target=False)
+    torch.manual_seed(0)
+    d, rep = train_drafter(ds, model, cfg, tmp_path / "e")
+    assert rep["empty_batches"] == 3 and all(h["loss"] == 0.0 for h in rep["history"])
+    d0, _ = __import__("eagle3nb.train", fromlist=["build_drafter"]).build_drafter(ds, model, cfg)
+    for (k, a), b in zip(d.state_dict().items(), d0.state_dict().values()):
+        assert torch.equal(a, b), k  # no update, no weight drift
