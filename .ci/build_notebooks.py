@@ -7,7 +7,8 @@ import nbformat as nbf
 
 NB = Path(__file__).resolve().parents[1] / "notebooks"
 
-COMMON = '''run_name = "smoke"  # folder under outputs_dir holding this run's artefacts
+COMMON = '''interactive = True  # widgets and progress bars (headless runs pass False and write HTML figures)
+run_name = "smoke"  # folder under outputs_dir holding this run's artefacts
 outputs_dir = "outputs"  # parent folder of runs (relative to the repo root)
 model = "stories260K-hd32"  # target model folder name or path (searched in $EAGLE3NB_MODEL_PATH, ../shared/models)
 dtype = "float32"  # target dtype for generation and capture: float32 or bfloat16
@@ -26,7 +27,7 @@ max_new_tokens = 32  # tokens generated per prompt
 temperature = 0.0  # 0 for greedy, above 0 samples
 top_p = 1.0  # nucleus sampling when temperature > 0
 gen_batch_size = 64  # prompts per batched generate call'''),
-        ("code", "from eagle3nb import params, steps\n\nP = params.collect(globals())\nout = steps.generate_step(P, progress=False)"),
+        ("code", "from eagle3nb import params, steps\n\nP = params.collect(globals())\nout = steps.generate_step(P, progress=interactive)"),
         ("check", '# NBVAL_CHECK_OUTPUT\ns = out["stats"]\nprint("engine:", s["engine"])\nprint("train prompts:", s["n_train_prompts"], "| held-out prompts:", s["n_heldout_prompts"])\nprint("generated tokens:", s["generated_tokens"])\nfirst = next(r for r in out["records"] if r["split"] == "train")\nprint("prompt:", first["prompt"])\nprint("target continues:", first["text"][:120])'),
         ("code", 'assert s["n_train_prompts"] > 0 and s["n_heldout_prompts"] > 0\nassert all(len(r["output_ids"]) > 0 for r in out["records"] if r["split"] == "train")\nassert params.RunDir(P).generated.exists()'),
     ],
@@ -36,11 +37,18 @@ gen_batch_size = 64  # prompts per batched generate call'''),
 convention = "sglang"  # layer-id convention of layer_ids (sglang, vllm, speculators_le_0.4, speculators_ge_0.5, specforge, eagle)
 layer_ids = None  # aux layer ids in that convention; None for the default low/mid/high boundaries
 shard_size = 64  # samples per shard file
-capture_batch_size = 32  # samples per padded capture forward'''),
-        ("code", "from eagle3nb import params, steps, plots\nfrom eagle3nb.dataset import AuxDataset, states_by_boundary\n\nP = params.collect(globals())\nout = steps.extract_step(P, progress=False)\nm = out[\"manifest\"]"),
+capture_batch_size = 32  # samples per padded capture forward
+allow_boundary_mismatch = False  # write the dataset although measured and declared boundaries differ
+compare_run = None  # another run_name whose dataset to overlay in the interactive view'''),
+        ("code", "from eagle3nb import alignment, params, plots, steps, views\nfrom eagle3nb.dataset import AuxDataset, states_by_boundary\n\nP = params.collect(globals())\nout = steps.extract_step(P, progress=interactive)\nm = out[\"manifest\"]"),
         ("check", '# NBVAL_CHECK_OUTPUT\nprint("engine that ran:", m["engine"]["name"], "| capture point of:", m["engine"]["capture_point_of"])\nprint("target:", m["target"]["name"], "| layers N =", m["target"]["n_layers"], "| hidden =", m["target"]["hidden_size"])\nprint(f"{P.convention} layer ids {m[\'layer_ids\']} -> boundaries {m[\'aux_boundaries\']} (+ final boundary {m[\'final_boundary\']})")\nprint("the same boundaries in each convention:")\nfor row in out["boundary_table"]:\n    print(f"  {row[\'convention\']:<20} ids={row[\'ids\']}  key={row[\'config_key\']}")\nds = AuxDataset(params.RunDir(P).dataset)\nx = ds[0]\nprint("samples:", len(ds), "| tokens:", m["n_tokens"], "| shards:", len(m["shards"]), "| skipped:", {k: len(v) for k, v in m["skipped"].items()})\nprint("sample 0: input_ids", tuple(x["input_ids"].shape), "loss_mask", tuple(x["loss_mask"].shape), "aux", tuple(x["aux"].shape), "final", tuple(x["final"].shape), x["aux"].dtype)'),
+        ("md", "Which boundary did the engine capture? Each captured slot of a probe sample against the HF reference at every boundary (relative error); the extraction stops before writing when declared and measured boundaries differ."),
+        ("check", '# NBVAL_CHECK_OUTPUT\nfor s_ in out["alignment"]["slots"]:\n    print(f"declared b={s_[\'declared\']}  measured b={s_[\'measured\']}  {s_[\'verdict\']}")'),
+        ("code", 'fig = alignment.alignment_figure(out["alignment_error"], out["reference_boundaries"], m["aux_boundaries"], m["engine"]["name"])\nplots.save_html(fig, params.RunDir(P).figures / "alignment.html")\nfig'),
         ("code", 'fig = plots.hidden_state_figure(states_by_boundary(ds), engine=m["engine"]["name"])\nplots.save_html(fig, params.RunDir(P).figures / "hidden_states.html")\nfig'),
-        ("code", 'assert m["complete"] and len(ds) > 0\nassert m["engine"]["name"] == "hf-transformers"  # never labelled as SGLang output\nassert x["aux"].shape[1] == len(m["aux_boundaries"]) * m["target"]["hidden_size"]\nassert all(b2 > b1 for b1, b2 in zip(m["aux_boundaries"], m["aux_boundaries"][1:]))'),
+        ("md", "Interactive: overlay engines or runs per boundary and token range (shown when `interactive`; set `compare_run` to overlay another run's dataset)."),
+        ("code", 'if interactive:\n    sources = {f"{P.run_name} ({m[\'engine\'][\'name\']})": states_by_boundary(ds)}\n    if compare_run:\n        other = AuxDataset(params.RunDir(P.model_copy(update={"run_name": compare_run})).dataset)\n        sources[f"{compare_run} ({other.manifest[\'engine\'][\'name\']})"] = states_by_boundary(other)\n    display(views.hidden_state_explorer(sources))'),
+        ("code", 'assert m["complete"] and len(ds) > 0\nassert m["engine"]["name"] == "hf-transformers"  # never labelled as SGLang output\nassert x["aux"].shape[1] == len(m["aux_boundaries"]) * m["target"]["hidden_size"]\nassert all(b2 > b1 for b1, b2 in zip(m["aux_boundaries"], m["aux_boundaries"][1:]))\nassert out["alignment"]["ok"] or P.allow_boundary_mismatch'),
     ],
     "03_train": [
         ("md", "# 03 Train the EAGLE-3 drafter with training-time test\n\nOne decoder layer over concat(normed token embedding, normed hidden); step 0 reads the aux states through `fc`, step j reads the drafter's own pre-norm output of step j-1 (TTT). Loss: soft cross-entropy against the target's distribution restricted to the draft vocab, weighted `loss_decay**j`, on loss-bearing positions only. The drafter is exported for SGLang (nested ids, its convention) and vLLM (top-level ids, its convention) to `outputs/<run_name>/drafter/`."),
@@ -62,7 +70,7 @@ aux_noise = 0.0  # Gaussian noise on aux states, relative to their std
 init_head_from_target = True  # start lm_head and final norm from the target's
 checkpoint_every = 200  # steps between checkpoints (resume on rerun)
 allow_manifest_mismatch = False  # continue although the dataset's target/convention/boundaries differ'''),
-        ("code", "from eagle3nb import params, steps, plots\nfrom eagle3nb.export import load_drafter\n\nP = params.collect(globals())\nout = steps.train_step(P, progress=False)\ns = out[\"stats\"]"),
+        ("code", "from eagle3nb import params, steps, plots\nfrom eagle3nb.export import load_drafter\n\nP = params.collect(globals())\nout = steps.train_step(P, progress=interactive)\ns = out[\"stats\"]"),
         ("check", '# NBVAL_CHECK_OUTPUT\nprint("optimizer steps:", s["steps"], "| train samples:", s["n_train_samples"], "| tokens:", s["n_train_tokens"])\nprint("draft vocab:", s["draft_vocab_size"], "| distinct loss-bearing tokens:", s["vocab"]["distinct_loss_tokens"], "| coverage:", round(s["vocab"]["coverage"], 3))\nprint("exported:", sorted(p.name for p in out["export_dir"].iterdir()))'),
         ("code", 'fig = plots.training_figure(out["history"])\nplots.save_html(fig, params.RunDir(P).figures / "training.html")\nfig'),
         ("code", 'import math\nh = out["history"]\nassert all(math.isfinite(r["loss"]) for r in h)\nassert h[-1]["loss"] < h[0]["loss"], "training loss did not decrease"\nd, cfg = load_drafter(out["export_dir"])\nassert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == P.draft_vocab_size'),
@@ -75,9 +83,11 @@ eval_max_new_tokens = 32  # tokens generated per held-out prompt
 max_eval_prompts = 6  # cap on held-out prompts (0 for all)
 baselines = True  # also evaluate an untrained drafter and shifted boundaries
 allow_template_mismatch = False  # evaluate although the drafter was trained under another template or target'''),
-        ("code", "from eagle3nb import params, steps, plots\n\nP = params.collect(globals())\nout = steps.eval_step(P, progress=False)\ns, res = out[\"stats\"], out[\"results\"]"),
+        ("code", "from eagle3nb import params, plots, steps, views\n\nP = params.collect(globals())\nout = steps.eval_step(P, progress=interactive)\ns, res = out[\"stats\"], out[\"results\"]"),
         ("check", '# NBVAL_CHECK_OUTPUT\nprint("engine:", s["engine"])\nprint("held-out prompts:", s["n_prompts"], "| k =", s["k"], "| outputs differing from plain greedy:", s["greedy_mismatches"])\nfor label, r in res.items():\n    print(f"{label:<24} tau={r[\'tau\']:.1f}  boundaries={r[\'boundaries\']}")'),
         ("code", 'fig = plots.acceptance_figure(res)\nplots.save_html(fig, params.RunDir(P).figures / "acceptance.html")\nfig'),
+        ("md", "Interactive: drafters side by side, and a held-out sample's tokens coloured by how many drafts each cycle accepted."),
+        ("code", 'if interactive:\n    display(views.acceptance_explorer(res))\n    display(views.token_acceptance_view(out["tokenizer"], res["trained"]["traces"], P.k))'),
         ("code", 'for r in res.values():\n    a = r["per_position_acceptance"]\n    assert all(x >= y for x, y in zip(a, a[1:])), "a_i must be non-increasing"\n    assert abs(r["tau"] - (1 + sum(a))) < 1e-9 and 1 <= r["tau"] <= P.k + 1\nassert s["greedy_mismatches"] == 0, "speculative output differs from plain greedy"'),
     ],
 }

@@ -103,12 +103,14 @@ def draft_chain(drafter: Eagle3Drafter, tokens: torch.Tensor, aux: torch.Tensor,
 
 
 @torch.no_grad()
-def speculative_generate(target, drafter: Eagle3Drafter, prompt_ids: Sequence[int], boundaries: Sequence[int], k: int, max_new_tokens: int, eos_token_id: int | None = None):
+def speculative_generate(target, drafter: Eagle3Drafter, prompt_ids: Sequence[int], boundaries: Sequence[int], k: int, max_new_tokens: int, eos_token_id: int | None = None, trace: list | None = None):
     """Greedy chain speculative decoding of one prompt.
 
     Args:
         target: HF causal LM; boundaries: aux boundaries fed to the drafter (may differ from the ones
             it was trained on, to measure a mismatch); k: drafts per cycle.
+        trace: if a list, one ``(accepted, emitted_token_ids)`` per cycle is appended (the first
+            entry, accepted = -1, is the prefill's own token).
 
     Returns:
         ``(new_token_ids list[int], AcceptanceStats)``.
@@ -132,6 +134,8 @@ def speculative_generate(target, drafter: Eagle3Drafter, prompt_ids: Sequence[in
         if drafts:
             stats.add(m)
         emit = drafts[:m] + [greedy[m]]
+        if trace is not None:
+            trace.append((m if drafts else -1, emit[: max_new_tokens - len(new)]))
         stop = False
         for t in emit:
             new.append(t)
@@ -155,22 +159,27 @@ def greedy_generate(target, prompt_ids: Sequence[int], max_new_tokens: int, eos_
     return out[0, ids.shape[1] :].tolist()
 
 
-def evaluate_acceptance(target, drafter, prompts_ids: Sequence[Sequence[int]], boundaries, k: int, max_new_tokens: int, eos_token_id: int | None, check_greedy: bool = True, progress=None) -> dict:
+def evaluate_acceptance(target, drafter, prompts_ids: Sequence[Sequence[int]], boundaries, k: int, max_new_tokens: int, eos_token_id: int | None, check_greedy: bool = True, progress=None, n_traces: int = 3) -> dict:
     """Run :func:`speculative_generate` over prompts and aggregate.
 
     Returns:
         ``summary`` of :class:`AcceptanceStats` plus ``greedy_mismatches`` (prompts whose output
-        differs from plain greedy; must be 0) and per-prompt emitted counts.
+        differs from plain greedy; must be 0) and ``traces``: per-cycle (accepted, tokens) of the
+        first ``n_traces`` prompts, for the token-level view.
     """
     total = AcceptanceStats(k)
-    mismatches = []
+    mismatches, traces = [], []
     it = progress(prompts_ids) if progress else prompts_ids
     for i, p in enumerate(it):
-        new, st = speculative_generate(target, drafter, p, boundaries, k, max_new_tokens, eos_token_id)
+        tr = [] if i < n_traces else None
+        new, st = speculative_generate(target, drafter, p, boundaries, k, max_new_tokens, eos_token_id, tr)
+        if tr is not None:
+            traces.append({"prompt_ids": list(p), "cycles": tr})
         total.merge(st)
         if check_greedy and new != greedy_generate(target, p, max_new_tokens, eos_token_id):
             mismatches.append(i)
     out = total.summary()
     out["greedy_mismatches"] = mismatches
     out["boundaries"] = list(boundaries)
+    out["traces"] = traces
     return out

@@ -24,6 +24,7 @@ class RunParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # common
+    interactive: bool = True
     run_name: str = Field("smoke", pattern=r"^[A-Za-z0-9._-]+$")
     outputs_dir: str = "outputs"
     model: str = "stories260K-hd32"
@@ -44,6 +45,8 @@ class RunParams(BaseModel):
     layer_ids: Optional[list[int]] = None
     shard_size: int = Field(64, ge=1)
     capture_batch_size: int = Field(32, ge=1)
+    allow_boundary_mismatch: bool = False
+    compare_run: Optional[str] = None
     # 03_train
     draft_vocab_size: int = Field(256, ge=1)
     draft_num_heads: int = Field(2, ge=0)

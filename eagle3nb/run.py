@@ -52,6 +52,8 @@ def run_notebooks(params_file: str | Path, only: Optional[list[str]] = None, ove
         src = NB_DIR / f"{name}.ipynb"
         declared = pm.inspect_notebook(str(src)).keys()
         params = {k: all_params[k] for k in declared if k in all_params}
+        if "interactive" in declared:
+            params["interactive"] = False  # headless: no widgets or progress bars; figures go to HTML
         t0 = time.time()
         pm.execute_notebook(str(src), str(rd.notebooks / f"{name}.ipynb"), parameters=params, cwd=str(NB_DIR), kernel_name="python3", progress_bar=False, log_output=log_output)
         times[name] = round(time.time() - t0, 2)

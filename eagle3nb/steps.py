@@ -13,6 +13,7 @@ import torch
 
 from . import chat, conventions, models
 from .acceptance import evaluate_acceptance
+from .alignment import alignment_matrix, alignment_verdict, reference_states
 from .capture import HFCaptureEngine, n_layers_of
 from .dataset import AuxDataset, estimate_bytes, write_dataset
 from .drafter import Eagle3Drafter
@@ -118,6 +119,14 @@ def extract_step(p: RunParams, progress=True) -> dict:
     recs = [r for r in read_jsonl(rd.generated) if r["split"] == "train"]
     # both modes: the served prompt (chat: the template's prefix rendering) + exactly the generated ids
     samples = [(r["id"], *chat.generated_sample(r["prompt_ids"], r["output_ids"])) for r in recs if r["output_ids"]]
+    if not samples:
+        raise ValueError("no train sample with generated tokens: 01_generate produced nothing to extract; check prompts_file and max_new_tokens")
+    # measure, before writing anything, which boundaries the engine really captured on one sample
+    probe = samples[0][1]
+    err, ref_b = alignment_matrix(engine.capture([probe], ids)[0].aux.float(), reference_states(model, probe), len(ids))
+    align = alignment_verdict(err, ref_b, bnds, p.dtype)
+    if not align["ok"] and not p.allow_boundary_mismatch:
+        raise ValueError(f"{engine.engine_name} captured boundaries {align['measured']} for {p.convention} ids {ids}, declared {bnds} ({[s_['verdict'] for s_ in align['slots']]}); fix convention/layer_ids, or set allow_boundary_mismatch=True to continue")
     n_tok = sum(len(s[1]) for s in samples)
     need = estimate_bytes(n_tok, len(bnds), tinfo["hidden_size"], torch.finfo(models.DTYPES[p.dtype]).bits // 8)
     rd.dataset.mkdir(parents=True, exist_ok=True)
@@ -139,12 +148,14 @@ def extract_step(p: RunParams, progress=True) -> dict:
     record_checks(rd, "02b_extract_sglang", [
         f"target sha256 and template match the generation manifest ({gman['target']['sha256'][:12]})",
         f"{p.convention} ids {ids} -> boundaries {bnds}: capturable, strictly increasing",
+        f"alignment on a probe sample: measured boundaries {align['measured']} ({'match' if align['ok'] else 'MISMATCH, allowed by allow_boundary_mismatch'}; tolerance {align['tolerance']})",
         f"disk need {need} B <= free {free} B",
         f"engine row count == token count for all {m['n_samples']} samples",
         f"finite states: {len(m['skipped']['nonfinite'])} samples skipped, {len(m['skipped']['empty_loss_mask'])} with empty loss mask skipped",
         f"{len(m['shards'])} shards written atomically with sha256",
     ])
-    return {"manifest": m, "boundary_table": table, "stats": stats}
+    update_metrics(rd.metrics, "alignment", {engine.engine_name: {"declared": align["declared"], "measured": align["measured"], "verdicts": [x["verdict"] for x in align["slots"]], "max_error": max(x["error"] for x in align["slots"]), "tolerance": align["tolerance"]}})
+    return {"manifest": m, "boundary_table": table, "stats": stats, "alignment": align, "alignment_error": err, "reference_boundaries": ref_b}
 
 
 def train_step(p: RunParams, progress=True) -> dict:
@@ -233,4 +244,4 @@ def eval_step(p: RunParams, progress=True) -> dict:
         "drafter's template and target sha256 match this run" if not p.allow_template_mismatch else "template/target NOT checked (allow_template_mismatch)",
         f"speculative output == plain greedy output on {len(prompts)} prompts: {stats['greedy_mismatches']} mismatches",
     ])
-    return {"results": results, "stats": stats}
+    return {"results": results, "stats": stats, "tokenizer": tok}

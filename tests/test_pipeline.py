@@ -27,7 +27,7 @@ def test_run_leaves_every_artefact(smoke_run):
     for key in ("target", "dtype", "template", "seed", "git_commit", "eagle3nb_version"):
         assert key in man, key
     assert all(len(s["sha256"]) == 64 for s in man["shards"])
-    for fig in ("hidden_states", "training", "acceptance"):
+    for fig in ("hidden_states", "alignment", "training", "acceptance"):
         html = (r / "figures" / f"{fig}.html").read_text()
         assert "plotly" in html and len(html) > 100_000  # plotly.js inlined: opens offline
     d, cfg = load_drafter(r / "drafter")
@@ -47,6 +47,8 @@ def test_metrics(smoke_run):
     assert m["train"]["steps"] == 20
     assert set(m["timing"]["notebook_seconds"]) == set(NOTEBOOKS) and m["timing"]["total_seconds"] > 0
     assert set(m["checks"]) == set(NOTEBOOKS) and all(m["checks"].values())
+    al = m["alignment"]["hf-transformers"]
+    assert al["declared"] == al["measured"] == [1, 2, 4] and al["verdicts"] == ["matches"] * 3 and al["max_error"] == 0.0
     eng = m["export"]["engines"]
     assert eng["sglang"]["boundaries"] == eng["vllm"]["boundaries"] == [1, 2, 4] and eng["sglang"]["ok"] and eng["vllm"]["ok"]
 

@@ -1,0 +1,100 @@
+"""Run browser: list runs under ``outputs/`` with their key metrics and figures, compare two runs.
+
+    python -m eagle3nb.report                      # table of runs
+    python -m eagle3nb.report --compare default smoke
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from .params import resolve_path
+
+__all__ = ["list_runs", "compare_runs", "KEY_METRICS"]
+
+# (label, key path in metrics.json)
+KEY_METRICS = [
+    ("tau trained", ("eval", "tau", "trained")),
+    ("tau untrained", ("eval", "tau", "untrained")),
+    ("tau boundaries +1", ("eval", "tau", "trained, boundaries +1")),
+    ("k", ("eval", "k")),
+    ("greedy mismatches", ("eval", "greedy_mismatches")),
+    ("train samples", ("train", "n_train_samples")),
+    ("train steps", ("train", "steps")),
+    ("train s", ("train", "seconds")),
+    ("train tok/s", ("train", "tokens_per_s")),
+    ("extract tok/s", ("extract", "tokens_per_s")),
+    ("boundaries", ("extract", "aux_boundaries")),
+    ("engine", ("extract", "engine")),
+    ("total s", ("timing", "total_seconds")),
+]
+
+
+def _get(d, path: tuple):
+    for k in path:
+        d = d.get(k) if isinstance(d, dict) else None
+    return d
+
+
+def list_runs(outputs_dir: str | Path = "outputs") -> list[dict]:
+    """One row per run folder holding a ``metrics.json``: run name, key metrics, figure paths."""
+    root = resolve_path(outputs_dir)
+    rows = []
+    for m in sorted(root.glob("*/metrics.json")):
+        metrics = json.loads(m.read_text())
+        row = {"run": m.parent.name, "path": str(m.parent)}
+        row.update({label: _get(metrics, path) for label, path in KEY_METRICS})
+        row["figures"] = sorted(str(f) for f in (m.parent / "figures").glob("*.html"))
+        rows.append(row)
+    return rows
+
+
+def compare_runs(a: str, b: str, outputs_dir: str | Path = "outputs") -> list[dict]:
+    """Key metrics of two runs side by side, with the difference where both are numbers.
+
+    Raises:
+        FileNotFoundError: a run has no metrics.json (names the run and where it looked).
+    """
+    root = resolve_path(outputs_dir)
+    ms = []
+    for r in (a, b):
+        f = root / r / "metrics.json"
+        if not f.is_file():
+            raise FileNotFoundError(f"run {r!r} has no metrics.json at {f}; list runs with `python -m eagle3nb.report`")
+        ms.append(json.loads(f.read_text()))
+    out = []
+    for label, path in KEY_METRICS:
+        va, vb = _get(ms[0], path), _get(ms[1], path)
+        num = isinstance(va, (int, float)) and isinstance(vb, (int, float)) and not isinstance(va, bool)
+        out.append({"metric": label, a: va, b: vb, "diff": round(vb - va, 4) if num else None})
+    return out
+
+
+def _table(rows: list[dict], cols: list[str]) -> str:
+    w = {c: max(len(c), *(len(str(r.get(c))) for r in rows)) for c in cols}
+    line = "  ".join(c.ljust(w[c]) for c in cols)
+    return "\n".join([line, "  ".join("-" * w[c] for c in cols)] + ["  ".join(str(r.get(c)).ljust(w[c]) for c in cols) for r in rows])
+
+
+app = typer.Typer(add_completion=False, help=__doc__)
+
+
+@app.command()
+def main(outputs_dir: str = typer.Option("outputs", help="folder holding runs"), compare: Optional[list[str]] = typer.Option(None, help="two run names to compare (repeat the option)")):
+    """List runs, or compare two."""
+    if compare:
+        if len(compare) != 2:
+            raise typer.BadParameter(f"--compare takes two run names, got {compare}")
+        rows = compare_runs(compare[0], compare[1], outputs_dir)
+        typer.echo(_table(rows, ["metric", compare[0], compare[1], "diff"]))
+    else:
+        rows = list_runs(outputs_dir)
+        typer.echo(_table(rows, ["run", "tau trained", "tau untrained", "tau boundaries +1", "train steps", "total s"]) if rows else f"no runs under {resolve_path(outputs_dir)}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,34 @@
+import torch
+
+from eagle3nb.alignment import alignment_figure, alignment_matrix, alignment_verdict, reference_states
+from eagle3nb.capture import HFCaptureEngine
+
+
+def test_sglang_ids_measured_at_their_boundaries(target):
+    model, tok, _ = target
+    ids = tok("Once upon a time, there was a little dog named Max.").input_ids
+    ref = reference_states(model, ids)
+    cap = HFCaptureEngine(model, "sglang").capture([ids], [0, 1, 3])[0].aux
+    err, bnds = alignment_matrix(cap, ref, 3)
+    assert bnds == [0, 1, 2, 3, 4, 5]
+    assert err[0, 1] == 0 and err[1, 2] == 0 and err[2, 4] == 0  # exact in float32
+    v = alignment_verdict(err, bnds, [1, 2, 4], "float32")
+    assert v["ok"] and v["measured"] == [1, 2, 4]
+    # the same capture declared with vLLM's reading of ids [0, 1, 3] is off by +1
+    v2 = alignment_verdict(err, bnds, [0, 1, 3], "float32")
+    assert not v2["ok"] and [s["verdict"] for s in v2["slots"]] == ["off by +1", "off by +1", "off by +1"]
+    assert alignment_figure(err, bnds, [1, 2, 4], "hf-transformers").data[0].z is not None
+
+
+def test_noise_beyond_tolerance_is_no_match_and_bf16_within(target):
+    model, tok, _ = target
+    ids = tok("Tom and Sam went to the park.").input_ids
+    ref = reference_states(model, ids)
+    exact = torch.cat([ref[1], ref[2]], -1)
+    bf16 = exact.to(torch.bfloat16).float()
+    err, bnds = alignment_matrix(bf16, ref, 2)
+    assert alignment_verdict(err, bnds, [1, 2], "bfloat16")["ok"]
+    assert not alignment_verdict(err, bnds, [1, 2], "float32")["ok"]  # bf16 rounding is not float32-exact
+    noisy = exact + 0.5 * exact.std() * torch.randn_like(exact)
+    err, bnds = alignment_matrix(noisy, ref, 2)
+    assert [s["verdict"] for s in alignment_verdict(err, bnds, [1, 2], "bfloat16")["slots"]] == ["no match", "no match"]
