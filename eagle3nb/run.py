@@ -15,7 +15,8 @@ from typing import Optional
 import typer
 import yaml
 
-from .params import REPO_ROOT, RunDir, check_against_model, load_params, update_metrics
+from .params import REPO_ROOT, RunDir, check_against_model, load_params, resolve_path, update_metrics
+from .prompts import load_prompts
 
 __all__ = ["NOTEBOOKS", "run_notebooks", "main"]
 
@@ -38,6 +39,7 @@ def run_notebooks(params_file: str | Path, only: Optional[list[str]] = None, ove
 
     p = load_params(params_file, **(overrides or {}))
     check_against_model(p)  # model, vocab, layer ids, heads: fail before any notebook runs
+    load_prompts(resolve_path(p.prompts_file))  # no prompt / duplicates: refused before any notebook
     names = only or NOTEBOOKS
     unknown = [n for n in names if n not in NOTEBOOKS]
     if unknown:
