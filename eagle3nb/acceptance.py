@@ -119,6 +119,7 @@ def speculative_generate(target, drafter: Eagle3Drafter, prompt_ids: Sequence[in
     bnds = list(boundaries)
     dec = target.model
     stats = AcceptanceStats(k)
+    stops = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
     seq = torch.tensor(list(prompt_ids), dtype=torch.long)
     new: list[int] = []
     drafts: list[int] = []
@@ -139,7 +140,7 @@ def speculative_generate(target, drafter: Eagle3Drafter, prompt_ids: Sequence[in
         stop = False
         for t in emit:
             new.append(t)
-            if len(new) >= max_new_tokens or (eos_token_id is not None and t == eos_token_id):
+            if len(new) >= max_new_tokens or t in stops:
                 stop = True
                 break
         if stop:
@@ -152,10 +153,12 @@ def speculative_generate(target, drafter: Eagle3Drafter, prompt_ids: Sequence[in
 
 
 @torch.no_grad()
-def greedy_generate(target, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_id: int | None) -> list[int]:
-    """The target's plain greedy continuation (HF ``generate``, unpadded, KV cache)."""
+def greedy_generate(target, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_id: int | list[int] | None) -> list[int]:
+    """The target's plain greedy continuation (HF ``generate``, unpadded, KV cache); stops after
+    any id in ``eos_token_id`` (an int or a list)."""
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
-    out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=eos_token_id, pad_token_id=eos_token_id if eos_token_id is not None else 0)
+    stops = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
+    out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=stops or None, pad_token_id=stops[0] if stops else 0)
     return out[0, ids.shape[1] :].tolist()
 
 

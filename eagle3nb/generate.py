@@ -16,7 +16,7 @@ __all__ = ["generate_batch", "write_jsonl", "read_jsonl"]
 
 
 @torch.no_grad()
-def generate_batch(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, eos_token_id: int | None, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, pad_token_id: int | None = None) -> list[list[int]]:
+def generate_batch(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, eos_token_id: int | list[int] | None, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, pad_token_id: int | None = None) -> list[list[int]]:
     """Continuations of a batch of prompts (left padding, HF ``generate``).
 
     Args:
@@ -46,7 +46,8 @@ def generate_batch(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: i
             raise ValueError(f"prompt_ids[{i}] is empty; a prompt needs at least one token (BOS)")
         if ctx is not None and len(p) + max_new_tokens > ctx:
             raise ValueError(f"prompt_ids[{i}] has {len(p)} tokens; with max_new_tokens={max_new_tokens} it exceeds the context of {ctx}; shorten it or lower max_new_tokens")
-    pad = pad_token_id if pad_token_id is not None else (eos_token_id if eos_token_id is not None else 0)
+    stops = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
+    pad = pad_token_id if pad_token_id is not None else (stops[0] if stops else 0)
     T = max(len(p) for p in prompt_ids)
     ids = torch.full((len(prompt_ids), T), pad, dtype=torch.long)
     mask = torch.zeros_like(ids)
@@ -55,11 +56,12 @@ def generate_batch(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: i
         mask[i, T - len(p) :] = 1
     kw = dict(do_sample=False) if temperature == 0 else dict(do_sample=True, temperature=temperature, top_p=top_p)
     torch.manual_seed(seed)
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, eos_token_id=eos_token_id, pad_token_id=pad, **kw)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, eos_token_id=stops or None, pad_token_id=pad, **kw)
     res = []
     for row in out[:, T:].tolist():
-        if eos_token_id is not None and eos_token_id in row:
-            row = row[: row.index(eos_token_id) + 1]
+        cut = [row.index(e) for e in stops if e in row]
+        if cut:
+            row = row[: min(cut) + 1]
         res.append(row)
     return res
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["resolve_model", "model_search_dirs", "load_target", "load_tokenizer", "model_hash", "read_model_config", "check_model_folder", "DTYPES", "SUPPORTED_ARCHS"]
+__all__ = ["stop_token_ids", "resolve_model", "model_search_dirs", "load_target", "load_tokenizer", "model_hash", "read_model_config", "check_model_folder", "DTYPES", "SUPPORTED_ARCHS"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ENV_VAR = "EAGLE3NB_MODEL_PATH"
@@ -108,6 +108,17 @@ def check_model_folder(path: str | os.PathLike) -> dict:
 
 
 _check_folder = check_model_folder  # old private name
+
+
+def stop_token_ids(model, tokenizer) -> list[int]:
+    """Ids that end a generation: the tokenizer's eos plus the model's ``generation_config``
+    eos ids (chat models list their end-of-turn token there, e.g. ChatML's ``<|im_end|>``)."""
+    ids = [] if tokenizer.eos_token_id is None else [int(tokenizer.eos_token_id)]
+    gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for e in [gen] if isinstance(gen, int) else (gen or []):
+        if int(e) not in ids:
+            ids.append(int(e))
+    return ids
 
 
 def load_tokenizer(path: str | os.PathLike):

@@ -79,7 +79,7 @@ def generate_step(p: RunParams, progress=True) -> dict:
                 raise ValueError(f"prompt {split}[{i}] has {len(ids)} tokens; with max_new_tokens={p.max_new_tokens} it exceeds the context of {ctx}; shorten it or lower max_new_tokens")
             recs.append({"id": len(recs), "split": split, "prompt": text, "prompt_ids": ids})
     todo = [r for r in recs if r["split"] == "train"]
-    eos = tok.eos_token_id
+    eos = models.stop_token_ids(model, tok)
     t0 = time.time()
     batches = range(0, len(todo), p.gen_batch_size)
     for s in (_progress()(batches, desc="generate") if progress else batches):
@@ -93,7 +93,7 @@ def generate_step(p: RunParams, progress=True) -> dict:
     man = provenance(
         p.seed, kind="eagle3nb-generation", target=target_info(path, model),
         engine={"name": "hf-transformers", "version": __import__("transformers").__version__},
-        decoding={"temperature": p.temperature, "top_p": p.top_p, "max_new_tokens": p.max_new_tokens, "greedy": p.temperature == 0},
+        decoding={"temperature": p.temperature, "top_p": p.top_p, "max_new_tokens": p.max_new_tokens, "greedy": p.temperature == 0, "stop_token_ids": eos},
         template={"mode": p.mode, "sha256": chat.template_hash(template)}, dtype=p.dtype,
         prompts_file={"path": str(resolve_path(p.prompts_file)), "sha256": sha256_file(resolve_path(p.prompts_file))},
         n_train=len(train), n_heldout=len(held), generated_tokens=n_tok, file=rd.generated.name, file_sha256=sha256_file(rd.generated),
@@ -208,7 +208,7 @@ def eval_step(p: RunParams, progress=True) -> dict:
     if not held:
         raise ValueError("no held-out prompt to evaluate; raise heldout_fraction or max_eval_prompts")
     prompts = [r["prompt_ids"] for r in held]
-    eos = tok.eos_token_id
+    eos = models.stop_token_ids(model, tok)
     bar = (lambda xs: _progress()(xs, desc="speculative decoding")) if progress else None
     runs = {"trained": (drafter, bnds)}
     if p.baselines:
