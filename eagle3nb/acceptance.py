@@ -42,18 +42,22 @@ class AcceptanceStats:
             self.accepted_per_pos = [0] * self.k
 
     def add(self, n_accepted: int) -> None:
+        """Count one cycle whose first ``n_accepted`` drafts (0..k) were accepted."""
         self.cycles += 1
         self.accepted_total += n_accepted
         for i in range(n_accepted):
             self.accepted_per_pos[i] += 1
 
     def merge(self, other: "AcceptanceStats") -> None:
+        """Add another prompt's counters (same k) into these."""
         self.cycles += other.cycles
         self.accepted_total += other.accepted_total
         self.emitted_tokens += other.emitted_tokens
         self.accepted_per_pos = [a + b for a, b in zip(self.accepted_per_pos, other.accepted_per_pos)]
 
     def summary(self) -> dict:
+        """``per_position_acceptance`` [k] fractions, ``tau`` (tokens/cycle), ``draft_acceptance_rate``
+        (accepted/drafted), ``cycles``, ``emitted_tokens``; see the module docstring."""
         c = max(self.cycles, 1)
         a = [x / c for x in self.accepted_per_pos]
         return {
@@ -66,6 +70,7 @@ class AcceptanceStats:
         }
 
     def to_dict(self) -> dict:
+        """The raw counters as a dict."""
         return asdict(self)
 
 

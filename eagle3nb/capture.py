@@ -111,7 +111,11 @@ class CaptureEngine(Protocol):
     engine_version: str
     convention: Convention
 
-    def capture(self, samples: Sequence[Sequence[int]], ids: Sequence[int]) -> list[Captured]: ...
+    def capture(self, samples: Sequence[Sequence[int]], ids: Sequence[int]) -> list[Captured]:
+        """Per sample (ragged token id lists): aux ``[T, len(ids)*H]`` at the boundaries ``ids`` name
+        in ``convention``, and ``final`` ``[T, H]`` (boundary N). Raises ValueError for ids the
+        engine cannot capture; never returns fewer tensors than asked."""
+        ...
 
 
 class HFCaptureEngine:

@@ -85,6 +85,7 @@ class DrafterConfig:
         )
 
     def to_dict(self) -> dict:
+        """Plain dict of the fields (for manifests)."""
         return asdict(self)
 
 
@@ -164,6 +165,8 @@ class Eagle3Attention(nn.Module):
 
 
 class Eagle3MLP(nn.Module):
+    """SwiGLU MLP as in Llama: ``down(silu(gate(x)) * up(x))``, [B, T, H] -> [B, T, H]."""
+
     def __init__(self, c: DrafterConfig):
         super().__init__()
         self.gate_proj = nn.Linear(c.hidden_size, c.intermediate_size, bias=False)

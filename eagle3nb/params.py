@@ -231,12 +231,14 @@ class RunDir:
         self.notebooks = self.root / "notebooks"
 
     def make(self) -> "RunDir":
+        """Create the run folder and its data/figures subfolders; returns self."""
         for d in (self.root, self.generated.parent, self.figures):
             d.mkdir(parents=True, exist_ok=True)
         return self
 
 
 def read_metrics(path: str | os.PathLike) -> dict:
+    """metrics.json as a dict ({} when the run has none yet)."""
     from .manifest import read_json
 
     path = Path(path)
