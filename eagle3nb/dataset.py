@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 import torch
 from safetensors.torch import load_file, save_file
 
-from .manifest import ManifestMismatch, atomic_write_json, read_json, sha256_file
+from .manifest import ManifestMismatch, atomic_write_json, publish_permissions, read_json, sha256_file
 
 __all__ = ["write_dataset", "AuxDataset", "DiskFullError", "collate", "states_by_boundary", "DATASET_KIND", "estimate_bytes"]
 
@@ -52,6 +52,7 @@ def _save_atomic(tensors: dict, path: Path, metadata: dict) -> None:
         save_file(tensors, tmp, metadata=metadata)
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
+        publish_permissions(tmp)
         os.replace(tmp, path)
     except OSError as e:
         if os.path.exists(tmp):

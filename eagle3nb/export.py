@@ -25,7 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from .conventions import check_boundaries, get_convention
 from .drafter import DrafterConfig, Eagle3Drafter
-from .manifest import atomic_write_json
+from .manifest import atomic_write_json, publish_permissions
 from .vocab import check_draft_vocab
 
 __all__ = ["export_drafter", "load_drafter", "REQUIRED_TENSORS", "drafter_config_json"]
@@ -89,6 +89,9 @@ def export_drafter(drafter: Eagle3Drafter, out_dir: str | os.PathLike, aux_bound
         cfg = drafter_config_json(drafter.config, aux_boundaries, target_n_layers, bos, eos)
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         atomic_write_json(tmp / "manifest.json", manifest)
+        for f in tmp.iterdir():
+            publish_permissions(f)
+        publish_permissions(tmp, directory=True)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

@@ -17,7 +17,7 @@ from typing import Any, Iterable
 
 from . import __version__
 
-__all__ = ["sha256_file", "git_commit", "atomic_write_json", "read_json", "provenance", "check_compatible", "ManifestMismatch"]
+__all__ = ["publish_permissions", "sha256_file", "git_commit", "atomic_write_json", "read_json", "provenance", "check_compatible", "ManifestMismatch"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,6 +41,18 @@ def git_commit() -> str:
         return "unknown"
 
 
+def _umask() -> int:
+    m = os.umask(0)
+    os.umask(m)
+    return m
+
+
+def publish_permissions(path: str | os.PathLike, directory: bool = False) -> None:
+    """Give a temp file/folder (created 0600/0700 by tempfile) the permissions a normal write
+    would have under the current umask, so a server running as another user can read it."""
+    os.chmod(path, (0o777 if directory else 0o666) & ~_umask())
+
+
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
     """Write JSON to a temp file in the same folder, fsync, then rename over ``path``."""
     path = Path(path)
@@ -52,6 +64,7 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> None:
             f.write("\n")
             f.flush()
             os.fsync(f.fileno())
+        publish_permissions(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

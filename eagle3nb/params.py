@@ -6,6 +6,7 @@ out-of-range value fails before any work starts, naming the key, the value and t
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 from typing import Literal, Optional
@@ -118,7 +119,8 @@ def _format_error(e: ValidationError, source: str) -> str:
             lines.append(f"  {err['ctx']['error']}")
             continue
         if err["type"] == "extra_forbidden":
-            hint = "remove it (typo?); known keys: see params/default.yaml"
+            near = difflib.get_close_matches(str(err["loc"][0]), list(RunParams.model_fields), n=1)
+            hint = (f"unknown key; did you mean {near[0]!r}?" if near else "unknown key; remove it") + " (all keys with their help: the parameters cells of notebooks/*.ipynb, or eagle3nb/params.py RunParams)"
         else:
             hint = err["msg"]
             field = RunParams.model_fields.get(str(err["loc"][0])) if err["loc"] else None

@@ -21,12 +21,13 @@ KEY_METRICS = [
     ("tau trained", ("eval", "tau", "trained")),
     ("tau untrained", ("eval", "tau", "untrained")),
     ("tau boundaries +1", ("eval", "tau", "trained, boundaries +1")),
+    ("a_1..a_k trained", ("eval", "per_position_acceptance", "trained")),
     ("k", ("eval", "k")),
     ("greedy mismatches", ("eval", "greedy_mismatches")),
     ("train samples", ("train", "n_train_samples")),
     ("train steps", ("train", "steps")),
     ("train s", ("train", "seconds")),
-    ("train tok/s", ("train", "tokens_per_s")),
+    ("train loss-token-steps/s", ("train", "loss_token_steps_per_s")),
     ("extract tok/s", ("extract", "tokens_per_s")),
     ("boundaries", ("extract", "aux_boundaries")),
     ("engine", ("extract", "engine")),
@@ -70,7 +71,7 @@ def compare_runs(a: str, b: str, outputs_dir: str | Path = "outputs") -> list[di
     for label, path in KEY_METRICS:
         va, vb = _get(ms[0], path), _get(ms[1], path)
         num = isinstance(va, (int, float)) and isinstance(vb, (int, float)) and not isinstance(va, bool)
-        out.append({"metric": label, a: va, b: vb, "diff": round(vb - va, 4) if num else None})
+        out.append({"metric": label, a: va, b: vb, f"{b} - {a}": round(vb - va, 4) if num else None})
     return out
 
 
@@ -90,10 +91,12 @@ def main(outputs_dir: str = typer.Option("outputs", help="folder holding runs"),
         if len(compare) != 2:
             raise typer.BadParameter(f"--compare takes two run names, got {compare}")
         rows = compare_runs(compare[0], compare[1], outputs_dir)
-        typer.echo(_table(rows, ["metric", compare[0], compare[1], "diff"]))
+        typer.echo(_table(rows, ["metric", compare[0], compare[1], f"{compare[1]} - {compare[0]}"]))
     else:
         rows = list_runs(outputs_dir)
-        typer.echo(_table(rows, ["run", "tau trained", "tau untrained", "tau boundaries +1", "train steps", "total s"]) if rows else f"no runs under {resolve_path(outputs_dir)}")
+        for r in rows:
+            r["figures (open in a browser)"] = " ".join(Path(f).relative_to(resolve_path(outputs_dir)).as_posix() for f in r["figures"])
+        typer.echo(_table(rows, ["run", "tau trained", "tau untrained", "tau boundaries +1", "train steps", "total s", "figures (open in a browser)"]) if rows else f"no runs under {resolve_path(outputs_dir)}")
 
 
 if __name__ == "__main__":

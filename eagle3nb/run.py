@@ -46,19 +46,19 @@ def run_notebooks(params_file: str | Path, only: Optional[list[str]] = None, ove
         raise ValueError(f"only={unknown}: unknown notebooks; choose from {NOTEBOOKS}")
     rd = RunDir(p).make()
     rd.notebooks.mkdir(parents=True, exist_ok=True)
-    (rd.root / "params.yaml").write_text(yaml.safe_dump(p.model_dump(), sort_keys=False))
-    all_params = p.model_dump()
+    all_params = dict(p.model_dump(), interactive=False)  # headless: no widgets or progress bars; figures go to HTML
+    (rd.root / "params.yaml").write_text(yaml.safe_dump(all_params, sort_keys=False))
     times = {}
     t_all = time.time()
     for name in names:
         src = NB_DIR / f"{name}.ipynb"
         declared = pm.inspect_notebook(str(src)).keys()
         params = {k: all_params[k] for k in declared if k in all_params}
-        if "interactive" in declared:
-            params["interactive"] = False  # headless: no widgets or progress bars; figures go to HTML
         t0 = time.time()
+        print(f"[eagle3nb] {name}: running -> {rd.notebooks / (name + '.ipynb')}", flush=True)
         pm.execute_notebook(str(src), str(rd.notebooks / f"{name}.ipynb"), parameters=params, cwd=str(NB_DIR), kernel_name="python3", progress_bar=False, log_output=log_output)
         times[name] = round(time.time() - t0, 2)
+        print(f"[eagle3nb] {name}: done in {times[name]:.1f} s", flush=True)
         update_metrics(rd.metrics, "timing", {"notebook_seconds": dict(times)})
     if only is None:
         update_metrics(rd.metrics, "timing", {"notebook_seconds": times, "total_seconds": round(time.time() - t_all, 2)})
@@ -72,8 +72,12 @@ def main(
     log_output: bool = typer.Option(False, help="stream notebook output to the terminal"),
 ):
     """Run the workbook's notebooks on one params file."""
-    root = run_notebooks(params_file, only=only, log_output=log_output)
-    typer.echo(f"run finished: {root}")
+    try:
+        root = run_notebooks(params_file, only=only, log_output=log_output)
+    except (ValueError, FileNotFoundError) as e:  # bad input: the message says what and how to fix
+        typer.echo(f"eagle3nb: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"run finished: {root} (metrics.json, figures/*.html, notebooks/*.ipynb)")
 
 
 if __name__ == "__main__":

@@ -180,7 +180,7 @@ def train_step(p: RunParams, progress=True) -> dict:
     engines = engine_report(cfg_json, bnds, ds.manifest["target"]["n_layers"], {"norm_before_residual": drafter.config.norm_before_residual})
     update_metrics(rd.metrics, "export", {"engines": engines})
     last = rep["history"][-1]
-    stats = {"steps": rep["steps"], "seconds": round(rep["seconds"], 2), "tokens_per_s": round(rep["tokens_per_s"], 1) if rep["tokens_per_s"] else None, "final_loss": last["loss"], "final_step_acc": last["step_acc"], "draft_vocab_size": p.draft_vocab_size, "vocab": rep["vocab"], "empty_batches": rep["empty_batches"], "n_train_samples": len(ds), "n_train_tokens": ds.manifest["n_tokens"]}
+    stats = {"steps": rep["steps"], "seconds": round(rep["seconds"], 2), "loss_token_steps_per_s": round(rep["tokens_per_s"], 1) if rep["tokens_per_s"] else None, "final_loss": last["loss"], "final_loss_is": f"sum over TTT steps j of {p.loss_decay}**j x soft cross-entropy, last logged training batch", "last_batch_step_acc": last["step_acc"], "last_batch_step_acc_is": "training-batch accuracy per TTT step (not held-out; see eval)", "draft_vocab_size": p.draft_vocab_size, "vocab": rep["vocab"], "empty_batches": rep["empty_batches"], "n_train_samples": len(ds), "n_train_tokens_incl_prompts": ds.manifest["n_tokens"]}
     update_metrics(rd.metrics, "train", stats)
     record_checks(rd, "03_train", [
         f"dataset: {len(ds.manifest['shards'])} shard sha256 verified at load",
@@ -233,6 +233,9 @@ def eval_step(p: RunParams, progress=True) -> dict:
         "tau": {k: round(v["tau"], 4) for k, v in results.items()},
         "per_position_acceptance": {k: [round(a, 4) for a in v["per_position_acceptance"]] for k, v in results.items()},
         "draft_acceptance_rate": {k: round(v["draft_acceptance_rate"], 4) for k, v in results.items()},
+        "cycles": {k: v["cycles"] for k, v in results.items()},
+        "drafted_tokens": {k: v["cycles"] * p.k for k, v in results.items()},
+        "emitted_tokens": {k: v["emitted_tokens"] for k, v in results.items()},
         "greedy_mismatches": len(results["trained"]["greedy_mismatches"]),
         "definitions": "tau = mean tokens emitted per draft-verify cycle (1 + accepted drafts); a_i = fraction of cycles whose draft position i was accepted; draft_acceptance_rate = accepted / drafted = (tau - 1) / k",
         "data_and_budget": f"{gm['n_train']} train prompts x <= {gm['decoding']['max_new_tokens']} greedy tokens ({gm['generated_tokens']} tokens); {tc['max_steps']} steps of batch {tc['batch_size']}, TTT {tc['ttt_steps']} ({tm.get('seconds', '?')} s of training); {len(prompts)} held-out prompts x <= {p.eval_max_new_tokens} tokens",

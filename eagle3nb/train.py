@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -99,7 +100,8 @@ def train_drafter(ds: AuxDataset, target, cfg: TrainConfig, out_dir: str | os.Pa
     """Train a drafter on ``ds`` and return ``(drafter, report)``.
 
     ``report`` holds ``history`` (per logged step: step, loss, lr, per-TTT-step loss and accuracy),
-    ``vocab`` info, ``tokens_per_s`` (loss-bearing tokens x TTT steps / s), ``seconds`` and
+    ``vocab`` info, ``tokens_per_s`` (loss-bearing tokens x TTT steps / s), ``seconds`` (of the
+    whole training, summed over resumed runs) and
     ``empty_batches`` (batches with no loss-bearing position: counted, no optimizer update).
     Resumes from ``out_dir/checkpoints/last.pt`` when it exists with the same config.
 
@@ -119,6 +121,7 @@ def train_drafter(ds: AuxDataset, target, cfg: TrainConfig, out_dir: str | os.Pa
     gen = torch.Generator().manual_seed(cfg.seed)
     noise_gen = torch.Generator().manual_seed(cfg.seed + 1)
     step, history, order, pos = 0, [], [], 0
+    prev_secs, prev_tokens = 0.0, 0  # training time and token-steps of earlier (interrupted) runs
     if ckpt.exists():
         st = torch.load(ckpt, weights_only=False)
         if st["config"] != asdict(cfg) or st.get("data") != ds.fingerprint():
@@ -129,6 +132,7 @@ def train_drafter(ds: AuxDataset, target, cfg: TrainConfig, out_dir: str | os.Pa
         gen.set_state(st["rng"])
         noise_gen.set_state(st["noise_rng"])
         step, history, order, pos = st["step"], st["history"], st["order"], st["pos"]
+        prev_secs, prev_tokens = st.get("seconds", 0.0), st.get("token_steps", 0)
     norm, head = target.model.norm, target.lm_head
     drafter.train()
     t0, tokens, empty_batches = time.time(), 0, 0
@@ -145,21 +149,24 @@ def train_drafter(ds: AuxDataset, target, cfg: TrainConfig, out_dir: str | os.Pa
         opt.zero_grad(set_to_none=True)
         if sum(r.step_count) == 0:
             empty_batches += 1  # nothing loss-bearing: no update (AdamW would still decay and drift)
+            with warnings.catch_warnings():  # the schedule still advances: one step = one batch
+                warnings.simplefilter("ignore", UserWarning)
+                sched.step()
         else:
             r.loss.backward()
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             opt.step()
-        sched.step()
+            sched.step()
         step += 1
         tokens += sum(r.step_count)
         if step % cfg.log_every == 0 or step == cfg.max_steps:
             history.append({"step": step, "loss": float(r.loss.detach()), "lr": sched.get_last_lr()[0], "step_loss": r.step_loss, "step_acc": r.step_acc})
         if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
-            _save_ckpt(ckpt, {"config": asdict(cfg), "data": ds.fingerprint(), "model": drafter.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": gen.get_state(), "noise_rng": noise_gen.get_state(), "step": step, "history": history, "order": order, "pos": pos})
+            _save_ckpt(ckpt, {"config": asdict(cfg), "data": ds.fingerprint(), "model": drafter.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": gen.get_state(), "noise_rng": noise_gen.get_state(), "step": step, "history": history, "order": order, "pos": pos, "seconds": prev_secs + time.time() - t0, "token_steps": prev_tokens + tokens})
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
-    secs = time.time() - t0
+    secs, tokens = prev_secs + time.time() - t0, prev_tokens + tokens  # whole training, across resumes
     drafter.eval()
     return drafter, {"history": history, "vocab": vocab, "seconds": secs, "tokens_per_s": tokens / secs if secs > 0 else None, "steps": step, "empty_batches": empty_batches}

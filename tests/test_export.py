@@ -81,3 +81,22 @@ def test_loader_refuses_contradictions(target, tmp_path):
     save_file(sd, str(out / "model.safetensors"))
     with pytest.raises(ValueError, match="offsets"):
         load_drafter(out)
+
+
+def test_artefacts_readable_by_other_users(target, tmp_path):
+    """Temp-then-rename writes keep the umask's permissions (tempfile alone makes 0600/0700)."""
+    import os
+    import stat
+
+    from eagle3nb.manifest import atomic_write_json
+
+    model, _, _ = target
+    old = os.umask(0o022)
+    try:
+        out = export_drafter(make_drafter(model), tmp_path / "d", [1, 2, 4], 5, {}, 1, 2)
+        atomic_write_json(tmp_path / "m.json", {})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    for f in [*out.iterdir(), tmp_path / "m.json"]:
+        assert stat.S_IMODE(f.stat().st_mode) == 0o644, f

@@ -11,7 +11,7 @@ def test_shipped_params_files_validate():
 @pytest.mark.parametrize(
     "text, msg",
     [
-        ("max_step: 10\n", "max_step=10: remove it"),
+        ("max_step: 10\n", "max_step=10: unknown key; did you mean 'max_steps'"),
         ("k: 0\n", "k=0"),
         ("layer_ids: [3, 1, 2]\n", "strictly increasing"),
         ("prompts_file: nowhere.txt\n", "prompts_file='nowhere.txt' does not exist"),

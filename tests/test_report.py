@@ -20,6 +20,6 @@ def test_list_and_compare(tmp_path):
     assert [r["run"] for r in rows] == ["a", "b"]
     assert rows[0]["tau trained"] == 3.5 and rows[0]["tau boundaries +1"] == 2.5 and rows[0]["figures"][0].endswith("acceptance.html")
     cmp = {r["metric"]: r for r in compare_runs("a", "b", tmp_path)}
-    assert cmp["tau trained"]["diff"] == -0.25 and cmp["train steps"]["diff"] == -50 and cmp["engine"]["diff"] is None
+    assert cmp["tau trained"]["b - a"] == -0.25 and cmp["train steps"]["b - a"] == -50 and cmp["engine"]["b - a"] is None
     with pytest.raises(FileNotFoundError, match="run 'c' has no metrics.json"):
         compare_runs("a", "c", tmp_path)
