@@ -23,6 +23,7 @@ import torch
 
 from .capture import capture_boundaries, n_layers_of
 from .drafter import Eagle3Drafter
+from .models import as_stop_list
 
 __all__ = ["AcceptanceStats", "draft_chain", "speculative_generate", "greedy_generate", "evaluate_acceptance"]
 
@@ -124,7 +125,7 @@ def speculative_generate(target, drafter: Eagle3Drafter, prompt_ids: Sequence[in
     bnds = list(boundaries)
     dec = target.model
     stats = AcceptanceStats(k)
-    stops = set([eos_token_id] if isinstance(eos_token_id, int) else (eos_token_id or []))
+    stops = set(as_stop_list(eos_token_id))
     seq = torch.tensor(list(prompt_ids), dtype=torch.long)
     new: list[int] = []
     drafts: list[int] = []
@@ -162,7 +163,7 @@ def greedy_generate(target, prompt_ids: Sequence[int], max_new_tokens: int, eos_
     """The target's plain greedy continuation (HF ``generate``, unpadded, KV cache); stops after
     any id in ``eos_token_id`` (an int or a list)."""
     ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
-    stops = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
+    stops = as_stop_list(eos_token_id)
     out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=stops or None, pad_token_id=stops[0] if stops else 0)
     return out[0, ids.shape[1] :].tolist()
 

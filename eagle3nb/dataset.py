@@ -165,6 +165,8 @@ class AuxDataset:
         self.items: list[dict] = []
         for s in self.manifest["shards"]:
             f = self.path / s["file"]
+            if not f.is_file():
+                raise ValueError(f"shard {f} is listed in {self.path}/manifest.json but missing; rerun 02b with the same params to redo it")
             if verify and sha256_file(f) != s["sha256"]:
                 raise ValueError(f"shard {f} is corrupt: its sha256 differs from the manifest; rerun 02b after deleting it")
             t = load_file(str(f))

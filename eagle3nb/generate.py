@@ -12,6 +12,8 @@ from typing import Sequence
 
 import torch
 
+from .models import as_stop_list
+
 __all__ = ["generate_batch", "write_jsonl", "read_jsonl"]
 
 
@@ -46,7 +48,7 @@ def generate_batch(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: i
             raise ValueError(f"prompt_ids[{i}] is empty; a prompt needs at least one token (BOS)")
         if ctx is not None and len(p) + max_new_tokens > ctx:
             raise ValueError(f"prompt_ids[{i}] has {len(p)} tokens; with max_new_tokens={max_new_tokens} it exceeds the context of {ctx}; shorten it or lower max_new_tokens")
-    stops = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
+    stops = as_stop_list(eos_token_id)
     pad = pad_token_id if pad_token_id is not None else (stops[0] if stops else 0)
     T = max(len(p) for p in prompt_ids)
     ids = torch.full((len(prompt_ids), T), pad, dtype=torch.long)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["stop_token_ids", "resolve_model", "model_search_dirs", "load_target", "load_tokenizer", "model_hash", "read_model_config", "check_model_folder", "DTYPES", "SUPPORTED_ARCHS"]
+__all__ = ["as_stop_list", "stop_token_ids", "resolve_model", "model_search_dirs", "load_target", "load_tokenizer", "model_hash", "read_model_config", "check_model_folder", "DTYPES", "SUPPORTED_ARCHS"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ENV_VAR = "EAGLE3NB_MODEL_PATH"
@@ -107,7 +107,11 @@ def check_model_folder(path: str | os.PathLike) -> dict:
     return cfg
 
 
-_check_folder = check_model_folder  # old private name
+
+
+def as_stop_list(eos_token_id: int | list[int] | None) -> list[int]:
+    """An eos argument (one id, a list, or None) as a list of stop ids."""
+    return [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id or [])
 
 
 def stop_token_ids(model, tokenizer) -> list[int]:

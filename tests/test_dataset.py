@@ -55,6 +55,9 @@ def test_corrupt_shard_is_named(target, tmp_path):
     f.write_bytes(bytes(raw))
     with pytest.raises(ValueError, match="shard-00001.safetensors is corrupt"):
         AuxDataset(tmp_path / "ds")
+    f.unlink()
+    with pytest.raises(ValueError, match="shard-00001.safetensors is listed in .* but missing"):
+        AuxDataset(tmp_path / "ds")
 
 
 def test_other_settings_refused_on_resume(target, tmp_path):
