@@ -12,6 +12,7 @@ run_name = "smoke"  # folder under outputs_dir holding this run's artefacts
 outputs_dir = "outputs"  # parent folder of runs (relative to the repo root)
 model = "stories260K-hd32"  # target model folder name or path (searched in $EAGLE3NB_MODEL_PATH, ../shared/models)
 dtype = "float32"  # target dtype for generation and capture: float32 or bfloat16
+device = "cpu"  # cpu, cuda, cuda:N, or auto (the GPU when torch sees one)
 seed = 0  # seed for the split, sampling, init and shuffling
 mode = "completion"  # completion (base model, loss on the continuation) or chat (loss on assistant tokens)
 chat_template = None  # jinja template file for chat mode; None for the tokenizer's own'''

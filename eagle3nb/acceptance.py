@@ -126,11 +126,12 @@ def speculative_generate(target, drafter: Eagle3Drafter, prompt_ids: Sequence[in
     dec = target.model
     stats = AcceptanceStats(k)
     stops = set(as_stop_list(eos_token_id))
-    seq = torch.tensor(list(prompt_ids), dtype=torch.long)
+    dev = next(target.parameters()).device
+    seq = torch.tensor(list(prompt_ids), dtype=torch.long, device=dev)
     new: list[int] = []
     drafts: list[int] = []
     while True:
-        full = torch.cat([seq, torch.tensor(drafts, dtype=torch.long)])
+        full = torch.cat([seq, torch.tensor(drafts, dtype=torch.long, device=dev)])
         st = capture_boundaries(target, full[None], sorted(set(bnds + [n_layers])))
         logits = target.lm_head(dec.norm(st[n_layers][0]))  # [L, vocab]
         n = seq.numel() - 1  # index of the newest verified token
@@ -151,7 +152,7 @@ def speculative_generate(target, drafter: Eagle3Drafter, prompt_ids: Sequence[in
                 break
         if stop:
             break
-        seq = torch.cat([seq, torch.tensor(emit, dtype=torch.long)])
+        seq = torch.cat([seq, torch.tensor(emit, dtype=torch.long, device=dev)])
         aux = torch.cat([st[b][0, : seq.numel() - 1] for b in bnds], dim=-1)  # [n', n_aux*Ht]
         drafts = draft_chain(drafter, seq, aux, k)
     stats.emitted_tokens = len(new)
@@ -162,10 +163,10 @@ def speculative_generate(target, drafter: Eagle3Drafter, prompt_ids: Sequence[in
 def greedy_generate(target, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_id: int | list[int] | None) -> list[int]:
     """The target's plain greedy continuation (HF ``generate``, unpadded, KV cache); stops after
     any id in ``eos_token_id`` (an int or a list)."""
-    ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
+    ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=next(target.parameters()).device)
     stops = as_stop_list(eos_token_id)
     out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=stops or None, pad_token_id=stops[0] if stops else 0)
-    return out[0, ids.shape[1] :].tolist()
+    return out[0, ids.shape[1] :].cpu().tolist()
 
 
 def evaluate_acceptance(target, drafter, prompts_ids: Sequence[Sequence[int]], boundaries, k: int, max_new_tokens: int, eos_token_id: int | None, check_greedy: bool = True, progress=None, n_traces: int = 3) -> dict:

@@ -26,8 +26,8 @@ TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
 def reference_states(model, input_ids: Sequence[int]) -> dict[int, torch.Tensor]:
     """HF reference ``{b: [T, H] float32}`` for every boundary 0..N of one sample."""
     n = int(model.config.num_hidden_layers)
-    st = capture_boundaries(model, torch.tensor([list(input_ids)]), range(n + 1))
-    return {b: t[0].float() for b, t in st.items()}
+    st = capture_boundaries(model, torch.tensor([list(input_ids)], device=next(model.parameters()).device), range(n + 1))
+    return {b: t[0].float().cpu() for b, t in st.items()}
 
 
 def alignment_matrix(captured: torch.Tensor, reference: dict[int, torch.Tensor], n_slots: int) -> tuple[torch.Tensor, list[int]]:

@@ -58,9 +58,10 @@ def generate_batch(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: i
         mask[i, T - len(p) :] = 1
     kw = dict(do_sample=False) if temperature == 0 else dict(do_sample=True, temperature=temperature, top_p=top_p)
     torch.manual_seed(seed)
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, eos_token_id=stops or None, pad_token_id=pad, **kw)
+    dev = next(model.parameters()).device
+    out = model.generate(ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=max_new_tokens, eos_token_id=stops or None, pad_token_id=pad, **kw)
     res = []
-    for row in out[:, T:].tolist():
+    for row in out[:, T:].cpu().tolist():
         cut = [row.index(e) for e in stops if e in row]
         if cut:
             row = row[: min(cut) + 1]

@@ -14,7 +14,7 @@ from typing import Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-__all__ = ["RunParams", "load_params", "collect", "check_against_model", "RunDir", "REPO_ROOT", "update_metrics", "read_metrics"]
+__all__ = ["resolve_device", "RunParams", "load_params", "collect", "check_against_model", "RunDir", "REPO_ROOT", "update_metrics", "read_metrics"]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,6 +30,7 @@ class RunParams(BaseModel):
     outputs_dir: str = "outputs"
     model: str = "stories260K-hd32"
     dtype: Literal["float32", "bfloat16"] = "float32"
+    device: str = Field("cpu", pattern=r"^(cpu|auto|cuda(:[0-9]+)?)$")
     seed: int = 0
     # 01_generate
     prompts_file: str = "eagle3nb/data/prompts_tinystories.txt"
@@ -216,6 +217,21 @@ def check_against_model(p: RunParams) -> dict:
             f"e.g. draft_num_kv_heads: {nh}"
         )
     return {"path": str(path), "n_layers": n, "vocab_size": V, "layer_ids": ids, "boundaries": b}
+
+
+def resolve_device(p: RunParams) -> str:
+    """``device`` as torch understands it: ``auto`` is ``cuda`` when a GPU is visible, else ``cpu``.
+
+    Raises:
+        ValueError: ``cuda`` asked for but torch sees no GPU.
+    """
+    import torch
+
+    if p.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if p.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={p.device!r} but torch sees no GPU (torch {torch.__version__}); use device: cpu or auto")
+    return p.device
 
 
 class RunDir:

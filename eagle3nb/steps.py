@@ -21,7 +21,7 @@ from .engine_configs import engine_report
 from .export import export_drafter, load_drafter
 from .generate import generate_batch, read_jsonl, write_jsonl
 from .manifest import atomic_write_json, check_compatible, provenance, read_json, sha256_file
-from .params import RunDir, RunParams, resolve_path, update_metrics
+from .params import RunDir, RunParams, resolve_device, resolve_path, update_metrics
 from .prompts import load_prompts, split_prompts
 from .train import TrainConfig, init_head_from_target, train_drafter
 
@@ -64,7 +64,7 @@ def record_checks(rd: RunDir, step: str, checks: list[str]) -> None:
 def generate_step(p: RunParams, progress=True) -> dict:
     """01: regenerate a continuation for each train prompt; store held-out prompts for 04."""
     rd = RunDir(p).make()
-    model, tok, path = models.load_target(p.model, p.dtype)
+    model, tok, path = models.load_target(p.model, p.dtype, resolve_device(p))
     template = _template(p, tok)
     train, held = split_prompts(load_prompts(resolve_path(p.prompts_file)), p.heldout_fraction, p.seed)
     if p.max_train_prompts:
@@ -109,7 +109,7 @@ def extract_step(p: RunParams, progress=True) -> dict:
     """02b: capture aux states at SGLang's capture point (engine: HF transformers) into shards."""
     rd = RunDir(p)
     gman = read_json(rd.generation_manifest, "generation manifest (from 01_generate)")
-    model, tok, path = models.load_target(p.model, p.dtype)
+    model, tok, path = models.load_target(p.model, p.dtype, resolve_device(p))
     tinfo = target_info(path, model)
     check_compatible(gman, {"target": tinfo, "template": {"mode": p.mode, "sha256": chat.template_hash(_template(p, tok))}}, ["target.sha256", "template"], "generation output", "(delete the run folder)")
     n = tinfo["n_layers"]
@@ -162,7 +162,7 @@ def train_step(p: RunParams, progress=True) -> dict:
     """03: train the drafter with TTT on the dataset and export it for SGLang and vLLM."""
     rd = RunDir(p)
     ds = AuxDataset(rd.dataset)
-    model, tok, path = models.load_target(p.model, "float32")
+    model, tok, path = models.load_target(p.model, "float32", resolve_device(p))
     if not p.allow_manifest_mismatch:
         want = {"target": {"sha256": models.model_hash(path)}, "dtype": p.dtype, "convention": p.convention, "template": {"mode": p.mode, "sha256": chat.template_hash(_template(p, tok))}}
         check_compatible(ds.manifest, want, ["target.sha256", "dtype", "convention", "template"], f"dataset {rd.dataset}", "allow_manifest_mismatch")
@@ -195,8 +195,9 @@ def train_step(p: RunParams, progress=True) -> dict:
 def eval_step(p: RunParams, progress=True) -> dict:
     """04: greedy chain speculative decoding of held-out prompts; trained drafter vs baselines."""
     rd = RunDir(p)
-    model, tok, path = models.load_target(p.model, "float32")
-    drafter, cfg = load_drafter(rd.drafter, model.get_input_embeddings().weight.detach().float())
+    model, tok, path = models.load_target(p.model, "float32", resolve_device(p))
+    drafter, cfg = load_drafter(rd.drafter, model.get_input_embeddings().weight.detach().float().cpu())
+    drafter.to(model.device)
     dman = read_json(rd.drafter / "manifest.json", "drafter manifest")
     if not p.allow_template_mismatch:
         check_compatible(dman, {"template": {"mode": p.mode, "sha256": chat.template_hash(_template(p, tok))}, "target": {"sha256": models.model_hash(path)}}, ["template", "target.sha256"], f"drafter {rd.drafter}", "allow_template_mismatch")
@@ -213,11 +214,11 @@ def eval_step(p: RunParams, progress=True) -> dict:
     runs = {"trained": (drafter, bnds)}
     if p.baselines:
         torch.manual_seed(p.seed + 1234)
-        fresh = Eagle3Drafter(drafter.config, model.get_input_embeddings().weight.detach().float())
-        fresh.set_vocab(drafter.d2t, drafter.t2d)
+        fresh = Eagle3Drafter(drafter.config, model.get_input_embeddings().weight.detach().float().cpu())
+        fresh.set_vocab(drafter.d2t.cpu(), drafter.t2d.cpu())
         if dman["train_config"].get("init_head_from_target"):
             init_head_from_target(fresh, model)  # the trained drafter's starting point
-        runs["untrained"] = (fresh.eval(), bnds)
+        runs["untrained"] = (fresh.eval().to(model.device), bnds)
         if max(bnds) + 1 <= n:
             runs["trained, boundaries +1"] = (drafter, [b + 1 for b in bnds])
     results, t0 = {}, time.time()

@@ -115,6 +115,8 @@ def train_drafter(ds: AuxDataset, target, cfg: TrainConfig, out_dir: str | os.Pa
     (out / "checkpoints").mkdir(parents=True, exist_ok=True)
     ckpt = out / "checkpoints" / "last.pt"
     drafter, vocab = build_drafter(ds, target, cfg)
+    dev = next(target.parameters()).device  # train where the target lives (its norm/lm_head give the labels)
+    drafter.to(dev)
     params = [p for p in drafter.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio))
@@ -123,14 +125,14 @@ def train_drafter(ds: AuxDataset, target, cfg: TrainConfig, out_dir: str | os.Pa
     step, history, order, pos = 0, [], [], 0
     prev_secs, prev_tokens = 0.0, 0  # training time and token-steps of earlier (interrupted) runs
     if ckpt.exists():
-        st = torch.load(ckpt, weights_only=False)
+        st = torch.load(ckpt, weights_only=False, map_location=dev)
         if st["config"] != asdict(cfg) or st.get("data") != ds.fingerprint():
             raise ValueError(f"checkpoint {ckpt} was made with another training config or dataset; delete {ckpt.parent} or use another run_name")
         drafter.load_state_dict(st["model"])
         opt.load_state_dict(st["optimizer"])
         sched.load_state_dict(st["scheduler"])
-        gen.set_state(st["rng"])
-        noise_gen.set_state(st["noise_rng"])
+        gen.set_state(st["rng"].cpu())
+        noise_gen.set_state(st["noise_rng"].cpu())
         step, history, order, pos = st["step"], st["history"], st["order"], st["pos"]
         prev_secs, prev_tokens = st.get("seconds", 0.0), st.get("token_steps", 0)
     norm, head = target.model.norm, target.lm_head
@@ -140,11 +142,11 @@ def train_drafter(ds: AuxDataset, target, cfg: TrainConfig, out_dir: str | os.Pa
     while step < cfg.max_steps:
         if pos + bs > len(order):
             order, pos = torch.randperm(len(ds), generator=gen).tolist(), 0
-        b = collate([ds[i] for i in order[pos : pos + bs]])
+        b = {k: v.to(dev) for k, v in collate([ds[i] for i in order[pos : pos + bs]]).items()}
         pos += bs
         aux = b["aux"]
         if cfg.aux_noise > 0:  # feature noise, as EAGLE's training adds to hidden states
-            aux = aux + cfg.aux_noise * aux.std() * torch.randn(aux.shape, generator=noise_gen)
+            aux = aux + cfg.aux_noise * aux.std() * torch.randn(aux.shape, generator=noise_gen).to(dev)  # CPU rng: same noise on any device
         r = ttt_loss(drafter, b["input_ids"], aux, b["final"], b["loss_mask"], b["attn_mask"], norm, head, cfg.ttt_steps, cfg.loss_decay)
         opt.zero_grad(set_to_none=True)
         if sum(r.step_count) == 0:

@@ -24,3 +24,17 @@ def test_bad_params_name_key_value_and_fix(tmp_path, text, msg):
     f.write_text(text)
     with pytest.raises(ValueError, match=msg):
         load_params(f)
+
+
+def test_device_parameter():
+    import torch
+
+    from eagle3nb.params import RunParams, resolve_device
+
+    assert resolve_device(RunParams(device="cpu")) == "cpu"
+    assert resolve_device(RunParams(device="auto")) == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ValueError, match="device"):
+        RunParams(device="tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="torch sees no GPU"):
+            resolve_device(RunParams(device="cuda"))
