@@ -29,6 +29,7 @@ __all__ = [
     "get_convention",
     "pick_default_boundaries",
     "check_boundaries",
+    "aux_ids_and_boundaries",
     "boundary_table",
 ]
 
@@ -223,6 +224,21 @@ def pick_default_boundaries(n_layers: int) -> list[int]:
         hi = max(n_layers - 1, 3)
         b = [1, (1 + hi) // 2, hi]
     return check_boundaries(b, n_layers)
+
+
+def aux_ids_and_boundaries(convention: str, layer_ids: Sequence[int] | None, n_layers: int) -> tuple[list[int], list[int]]:
+    """``(ids in convention, boundaries)`` a run captures: explicit ``layer_ids`` mapped through the
+    convention, or (``None``) the default picker's boundaries expressed as that convention's ids.
+
+    Raises:
+        ValueError: ids the engine cannot capture, non-increasing boundaries, or no default for N.
+    """
+    conv = get_convention(convention)
+    if layer_ids is None:
+        b = pick_default_boundaries(n_layers)
+        return conv.boundaries_to_ids(b, n_layers), b
+    b = check_boundaries(conv.ids_to_boundaries(layer_ids, n_layers), n_layers, "layer_ids -> boundaries")
+    return list(layer_ids), b
 
 
 def boundary_table(boundaries: Sequence[int], n_layers: int) -> list[dict]:

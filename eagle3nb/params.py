@@ -189,25 +189,18 @@ def check_against_model(p: RunParams) -> dict:
             raise ValueError(f"model={p.model!r}: {path}/config.json has {k}={v!r}; eagle3nb needs a positive int there (restore the original config.json)")
     if p.draft_vocab_size > V:
         raise ValueError(f"draft_vocab_size={p.draft_vocab_size} exceeds the target vocab_size={V} of model={p.model!r}; set draft_vocab_size to at most {V}")
-    conv = conventions.get_convention(p.convention)
-    if p.layer_ids is None:
-        try:
-            b = conventions.pick_default_boundaries(n)
-            ids = conv.boundaries_to_ids(b, n)
-        except ValueError as e:
+    try:
+        ids, b = conventions.aux_ids_and_boundaries(p.convention, p.layer_ids, n)
+    except ValueError as e:
+        if p.layer_ids is None:
             raise ValueError(
                 f"layer_ids=None: no default aux layers for model={p.model!r} (num_hidden_layers={n}) in convention "
                 f"{p.convention!r}: {e}; set layer_ids explicitly or use a target with more layers"
             ) from None
-    else:
-        try:
-            b = conventions.check_boundaries(conv.ids_to_boundaries(p.layer_ids, n), n, "boundaries")
-        except ValueError as e:
-            raise ValueError(
-                f"layer_ids={p.layer_ids} (convention {p.convention!r}) do not fit model={p.model!r} with "
-                f"num_hidden_layers={n}: {e}"
-            ) from None
-        ids = list(p.layer_ids)
+        raise ValueError(
+            f"layer_ids={p.layer_ids} (convention {p.convention!r}) do not fit model={p.model!r} with "
+            f"num_hidden_layers={n}: {e}"
+        ) from None
     nh = p.draft_num_heads or cfg.get("num_attention_heads")
     nkv = p.draft_num_kv_heads or (min(nh, cfg.get("num_key_value_heads") or nh) if nh else None)
     if nh and nkv and nh % nkv:

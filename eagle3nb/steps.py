@@ -46,14 +46,9 @@ def _template(p: RunParams, tok) -> str:
 
 
 def resolve_aux(p: RunParams, n_layers: int) -> tuple[list[int], list[int]]:
-    """``(layer_ids in p.convention, boundaries)``: explicit ids mapped through the convention, or the
-    default picker's boundaries expressed as that convention's ids. Raises ValueError on bad ids."""
-    conv = conventions.get_convention(p.convention)
-    if p.layer_ids is None:
-        b = conventions.pick_default_boundaries(n_layers)
-        return conv.boundaries_to_ids(b, n_layers), b
-    b = conventions.check_boundaries(conv.ids_to_boundaries(p.layer_ids, n_layers), n_layers, "layer_ids -> boundaries")
-    return list(p.layer_ids), b
+    """``(layer_ids in p.convention, boundaries)`` of this run (see
+    :func:`eagle3nb.conventions.aux_ids_and_boundaries`)."""
+    return conventions.aux_ids_and_boundaries(p.convention, p.layer_ids, n_layers)
 
 
 def record_checks(rd: RunDir, step: str, checks: list[str]) -> None:
