@@ -122,3 +122,17 @@ def test_vllm_served_acceptance_matches_simulator(vllm, target, trained_run):
         noise = 3 * math.sqrt(max(q * (1 - q), 0.01) * (1 / got["num_drafts"] + 1 / sim["cycles"]))
         assert abs(a - b) <= noise, f"a_{i + 1}: vLLM {a:.3f} vs simulator {b:.3f} (noise {noise:.3f})"
     assert abs(got["tau"] - sim["tau"]) <= 0.15 * sim["tau"]
+
+
+def test_worker_listens_on_loopback_only(vllm):
+    """vLLM (gloo, its stores) opens TCP listeners; every one owned by the worker is on loopback."""
+    import shutil
+    import subprocess
+
+    if shutil.which("ss") is None:
+        pytest.skip("ss (iproute2) not installed")
+    vllm.capture(SAMPLES[:1], [1])  # make sure an engine is up
+    out = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, check=True).stdout
+    mine = [ln.split()[3] for ln in out.splitlines() if f"pid={vllm.pid}," in ln]
+    assert mine, f"no listener of pid {vllm.pid} seen (ss output:\n{out})"
+    assert all(a.startswith(("127.0.0.1:", "[::1]:")) for a in mine), mine
