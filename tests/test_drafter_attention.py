@@ -16,7 +16,8 @@ pytest.importorskip("torch.nn.attention.flex_attention")
 
 def make(nh=4, nkv=2, seed=0):
     torch.manual_seed(seed)
-    c = DrafterConfig(hidden_size=16, target_hidden_size=12, intermediate_size=24, num_attention_heads=nh, num_key_value_heads=nkv, head_dim=8, vocab_size=23, draft_vocab_size=17, n_aux=3)
+    c = DrafterConfig(hidden_size=16, target_hidden_size=12, intermediate_size=24, num_attention_heads=nh, num_key_value_heads=nkv, head_dim=16,  # flex's GPU kernel needs head_dim >= 16
+                      vocab_size=23, draft_vocab_size=17, n_aux=3)
     d = Eagle3Drafter(c, torch.randn(23, 16))
     d.set_vocab(torch.tensor([0] * 10 + [6] * 7), torch.tensor([True] * 10 + [False] * 6 + [True] * 7))
     return d
@@ -59,12 +60,13 @@ def compare(nh, nkv, lengths, dev, grads):
         res[impl] = (r, {n: p.grad.clone() for n, p in d.named_parameters() if p.grad is not None}, outs)
     (re, ge, oe), (rf, gf, of) = res["eager"], res["flex"]
     torch.testing.assert_close(rf.loss, re.loss, rtol=1e-5, atol=1e-6)
-    assert rf.step_count == re.step_count and rf.step_acc == re.step_acc
+    assert rf.step_count == re.step_count and rf.step_acc == pytest.approx(re.step_acc, abs=1e-6)
     for a, b in zip(of, oe):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert set(gf) == set(ge) and (len(ge) > 0) == grads
-    for n in ge:
-        torch.testing.assert_close(gf[n], ge[n], rtol=1e-4, atol=1e-6, msg=lambda m: f"grad of {n}: {m}")
+    for n in ge:  # relative error of each gradient as a whole (float32 sums in another order)
+        err = ((gf[n] - ge[n]).norm() / ge[n].norm().clamp_min(1e-30)).item()
+        assert err < 1e-5, f"grad of {n}: relative error {err:.2e}"
 
 
 CASES = [(4, 2, [37, 37]), (4, 4, [37, 20]), (4, 1, [37, 5, 30])]
