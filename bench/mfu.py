@@ -41,6 +41,7 @@ Usage (on the GPU box; results as JSON under bench/results/):
 
     python bench/mfu.py all                     # peak, offline (eager and flex), online, loader
     python bench/mfu.py offline --attn flex --batch 4 --peak 790
+    python bench/mfu.py all --variants "offline --attn flex" "offline --attn flex --nproc 2"   # 1 vs 2 GPUs (DDP)
 """
 
 from __future__ import annotations
@@ -154,6 +155,15 @@ def build_target(seed: int = 0):
 
 
 def train_bench(args) -> dict:
+    """One training configuration; under torchrun (``--nproc N`` in ``all``) data parallel through
+    eagle3nb's own DDP wrapping (:mod:`eagle3nb.distributed`, :class:`eagle3nb.train.TTTObjective`),
+    ``--batch`` per rank, tokens/s over all ranks, MFU per GPU."""
+    ctx = None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from eagle3nb import distributed
+
+        ctx = distributed.init_from_env("cuda")  # nccl; this process takes GPU LOCAL_RANK
+    rank, world = (ctx.rank, ctx.world) if ctx else (0, 1)
     c = drafter_config(args.draft_vocab)
     B, T, k = args.batch, args.seq, args.ttt
     d = build_drafter(c, args.attn)
@@ -177,7 +187,12 @@ def train_bench(args) -> dict:
         with torch.device("cuda"):
             norm = RMSNorm(c.target_hidden_size, c.rms_norm_eps).to(torch.bfloat16)
             head = torch.nn.Linear(c.target_hidden_size, c.vocab_size, bias=False).to(torch.bfloat16)
-    batches = [make_batch(c, B, T, seed=s) for s in range(2)]  # two, alternated: no reuse effects
+    batches = [make_batch(c, B, T, seed=s + 100 * rank) for s in range(2)]  # two, alternated: no reuse effects
+    model = None
+    if ctx is not None:
+        from eagle3nb.train import TTTObjective
+
+        model, _ = distributed.wrap(TTTObjective(d, norm, head, k, 0.8), False, ctx)
 
     def step(b):
         if target is not None:
@@ -185,7 +200,10 @@ def train_bench(args) -> dict:
             aux, final = torch.cat([st[x] for x in bounds], dim=-1), st[L]  # [B, T, 3H], [B, T, H]
         else:
             aux, final = b["aux"], b["final"]
-        r = ttt_loss(d, b["input_ids"], aux, final, b["loss_mask"], b["attn_mask"], norm, head, k)
+        if model is not None:
+            r = model(b | {"aux": aux, "final": final}, ctx.sum)
+        else:
+            r = ttt_loss(d, b["input_ids"], aux, final, b["loss_mask"], b["attn_mask"], norm, head, k)
         r.loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 0.5)
         opt.step()
@@ -205,11 +223,11 @@ def train_bench(args) -> dict:
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t1)
     step_s = statistics.median(times)
-    tok_s = B * T / step_s
-    peak = args.peak or matmul_peak()["tflops_median"]
+    tok_s = B * T * world / step_s  # all ranks
+    peak = (args.peak or matmul_peak()["tflops_median"]) * world  # MFU per GPU = over world x peak
     out = {
-        "mode": args.mode, "attn": args.attn, "compile_layer": args.compile_layer, "batch": B, "seq": T, "ttt": k, "draft_vocab": c.draft_vocab_size,
-        "step_s_median": step_s, "step_s_all": times, "warmup_s": warm_s, "tokens_per_s": tok_s, "peak_tflops": peak,
+        "mode": args.mode, "attn": args.attn, "compile_layer": args.compile_layer, "world_size": world, "batch_per_rank": B, "batch": B * world, "seq": T, "ttt": k, "draft_vocab": c.draft_vocab_size,
+        "step_s_median": step_s, "step_s_all": times, "warmup_s": warm_s, "tokens_per_s": tok_s, "peak_tflops": peak / world,
         "max_mem_gib": torch.cuda.max_memory_allocated() / 2**30, "loss_last": float(r.loss.detach()), "flops_per_token": fl,
     }
     if args.mode == "online":
@@ -227,6 +245,10 @@ def train_bench(args) -> dict:
             torch.cuda.synchronize()
         table = prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70)
         (Path(args.profile)).write_text(table)
+    if ctx is not None:
+        torch.distributed.destroy_process_group()
+        if rank != 0:
+            sys.exit(0)  # rank 0 writes the result
     return out
 
 
@@ -278,9 +300,14 @@ def run_all(args) -> dict:
     print(f"peak bf16 matmul: median {peak:.0f}, max {summary['peak']['tflops_max']:.0f} TFLOP/s", flush=True)
     variants = [v.split() for v in args.variants]
     for v in variants:
-        name = "_".join(x.strip("-") for x in v if "/" not in x)
+        name = "_".join(x.strip("-") for x in v if "/" not in x)  # before --nproc is taken out
         outf = RESULTS / f"{name}.json"
-        cmd = [sys.executable, __file__, *v, "--peak", str(peak), "--out", str(outf)]
+        launch = [sys.executable]
+        if "--nproc" in v:  # data parallel: torchrun, one process per GPU
+            i = v.index("--nproc")
+            launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", v[i + 1]]
+            v = v[:i] + v[i + 2 :]
+        cmd = [*launch, __file__, *v, "--peak", str(peak), "--out", str(outf)]
         t0 = time.time()
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=args.variant_timeout)
         if p.returncode != 0 or not outf.exists():
