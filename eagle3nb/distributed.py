@@ -54,8 +54,13 @@ class DistContext:
         return self.rank == 0
 
     def sum(self, t: torch.Tensor) -> torch.Tensor:
-        """All-reduce SUM of ``t`` in place over all ranks (no-op in one process); returns ``t``."""
+        """All-reduce SUM of ``t`` over all ranks (no-op in one process); returns the sum on
+        ``t``'s device (a CPU tensor goes through the GPU under NCCL, which reduces GPU tensors only)."""
         if self.world > 1:
+            if self.backend == "nccl" and t.device.type == "cpu":
+                g = t.to(f"cuda:{torch.cuda.current_device()}")
+                dist.all_reduce(g, op=dist.ReduceOp.SUM)
+                return g.cpu()
             dist.all_reduce(t, op=dist.ReduceOp.SUM)
         return t
 

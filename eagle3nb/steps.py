@@ -207,6 +207,7 @@ def train_step(p: RunParams, progress=True) -> dict:
     if not ctx.is_main:
         return {"history": rep["history"], "stats": None, "export_dir": rd.drafter}
     atomic_write_json(rd.train / "history.json", rep["history"])
+    atomic_write_json(rd.train / "step_times.json", {"seconds": rep["step_seconds"], "token_steps": rep["step_token_steps"], "world_size": rep["world_size"], "is": "per step of the last (resumed) call: wall seconds on rank 0 and loss-bearing tokens x TTT steps over all ranks"})
     bnds = ds.manifest["aux_boundaries"]
     man = provenance(p.seed, kind="eagle3nb-drafter", target=ds.manifest["target"], dataset_engine=ds.manifest["engine"], convention=ds.manifest["convention"], layer_ids=ds.manifest["layer_ids"], aux_boundaries=bnds, dtype=ds.manifest["dtype"], template=ds.manifest["template"], train_config=cfg.__dict__, vocab=rep["vocab"])
     export_drafter(drafter, rd.drafter, bnds, ds.manifest["target"]["n_layers"], man, tok.bos_token_id, tok.eos_token_id)

@@ -197,7 +197,9 @@ def train_drafter(data, target, cfg: TrainConfig, out_dir: str | os.PathLike, pr
     all over the global batch), ``vocab`` info, ``tokens_per_s`` (loss-bearing tokens x TTT steps
     / s, all ranks), ``seconds`` (of the whole training, summed over resumed runs),
     ``empty_batches`` (global batches with no loss-bearing position: counted, no optimizer
-    update), ``world_size``, ``parallel`` (single, ddp or fsdp) and ``padding`` (offline sources).
+    update), ``world_size``, ``parallel`` (single, ddp or fsdp), ``padding`` (offline sources),
+    and ``step_seconds`` / ``step_token_steps`` (wall time and global loss-token-steps of each step
+    of this call; the first steps include warm-up, a checkpoint step its write).
     Resumes from the committed checkpoint when it exists with the same config and data.
 
     Raises:
@@ -228,6 +230,7 @@ def train_drafter(data, target, cfg: TrainConfig, out_dir: str | os.PathLike, pr
     fault = tuple(int(x) for x in os.environ[FAULT_ENV].split(":")) if os.environ.get(FAULT_ENV) else None
     model.train()
     t0, tokens = time.time(), 0
+    step_seconds, step_tokens, t_prev = [], [], t0  # per step of this run (for benchmarks)
     bar = progress(total=cfg.max_steps, initial=step) if progress and ctx.is_main else None
     for b in source.batches(step, cfg.max_steps, ctx.rank, ctx.world, dev.type == "cuda"):
         if cfg.aux_noise > 0:
@@ -249,6 +252,10 @@ def train_drafter(data, target, cfg: TrainConfig, out_dir: str | os.PathLike, pr
             sched.step()
         step += 1
         tokens += sum(r.step_total)
+        t_now = time.time()  # ttt_loss synchronised with the device when it returned its stats
+        step_seconds.append(t_now - t_prev)
+        step_tokens.append(sum(r.step_total))
+        t_prev = t_now
         if step % cfg.log_every == 0 or step == cfg.max_steps:
             v = ctx.sum(torch.tensor([float(r.loss.detach())] + r.step_loss + r.step_acc, dtype=torch.float64))
             k = cfg.ttt_steps
@@ -269,7 +276,7 @@ def train_drafter(data, target, cfg: TrainConfig, out_dir: str | os.PathLike, pr
         if ctx.is_main:
             drafter.load_state_dict({k.removeprefix("drafter."): v for k, v in full.items()})
     drafter.eval()
-    rep = {"history": history, "vocab": vocab, "seconds": secs, "tokens_per_s": tokens / secs if secs > 0 else None, "steps": step, "empty_batches": empty_batches, "world_size": ctx.world, "parallel": mode}
+    rep = {"history": history, "vocab": vocab, "seconds": secs, "tokens_per_s": tokens / secs if secs > 0 else None, "steps": step, "empty_batches": empty_batches, "world_size": ctx.world, "parallel": mode, "step_seconds": step_seconds, "step_token_steps": step_tokens}
     if hasattr(source, "padding"):
         rep["padding"] = source.padding(ctx.world)
     return drafter, rep
