@@ -71,6 +71,7 @@ aux_noise = 0.0  # Gaussian noise on aux states, relative to their std
 init_head_from_target = True  # start lm_head and final norm from the target's
 checkpoint_every = 200  # steps between checkpoints (resume on rerun)
 allow_manifest_mismatch = False  # continue although the dataset's target/convention/boundaries differ
+export_layer_ids = "trained"  # ids written for SGLang/vLLM: the trained boundaries, or engine_default (reproduces the layer-id mismatch)
 bucket_by_length = True  # global batches of similar lengths (less padding); False for a plain shuffle
 loader_workers = 0  # DataLoader worker processes feeding training (0 loads in this process)
 nproc_per_node = 1  # training processes on this node (one per GPU); 1 trains in this kernel, more launch torchrun

@@ -65,6 +65,7 @@ class RunParams(BaseModel):
     init_head_from_target: bool = True
     checkpoint_every: int = Field(200, ge=1)
     allow_manifest_mismatch: bool = False
+    export_layer_ids: Literal["trained", "engine_default"] = "trained"
     bucket_by_length: bool = True
     loader_workers: int = Field(0, ge=0)
     nproc_per_node: int = Field(1, ge=1)
