@@ -85,7 +85,7 @@ draft_num_kv_heads = 2  # drafter kv heads (0 for min(heads, target's kv heads))
 draft_intermediate_size = 0  # drafter MLP width (0 for the target's)
 ttt_steps = 7  # training-time test unroll length k
 loss_decay = 0.8  # TTT step j is weighted loss_decay**j
-batch_size = 8  # samples per optimizer step
+batch_size = 8  # samples per optimizer step, summed over all processes (the global batch)
 max_steps = 20  # optimizer steps
 lr = 0.003  # AdamW peak learning rate
 warmup_steps = 5  # linear warmup steps before cosine decay
@@ -95,7 +95,14 @@ init_head_from_target = True  # start lm_head and final norm from the target's
 checkpoint_every = 200  # steps between checkpoints (resume on rerun)
 allow_manifest_mismatch = False  # continue although the dataset's target/convention/boundaries differ
 train_from = "02b"  # dataset to train on: 02b (dataset/) or 02a (dataset_vllm/, captured by vLLM)
-export_layer_ids = "trained"  # ids written for SGLang/vLLM: the trained boundaries, or engine_default (reproduces the layer-id mismatch)'''),
+export_layer_ids = "trained"  # ids written for SGLang/vLLM: the trained boundaries, or engine_default (reproduces the layer-id mismatch)
+bucket_by_length = True  # global batches of similar lengths (less padding); False for a plain shuffle
+loader_workers = 0  # DataLoader worker processes feeding training (0 loads in this process)
+nproc_per_node = 1  # training processes on this node (one per GPU); 1 trains in this kernel, more launch torchrun
+nnodes = 1  # nodes; above 1 every other node runs torchrun itself (README, Scale out)
+node_rank = 0  # index of this node when nnodes is above 1
+rdzv_endpoint = "localhost:29500"  # host:port of node 0 for the rendezvous of several nodes
+fsdp = "auto"  # under torchrun: on shards the drafter (FSDP), off replicates it (DDP), auto shards large drafters'''),
         ("code", "from eagle3nb import params, steps, plots\nfrom eagle3nb.export import load_drafter\n\nP = params.collect(globals())\nout = steps.train_step(P, progress=interactive)\ns = out[\"stats\"]"),
         ("check", '# NBVAL_CHECK_OUTPUT\nprint("optimizer steps:", s["steps"], "| train samples:", s["n_train_samples"], "| tokens (incl. prompts):", s["n_train_tokens_incl_prompts"], "| loss-bearing:", s["vocab"]["loss_tokens"])\nprint("draft vocab:", s["draft_vocab_size"], "| distinct loss-bearing tokens:", s["vocab"]["distinct_loss_tokens"], "| coverage:", round(s["vocab"]["coverage"], 3))\nprint("exported:", sorted(p.name for p in out["export_dir"].iterdir()))'),
         ("code", 'fig = plots.training_figure(out["history"])\nplots.save_html(fig, params.RunDir(P).figures / "training.html")\nfig'),

@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from .manifest import ManifestMismatch, atomic_write_json, publish_permissions, read_json, sha256_file
 
-__all__ = ["write_dataset", "AuxDataset", "DiskFullError", "collate", "states_by_boundary", "DATASET_KIND", "estimate_bytes"]
+__all__ = ["write_dataset", "AuxDataset", "open_manifest", "fingerprint", "DiskFullError", "collate", "states_by_boundary", "DATASET_KIND", "estimate_bytes"]
 
 DATASET_KIND = "eagle3nb-aux-dataset"
 FORMAT_VERSION = 1
@@ -145,6 +145,35 @@ def write_dataset(out_dir: str | os.PathLike, samples: Sequence[tuple[int, list[
     return man
 
 
+def open_manifest(path: Path, verify: bool = True) -> dict:
+    """The manifest of a complete dataset folder, after checking that every listed shard exists
+    (and, with ``verify``, that its bytes match the recorded sha256).
+
+    Raises:
+        FileNotFoundError: no manifest. ValueError: not a dataset manifest, incomplete dataset, a
+            listed shard missing, or a shard whose sha256 differs (the file is named).
+    """
+    man = read_json(path / "manifest.json", "dataset manifest")
+    if man.get("kind") != DATASET_KIND:
+        raise ValueError(f"{path}/manifest.json is not an eagle3nb dataset manifest (kind={man.get('kind')!r}, expected {DATASET_KIND!r}); point at the dataset folder 02b wrote (outputs/<run_name>/dataset)")
+    if not man.get("complete"):
+        raise ValueError(f"dataset {path} is incomplete (manifest.json complete={man.get('complete')!r}: extraction interrupted); rerun 02b with the same params to finish it")
+    for s in man["shards"]:
+        f = path / s["file"]
+        if not f.is_file():
+            raise ValueError(f"shard {f} is listed in {path}/manifest.json but missing; rerun 02b with the same params to redo it")
+        if verify and sha256_file(f) != s["sha256"]:
+            raise ValueError(f"shard {f} is corrupt: its sha256 differs from the manifest; rerun 02b after deleting it")
+    return man
+
+
+def fingerprint(manifest: dict) -> str:
+    """sha256 over a dataset's recorded shard hashes: changes whenever any stored byte changes."""
+    import hashlib
+
+    return hashlib.sha256("".join(s["sha256"] for s in manifest["shards"]).encode()).hexdigest()
+
+
 class AuxDataset:
     """Samples of a dataset folder, loaded into memory after checking every shard's sha256.
 
@@ -157,19 +186,10 @@ class AuxDataset:
 
     def __init__(self, path: str | os.PathLike, verify: bool = True):
         self.path = Path(path)
-        self.manifest = read_json(self.path / "manifest.json", "dataset manifest")
-        if self.manifest.get("kind") != DATASET_KIND:
-            raise ValueError(f"{self.path}/manifest.json is not an eagle3nb dataset manifest (kind={self.manifest.get('kind')!r}, expected {DATASET_KIND!r}); point at the dataset folder 02b wrote (outputs/<run_name>/dataset)")
-        if not self.manifest.get("complete"):
-            raise ValueError(f"dataset {self.path} is incomplete (manifest.json complete={self.manifest.get('complete')!r}: extraction interrupted); rerun 02b with the same params to finish it")
+        self.manifest = open_manifest(self.path, verify)
         self.items: list[dict] = []
         for s in self.manifest["shards"]:
-            f = self.path / s["file"]
-            if not f.is_file():
-                raise ValueError(f"shard {f} is listed in {self.path}/manifest.json but missing; rerun 02b with the same params to redo it")
-            if verify and sha256_file(f) != s["sha256"]:
-                raise ValueError(f"shard {f} is corrupt: its sha256 differs from the manifest; rerun 02b after deleting it")
-            t = load_file(str(f))
+            t = load_file(str(self.path / s["file"]))
             off = t["offsets"].tolist()
             for i in range(len(off) - 1):
                 a, b = off[i], off[i + 1]
@@ -177,9 +197,11 @@ class AuxDataset:
 
     def fingerprint(self) -> str:
         """sha256 over the shards' recorded hashes: changes whenever any stored byte changes."""
-        import hashlib
+        return fingerprint(self.manifest)
 
-        return hashlib.sha256("".join(s["sha256"] for s in self.manifest["shards"]).encode()).hexdigest()
+    def token_masks(self):
+        """Yield ``(input_ids [T] int64, loss_mask [T] uint8)`` per sample (for the draft vocab)."""
+        return ((x["input_ids"], x["loss_mask"]) for x in self.items)
 
     def __len__(self) -> int:
         return len(self.items)

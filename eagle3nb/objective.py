@@ -67,20 +67,35 @@ def target_probs(final: torch.Tensor, target_norm, target_lm_head, t2d: torch.Te
 
 @dataclass
 class TTTResult:
-    """Loss (scalar, with grad), per-step loss and accuracy (python floats), per-step token counts."""
+    """Loss (scalar, with grad), per-step loss and accuracy (python floats), per-step token counts.
+
+    With ``count_reduce`` (several processes), every mean is over the GLOBAL count of scored
+    positions: ``loss``, ``step_loss`` and ``step_acc`` are then this process's share (summed over
+    processes they give the global value), ``step_count`` counts this process's positions and
+    ``step_total`` all processes'. In one process both counts are equal and the shares are the means.
+    """
 
     loss: torch.Tensor
     step_loss: list[float]
     step_acc: list[float]
     step_count: list[int]
+    step_total: list[int] = None
+
+    def __post_init__(self):
+        if self.step_total is None:
+            self.step_total = list(self.step_count)
 
 
-def ttt_loss(drafter: Eagle3Drafter, input_ids, aux, final, loss_mask, attn_mask, target_norm, target_lm_head, k: int = 7, decay: float = 0.8) -> TTTResult:
+def ttt_loss(drafter: Eagle3Drafter, input_ids, aux, final, loss_mask, attn_mask, target_norm, target_lm_head, k: int = 7, decay: float = 0.8, count_reduce=None) -> TTTResult:
     """Unroll the drafter k steps and return the weighted soft cross-entropy.
 
     Args:
         input_ids: ``[B, T]`` int64; aux: ``[B, T, n_aux*Ht]``; final: ``[B, T, Ht]``;
         loss_mask, attn_mask: ``[B, T]`` (right padding); k: TTT steps >= 1; decay: weight base.
+        count_reduce: ``[k] int64 -> [k] int64`` summing the per-step counts of scored positions
+            over all processes (an all-reduce); None in one process. Dividing each process's sum by
+            the global count makes the processes' losses add up to the one-process loss of the
+            whole global batch, whatever the split (data-parallel equality).
 
     Returns:
         :class:`TTTResult`. Steps with no loss-bearing position contribute 0 (never NaN).
@@ -96,26 +111,29 @@ def ttt_loss(drafter: Eagle3Drafter, input_ids, aux, final, loss_mask, attn_mask
     key_mask = attn_mask.bool()  # [B, T]
     q_index = torch.arange(T, device=dev)
     base_pos = q_index[None].expand(B, T)
-    hidden, cache = aux, []
-    total = torch.zeros((), device=dev)
-    step_loss, step_acc, step_count = [], [], []
+    steps = []  # (tokens [B, T], mask [B, T] bool) per TTT step, known before the unroll
     for j in range(k):
         tokens, mask = ttt_inputs(input_ids, loss_mask, attn_mask, j)
+        steps.append((tokens, mask & shift_left(in_vocab, 1 + j, False)))
+    local = torch.stack([m.sum() for _, m in steps])  # [k] int64
+    total_n = count_reduce(local.clone()) if count_reduce is not None else local
+    denom = total_n.clamp(min=1)  # [k]
+    hidden, cache = aux, []
+    total = torch.zeros((), device=dev)
+    losses, accs = [], []
+    for j, (tokens, mask) in enumerate(steps):
         p_j = shift_left(probs, 1 + j)  # [B, T, draft_vocab] target of x[t+2+j]
-        mask = mask & shift_left(in_vocab, 1 + j, False)
         out, logits, kv = drafter.step(tokens, hidden, base_pos + j, cache, q_index, key_mask)
         cache.append(kv)
         hidden = out  # pre-norm output feeds the next step (EAGLE-3)
         logp = F.log_softmax(logits.float(), dim=-1)  # [B, T, draft_vocab]
         ce = -(p_j * logp).sum(-1)  # [B, T]
-        n = int(mask.sum())
         m = mask.float()
-        lj = (ce * m).sum() / max(n, 1)
+        lj = (ce * m).sum() / denom[j]
         total = total + (decay**j) * lj
         with torch.no_grad():
             pred = drafter.draft_to_target(logits.argmax(-1))  # [B, T] target ids
-            acc = ((pred == shift_left(amax, 1 + j)).float() * m).sum() / max(n, 1)
-        step_loss.append(float(lj.detach()))
-        step_acc.append(float(acc))
-        step_count.append(n)
-    return TTTResult(total, step_loss, step_acc, step_count)
+            accs.append(((pred == shift_left(amax, 1 + j)).float() * m).sum() / denom[j])
+        losses.append(lj.detach())
+    stats = torch.stack(losses + accs).tolist()  # one device sync for all logged numbers
+    return TTTResult(total, stats[:k], stats[k:], local.tolist(), total_n.tolist())

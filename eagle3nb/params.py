@@ -66,6 +66,13 @@ class RunParams(BaseModel):
     checkpoint_every: int = Field(200, ge=1)
     allow_manifest_mismatch: bool = False
     export_layer_ids: Literal["trained", "engine_default"] = "trained"
+    bucket_by_length: bool = True
+    loader_workers: int = Field(0, ge=0)
+    nproc_per_node: int = Field(1, ge=1)
+    nnodes: int = Field(1, ge=1)
+    node_rank: int = Field(0, ge=0)
+    rdzv_endpoint: str = Field("localhost:29500", pattern=r"^[A-Za-z0-9._\[\]:-]+:[0-9]+$")
+    fsdp: Literal["auto", "on", "off"] = "auto"
     # 04_eval_acceptance
     k: int = Field(5, ge=1)
     eval_max_new_tokens: int = Field(32, ge=1)
@@ -89,12 +96,23 @@ class RunParams(BaseModel):
             raise ValueError(f"convention={v!r} is unknown; use one of {sorted(CONVENTIONS)}")
         return v
 
+    @field_validator("fsdp", mode="before")
+    @classmethod
+    def _yaml_on_off(cls, v):  # YAML 1.1 reads a bare on/off as a bool
+        return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
+
     @field_validator("layer_ids")
     @classmethod
     def _ids_sorted(cls, v):
         if v is not None and (len(v) == 0 or any(b <= a for a, b in zip(v, v[1:]))):
             raise ValueError(f"layer_ids={v}: must be non-empty, strictly increasing, no duplicates (e.g. {sorted(set(v or [0]))}); or null for the default")
         return v
+
+    @model_validator(mode="after")
+    def _ranks(self):
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank={self.node_rank} must be below nnodes={self.nnodes}; node ranks count 0..nnodes-1")
+        return self
 
     @model_validator(mode="after")
     def _paths(self):
@@ -115,6 +133,7 @@ def resolve_path(p: str | os.PathLike) -> Path:
 
 
 _HINTS = {
+    "rdzv_endpoint": "host:port of node 0, e.g. 10.0.0.1:29500",
     "run_name": "letters, digits, '.', '_' and '-' only (it names the folder outputs_dir/run_name)",
 }
 

@@ -6,23 +6,26 @@ before long work starts, writes its artefacts atomically, and merges its numbers
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import time
 
 import torch
 
-from . import chat, conventions, models
+from . import chat, conventions, distributed, models
 from .acceptance import evaluate_acceptance, greedy_generate
 from .alignment import alignment_matrix, alignment_verdict, reference_states
 from .capture import HFCaptureEngine, n_layers_of
-from .dataset import AuxDataset, estimate_bytes, write_dataset
+from .dataset import estimate_bytes, write_dataset
 from .drafter import Eagle3Drafter
 from . import engine_configs
 from .engine_configs import engine_report
 from .export import export_drafter, load_drafter
 from .generate import generate_batch, read_jsonl, write_jsonl
 from .manifest import atomic_write_json, check_compatible, provenance, read_json, sha256_file
-from .params import RunDir, RunParams, resolve_device, resolve_path, update_metrics
+from .loader import ShardStore
+from .params import REPO_ROOT, RunDir, RunParams, read_metrics, resolve_device, resolve_path, update_metrics
 from .prompts import load_prompts, split_prompts
 from .train import TrainConfig, init_head_from_target, train_drafter
 from .vllm_engine import TimedCapture, measure_speed, served_acceptance, start_vllm
@@ -258,12 +261,46 @@ def extract_vllm_step(p: RunParams, progress=True) -> dict:
     return {"manifest": m, "boundary_table": conventions.boundary_table(bnds, n), "stats": stats, "speed": speed, "alignment": align, "alignment_error": err, "reference_boundaries": ref_b}
 
 
+def _train_with_torchrun(p: RunParams, rd: RunDir) -> dict:
+    """03 with several processes: run ``python -m eagle3nb.train`` under torchrun (this node's
+    share when ``nnodes`` > 1), stream its output, then read what rank 0 wrote."""
+    import yaml
+
+    if p.device.startswith("cuda") or p.device == "auto":
+        import torch as _t
+
+        n = _t.cuda.device_count()
+        if n and p.nproc_per_node > n:
+            raise ValueError(f"nproc_per_node={p.nproc_per_node} but this node has {n} GPUs; set nproc_per_node to at most {n}")
+    rd.train.mkdir(parents=True, exist_ok=True)
+    pf = rd.train / "launch_params.yaml"
+    pf.write_text(yaml.safe_dump(dict(p.model_dump(), interactive=False), sort_keys=False))
+    cmd = distributed.torchrun_command(["eagle3nb.train", str(pf)], p.nproc_per_node, p.nnodes, p.node_rank, p.rdzv_endpoint)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT)] + [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]))
+    print("[eagle3nb] " + " ".join(cmd), flush=True)
+    proc = subprocess.Popen(cmd, cwd=str(REPO_ROOT), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tail = []
+    for line in proc.stdout:
+        print(line, end="", flush=True)
+        tail = (tail + [line])[-40:]
+    if proc.wait() != 0:
+        raise RuntimeError(f"torchrun training failed (exit {proc.returncode}); last lines:\n" + "".join(tail))
+    return {"history": read_json(rd.train / "history.json"), "stats": read_metrics(rd.metrics)["train"], "export_dir": rd.drafter}
+
+
 def train_step(p: RunParams, progress=True) -> dict:
-    """03: train the drafter with TTT on the dataset and export it for SGLang and vLLM."""
+    """03: train the drafter with TTT on the dataset and export it for SGLang and vLLM.
+
+    ``nproc_per_node`` 1 and ``nnodes`` 1 train in this process; more launch torchrun (see
+    :func:`_train_with_torchrun`). Under torchrun every rank runs this; rank 0 exports and writes
+    metrics, the others return ``stats: None``."""
     rd = RunDir(p)
+    if (p.nproc_per_node > 1 or p.nnodes > 1) and not distributed.under_torchrun():
+        return _train_with_torchrun(p, rd)
+    ctx = distributed.init_from_env(resolve_device(p))
     ds_dir = rd.dataset_vllm if p.train_from == "02a" else rd.dataset
-    ds = AuxDataset(ds_dir)
-    model, tok, path = models.load_target(p.model, "float32", resolve_device(p))
+    ds = ShardStore(ds_dir)
+    model, tok, path = models.load_target(p.model, "float32", distributed.local_device(resolve_device(p), ctx))
     if not p.allow_manifest_mismatch:
         # 02a stores vLLM's ids (convention vllm); the boundaries are compared below either way
         want = {"target": {"sha256": models.model_hash(path)}, "dtype": p.dtype, "convention": "vllm" if p.train_from == "02a" else p.convention, "template": {"mode": p.mode, "sha256": chat.template_hash(_template(p, tok))}}
@@ -284,9 +321,12 @@ def train_step(p: RunParams, progress=True) -> dict:
         )
     if p.draft_vocab_size > model.config.vocab_size:
         raise ValueError(f"draft_vocab_size={p.draft_vocab_size} exceeds the target vocab ({model.config.vocab_size}); lower it")
-    cfg = TrainConfig(draft_vocab_size=p.draft_vocab_size, draft_num_heads=p.draft_num_heads, draft_num_kv_heads=p.draft_num_kv_heads, draft_intermediate_size=p.draft_intermediate_size, ttt_steps=p.ttt_steps, loss_decay=p.loss_decay, batch_size=p.batch_size, max_steps=p.max_steps, lr=p.lr, warmup_steps=p.warmup_steps, weight_decay=p.weight_decay, aux_noise=p.aux_noise, init_head_from_target=p.init_head_from_target, seed=p.seed, checkpoint_every=p.checkpoint_every)
+    cfg = TrainConfig(draft_vocab_size=p.draft_vocab_size, draft_num_heads=p.draft_num_heads, draft_num_kv_heads=p.draft_num_kv_heads, draft_intermediate_size=p.draft_intermediate_size, ttt_steps=p.ttt_steps, loss_decay=p.loss_decay, batch_size=p.batch_size, max_steps=p.max_steps, lr=p.lr, warmup_steps=p.warmup_steps, weight_decay=p.weight_decay, aux_noise=p.aux_noise, init_head_from_target=p.init_head_from_target, seed=p.seed, checkpoint_every=p.checkpoint_every, bucket_by_length=p.bucket_by_length, loader_workers=p.loader_workers, fsdp=p.fsdp)
     drafter, rep = train_drafter(ds, model, cfg, rd.train, _progress() if progress else None)
+    if not ctx.is_main:
+        return {"history": rep["history"], "stats": None, "export_dir": rd.drafter}
     atomic_write_json(rd.train / "history.json", rep["history"])
+    atomic_write_json(rd.train / "step_times.json", {"seconds": rep["step_seconds"], "token_steps": rep["step_token_steps"], "world_size": rep["world_size"], "is": "per step of the last (resumed) call: wall seconds on rank 0 and loss-bearing tokens x TTT steps over all ranks"})
     bnds = ds.manifest["aux_boundaries"]
     man = provenance(p.seed, kind="eagle3nb-drafter", target=ds.manifest["target"], dataset_engine=ds.manifest["engine"], convention=ds.manifest["convention"], layer_ids=ds.manifest["layer_ids"], aux_boundaries=bnds, dtype=ds.manifest["dtype"], template=ds.manifest["template"], train_config=cfg.__dict__, vocab=rep["vocab"])
     export_drafter(drafter, rd.drafter, bnds, ds.manifest["target"]["n_layers"], man, tok.bos_token_id, tok.eos_token_id, serve_b)
@@ -294,7 +334,9 @@ def train_step(p: RunParams, progress=True) -> dict:
     engines = engine_report(cfg_json, bnds, ds.manifest["target"]["n_layers"], {"norm_before_residual": drafter.config.norm_before_residual})
     update_metrics(rd.metrics, "export", {"engines": engines, "export_layer_ids": p.export_layer_ids, "trained_boundaries": bnds, "served_boundaries": serve_b, "serve_mismatch": serve_mismatch})
     last = rep["history"][-1]
-    stats = {"steps": rep["steps"], "seconds": round(rep["seconds"], 2), "loss_token_steps_per_s": round(rep["tokens_per_s"], 1) if rep["tokens_per_s"] else None, "final_loss": last["loss"], "final_loss_is": f"sum over TTT steps j of {p.loss_decay}**j x soft cross-entropy, last logged training batch", "last_batch_step_acc": last["step_acc"], "last_batch_step_acc_is": "training-batch accuracy per TTT step (not held-out; see eval)", "draft_vocab_size": p.draft_vocab_size, "vocab": rep["vocab"], "empty_batches": rep["empty_batches"], "n_train_samples": len(ds), "n_train_tokens_incl_prompts": ds.manifest["n_tokens"]}
+    stats = {"steps": rep["steps"], "seconds": round(rep["seconds"], 2), "loss_token_steps_per_s": round(rep["tokens_per_s"], 1) if rep["tokens_per_s"] else None, "final_loss": last["loss"], "final_loss_is": f"sum over TTT steps j of {p.loss_decay}**j x soft cross-entropy, last logged training batch", "last_batch_step_acc": last["step_acc"], "last_batch_step_acc_is": "training-batch accuracy per TTT step (not held-out; see eval)", "draft_vocab_size": p.draft_vocab_size, "vocab": rep["vocab"], "empty_batches": rep["empty_batches"], "n_train_samples": len(ds), "n_train_tokens_incl_prompts": ds.manifest["n_tokens"],
+             "world_size": rep["world_size"], "parallel": rep["parallel"], "global_batch": p.batch_size,
+             "padding_fraction": {k: round(v["padding_fraction"], 4) for k, v in rep["padding"].items()}, "padding_fraction_is": "share of padded positions in the per-rank batches of one epoch: this run's plan (bucketed by length unless bucket_by_length is false) vs a plain shuffle"}
     update_metrics(rd.metrics, "train", stats)
     record_checks(rd, "03_train", [
         f"dataset {ds_dir.name}/ (engine {ds.manifest['engine']['name']}): {len(ds.manifest['shards'])} shard sha256 verified at load",

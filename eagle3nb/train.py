@@ -1,27 +1,41 @@
-"""Offline training of the EAGLE-3 drafter with training-time test (single process, CPU or GPU).
+"""Training of the EAGLE-3 drafter with training-time test, in one process or data parallel under
+torchrun (DDP, or FSDP for large drafters), CPU or GPU.
 
-AdamW with linear warmup then cosine decay, gradient clipping, seeded shuffling; a checkpoint
-(model, optimizer, scheduler, RNG, step) is written atomically every ``checkpoint_every`` steps and
-at the end, and a rerun resumes from it.
+AdamW with linear warmup then cosine decay, gradient clipping. Batches come from a batch source
+(:class:`BatchSource`): :class:`eagle3nb.loader.OfflineSource` streams stored shards; an online
+source may compute aux states with the target inside the loop. ``batch_size`` is the GLOBAL batch:
+every rank trains on its slice, each step's loss is normalised by the global count of scored
+positions, so N processes train the same weights as one (up to float summation order).
+
+A checkpoint (model, optimizer, scheduler, RNG, step = data position; per rank) is written every
+``checkpoint_every`` steps and at the end, and a rerun resumes from it.
+
+Command line (one process, or one per GPU under torchrun)::
+
+    python -m eagle3nb.train outputs/<run>            # the run's params.yaml
+    python -m eagle3nb.train params/default.yaml --set max_steps=200
+    torchrun --nproc_per_node 2 -m eagle3nb.train params/default.yaml
 """
 
 from __future__ import annotations
 
 import math
 import os
+import signal
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Iterator, Optional, Protocol
 
 import torch
 
-from .dataset import AuxDataset, collate
+from . import distributed
 from .drafter import DrafterConfig, Eagle3Drafter
-from .objective import ttt_loss
+from .objective import TTTResult, ttt_loss
 from .vocab import build_draft_vocab, count_loss_tokens, coverage
 
-__all__ = ["TrainConfig", "build_drafter", "init_head_from_target", "train_drafter", "lr_lambda"]
+__all__ = ["TrainConfig", "BatchSource", "TTTObjective", "build_drafter", "init_head_from_target", "train_drafter", "lr_lambda", "make_source", "app"]
 
 
 @dataclass
@@ -46,13 +60,45 @@ class TrainConfig:
     seed: int = 0
     checkpoint_every: int = 200
     log_every: int = 10
+    bucket_by_length: bool = True  # global batches of similar lengths (less padding); False = plain shuffle
+    bucket_window: int = 16  # global batches per length-sorting window
+    loader_workers: int = 0  # DataLoader worker processes (0 = load in the training process)
+    fsdp: str = "auto"  # under torchrun: on, off, or auto (FSDP when the drafter is large)
 
     def __post_init__(self):
-        for name in ("ttt_steps", "batch_size", "max_steps", "checkpoint_every", "log_every"):
+        for name in ("ttt_steps", "batch_size", "max_steps", "checkpoint_every", "log_every", "bucket_window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
         if self.lr <= 0:
             raise ValueError(f"lr={self.lr}: must be > 0")
+        if self.fsdp not in ("auto", "on", "off"):
+            raise ValueError(f"fsdp={self.fsdp!r}: use auto, on or off")
+
+    def identity(self) -> dict:
+        """The settings a checkpoint must share to be resumed (all but loader workers and FSDP,
+        which change how, not what, is computed)."""
+        return {k: v for k, v in asdict(self).items() if k not in ("loader_workers", "fsdp")}
+
+
+class BatchSource(Protocol):
+    """What the training loop needs from its data (offline shards or an online target).
+
+    ``batches(start, stop, rank, world, pin_memory)`` yields, for each global step in
+    ``start..stop-1``, this rank's slice of the global batch as a dict of CPU tensors:
+    ``input_ids, loss_mask, attn_mask [b, T] int64`` (right padding), ``aux [b, T, n_aux*Ht]`` and
+    ``final [b, T, Ht]`` float32, ``sample_index [b] int64`` (a stable sample key, -1 for a
+    loss-free stand-in row). It must be a pure function of the step (resume restarts at ``start``)
+    and the slices of all ranks must partition the global batch (ranks without samples yield a
+    stand-in row with an all-zero loss_mask, so collectives line up).
+    """
+
+    n_aux: int
+
+    def fingerprint(self) -> str: ...
+
+    def token_masks(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
+
+    def batches(self, start: int, stop: int, rank: int = 0, world: int = 1, pin_memory: bool = False) -> Iterator[dict]: ...
 
 
 def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -75,14 +121,15 @@ def init_head_from_target(d: Eagle3Drafter, target) -> bool:
     return True
 
 
-def build_drafter(ds: AuxDataset, target, cfg: TrainConfig) -> tuple[Eagle3Drafter, dict]:
-    """A fresh seeded drafter for ``target`` with its draft vocab built from the dataset's
-    loss-bearing tokens. Returns ``(drafter, vocab_info)``."""
+def build_drafter(ds, target, cfg: TrainConfig) -> tuple[Eagle3Drafter, dict]:
+    """A fresh seeded drafter for ``target`` with its draft vocab built from the loss-bearing
+    tokens of ``ds`` (an ``AuxDataset``, ``ShardStore`` or :class:`BatchSource`).
+    Returns ``(drafter, vocab_info)``."""
     torch.manual_seed(cfg.seed)
-    n_aux = len(ds.manifest["aux_boundaries"])
+    n_aux = getattr(ds, "n_aux", None) or len(ds.manifest["aux_boundaries"])
     c = DrafterConfig.for_target(target.config, cfg.draft_vocab_size, n_aux, cfg.draft_num_heads or None, cfg.draft_num_kv_heads or None, cfg.draft_intermediate_size or None)
     d = Eagle3Drafter(c, target.get_input_embeddings().weight.detach().float().cpu())
-    counts = count_loss_tokens(((x["input_ids"], x["loss_mask"]) for x in ds.items), c.vocab_size)
+    counts = count_loss_tokens(ds.token_masks(), c.vocab_size)
     d2t, t2d = build_draft_vocab(counts, cfg.draft_vocab_size)
     d.set_vocab(d2t, t2d)
     if cfg.init_head_from_target:
@@ -90,85 +137,199 @@ def build_drafter(ds: AuxDataset, target, cfg: TrainConfig) -> tuple[Eagle3Draft
     return d, {"distinct_loss_tokens": int((counts > 0).sum()), "coverage": coverage(counts, t2d), "loss_tokens": int(counts.sum())}
 
 
-def _save_ckpt(path: Path, state: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+
+# fault injection for tests: "RANK:STEP" makes that rank SIGKILL itself right after STEP
+FAULT_ENV = "EAGLE3NB_FAULT_AT_STEP"
 
 
-def train_drafter(ds: AuxDataset, target, cfg: TrainConfig, out_dir: str | os.PathLike, progress=None) -> tuple[Eagle3Drafter, dict]:
-    """Train a drafter on ``ds`` and return ``(drafter, report)``.
+class TTTObjective(torch.nn.Module):
+    """The drafter plus its TTT loss as one module, so DDP/FSDP hooks see one forward per step.
 
-    ``report`` holds ``history`` (per logged step: step, loss, lr, per-TTT-step loss and accuracy),
-    ``vocab`` info, ``tokens_per_s`` (loss-bearing tokens x TTT steps / s), ``seconds`` (of the
-    whole training, summed over resumed runs) and
-    ``empty_batches`` (batches with no loss-bearing position: counted, no optimizer update).
-    Resumes from ``out_dir/checkpoints/last.pt`` when it exists with the same config.
+    The target's final norm and lm_head (frozen; they turn boundary-N states into the target's
+    distribution) are held outside the module tree, so DDP/FSDP neither sync nor shard them.
+    """
+
+    def __init__(self, drafter: Eagle3Drafter, target_norm, target_head, k: int, decay: float):
+        super().__init__()
+        self.drafter = drafter
+        self._target = (target_norm, target_head)
+        self.k, self.decay = k, decay
+
+    def forward(self, b: dict, count_reduce=None) -> TTTResult:
+        """``b``: a batch of :class:`BatchSource` on the training device -> :func:`ttt_loss` result."""
+        norm, head = self._target
+        return ttt_loss(self.drafter, b["input_ids"], b["aux"], b["final"], b["loss_mask"], b["attn_mask"], norm, head, self.k, self.decay, count_reduce)
+
+
+def make_source(ds, cfg: TrainConfig):
+    """The offline batch source over ``ds`` (a ``ShardStore`` or ``AuxDataset``) for ``cfg``."""
+    from .loader import OfflineSource
+
+    return OfflineSource(ds, cfg.batch_size, cfg.seed, cfg.bucket_by_length, cfg.bucket_window, cfg.loader_workers)
+
+
+def _noisy(aux: torch.Tensor, attn_mask: torch.Tensor, sample_index: torch.Tensor, step: int, cfg: TrainConfig) -> torch.Tensor:
+    """Feature noise as EAGLE's training adds to hidden states: per sample, std = aux_noise x the
+    sample's own aux std, from a CPU generator seeded by (seed, step, sample): the same noise for a
+    sample whichever rank or device trains it."""
+    out = aux.clone()
+    for r, idx in enumerate(sample_index.tolist()):
+        if idx < 0:
+            continue
+        L = int(attn_mask[r].sum())
+        x = aux[r, :L]
+        g = torch.Generator().manual_seed((cfg.seed + 1) * 1_000_003 + step * 100_003 + idx)
+        out[r, :L] = x + cfg.aux_noise * x.std() * torch.randn(x.shape, generator=g)
+    return out
+
+
+def train_drafter(data, target, cfg: TrainConfig, out_dir: str | os.PathLike, progress=None) -> tuple[Eagle3Drafter, dict]:
+    """Train a drafter and return ``(drafter, report)``; under torchrun every rank calls it.
+
+    Args:
+        data: a :class:`BatchSource`, or a ``ShardStore`` / ``AuxDataset`` (read through
+            :func:`make_source`).
+        target: the target model (its embeddings, final norm and lm_head; training runs on its device).
+        out_dir: holds ``checkpoints/`` (one folder per committed step, ``latest.json``).
+        progress: a tqdm-like factory, used on rank 0.
+
+    ``report`` holds ``history`` (per logged step: step, loss, lr, per-TTT-step loss and accuracy,
+    all over the global batch), ``vocab`` info, ``tokens_per_s`` (loss-bearing tokens x TTT steps
+    / s, all ranks), ``seconds`` (of the whole training, summed over resumed runs),
+    ``empty_batches`` (global batches with no loss-bearing position: counted, no optimizer
+    update), ``world_size``, ``parallel`` (single, ddp or fsdp), ``padding`` (offline sources),
+    and ``step_seconds`` / ``step_token_steps`` (wall time and global loss-token-steps of each step
+    of this call; the first steps include warm-up, a checkpoint step its write).
+    Resumes from the committed checkpoint when it exists with the same config and data.
 
     Raises:
-        ValueError: the dataset has fewer samples than one batch; a checkpoint with another config.
+        ValueError: a checkpoint with another config or dataset (before any step).
     """
-    if len(ds) < 1:
-        raise ValueError("dataset has no samples; check 02b's skipped counts")
-    bs = min(cfg.batch_size, len(ds))
-    out = Path(out_dir)
-    (out / "checkpoints").mkdir(parents=True, exist_ok=True)
-    ckpt = out / "checkpoints" / "last.pt"
-    drafter, vocab = build_drafter(ds, target, cfg)
+    ctx = distributed.current()
+    source = data if hasattr(data, "batches") else make_source(data, cfg)
+    ckdir = Path(out_dir) / "checkpoints"
+    if ctx.is_main:
+        ckdir.mkdir(parents=True, exist_ok=True)
+    drafter, vocab = build_drafter(source, target, cfg)
     dev = next(target.parameters()).device  # train where the target lives (its norm/lm_head give the labels)
-    drafter.to(dev)
-    params = [p for p in drafter.parameters() if p.requires_grad]
+    objective = TTTObjective(drafter, target.model.norm, target.lm_head, cfg.ttt_steps, cfg.loss_decay).to(dev)
+    n_trainable = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
+    model, mode = distributed.wrap(objective, distributed.use_fsdp(cfg.fsdp, n_trainable, ctx), ctx)
+    params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio))
-    gen = torch.Generator().manual_seed(cfg.seed)
-    noise_gen = torch.Generator().manual_seed(cfg.seed + 1)
-    step, history, order, pos = 0, [], [], 0
+    step, history, empty_batches = 0, [], 0
     prev_secs, prev_tokens = 0.0, 0  # training time and token-steps of earlier (interrupted) runs
-    if ckpt.exists():
-        st = torch.load(ckpt, weights_only=False, map_location=dev)
-        if st["config"] != asdict(cfg) or st.get("data") != ds.fingerprint():
-            raise ValueError(f"checkpoint {ckpt} was made with another training config or dataset; delete {ckpt.parent} or use another run_name")
-        drafter.load_state_dict(st["model"])
-        opt.load_state_dict(st["optimizer"])
-        sched.load_state_dict(st["scheduler"])
-        gen.set_state(st["rng"].cpu())
-        noise_gen.set_state(st["noise_rng"].cpu())
-        step, history, order, pos = st["step"], st["history"], st["order"], st["pos"]
-        prev_secs, prev_tokens = st.get("seconds", 0.0), st.get("token_steps", 0)
-    norm, head = target.model.norm, target.lm_head
-    drafter.train()
-    t0, tokens, empty_batches = time.time(), 0, 0
-    bar = progress(total=cfg.max_steps, initial=step) if progress else None
-    while step < cfg.max_steps:
-        if pos + bs > len(order):
-            order, pos = torch.randperm(len(ds), generator=gen).tolist(), 0
-        b = {k: v.to(dev) for k, v in collate([ds[i] for i in order[pos : pos + bs]]).items()}
-        pos += bs
-        aux = b["aux"]
-        if cfg.aux_noise > 0:  # feature noise, as EAGLE's training adds to hidden states
-            aux = aux + cfg.aux_noise * aux.std() * torch.randn(aux.shape, generator=noise_gen).to(dev)  # CPU rng: same noise on any device
-        r = ttt_loss(drafter, b["input_ids"], aux, b["final"], b["loss_mask"], b["attn_mask"], norm, head, cfg.ttt_steps, cfg.loss_decay)
+    expect = {"config": cfg.identity(), "data": source.fingerprint()}
+    extra = distributed.load_checkpoint(ckdir, model, opt, ctx, expect)
+    if extra is not None:
+        sched.load_state_dict(extra["scheduler"])
+        step, history, empty_batches = extra["step"], extra["history"], extra["empty_batches"]
+        prev_secs, prev_tokens = extra["seconds"], extra["token_steps"]
+    count_reduce = ctx.sum if ctx.world > 1 else None
+    fault = tuple(int(x) for x in os.environ[FAULT_ENV].split(":")) if os.environ.get(FAULT_ENV) else None
+    model.train()
+    t0, tokens = time.time(), 0
+    step_seconds, step_tokens, t_prev = [], [], t0  # per step of this run (for benchmarks)
+    bar = progress(total=cfg.max_steps, initial=step) if progress and ctx.is_main else None
+    for b in source.batches(step, cfg.max_steps, ctx.rank, ctx.world, dev.type == "cuda"):
+        if cfg.aux_noise > 0:
+            b["aux"] = _noisy(b["aux"], b["attn_mask"], b["sample_index"], step, cfg)
+        b = {k: v.to(dev, non_blocking=True) for k, v in b.items()}
+        r = model(b, count_reduce)
         opt.zero_grad(set_to_none=True)
-        if sum(r.step_count) == 0:
-            empty_batches += 1  # nothing loss-bearing: no update (AdamW would still decay and drift)
+        # DDP and FSDP average gradients over ranks; each rank's loss is its share of the global
+        # mean, so scale by the world size to get the one-process gradient of the global batch
+        (r.loss * ctx.world if ctx.world > 1 else r.loss).backward()
+        if sum(r.step_total) == 0:
+            empty_batches += 1  # nothing loss-bearing anywhere: no update (AdamW would still decay and drift)
             with warnings.catch_warnings():  # the schedule still advances: one step = one batch
                 warnings.simplefilter("ignore", UserWarning)
                 sched.step()
         else:
-            r.loss.backward()
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             opt.step()
             sched.step()
         step += 1
-        tokens += sum(r.step_count)
+        tokens += sum(r.step_total)
+        t_now = time.time()  # ttt_loss synchronised with the device when it returned its stats
+        step_seconds.append(t_now - t_prev)
+        step_tokens.append(sum(r.step_total))
+        t_prev = t_now
         if step % cfg.log_every == 0 or step == cfg.max_steps:
-            history.append({"step": step, "loss": float(r.loss.detach()), "lr": sched.get_last_lr()[0], "step_loss": r.step_loss, "step_acc": r.step_acc})
+            v = ctx.sum(torch.tensor([float(r.loss.detach())] + r.step_loss + r.step_acc, dtype=torch.float64))
+            k = cfg.ttt_steps
+            history.append({"step": step, "loss": v[0].item(), "lr": sched.get_last_lr()[0], "step_loss": v[1 : 1 + k].tolist(), "step_acc": v[1 + k :].tolist()})
         if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
-            _save_ckpt(ckpt, {"config": asdict(cfg), "data": ds.fingerprint(), "model": drafter.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "rng": gen.get_state(), "noise_rng": noise_gen.get_state(), "step": step, "history": history, "order": order, "pos": pos, "seconds": prev_secs + time.time() - t0, "token_steps": prev_tokens + tokens})
+            st = {"config": cfg.identity(), "data": source.fingerprint(), "scheduler": sched.state_dict(), "step": step, "position": source.plan.position(step) if hasattr(source, "plan") else None, "history": history, "empty_batches": empty_batches, "seconds": prev_secs + time.time() - t0, "token_steps": prev_tokens + tokens, "world_size": ctx.world}
+            distributed.save_checkpoint(ckdir, step, model, opt, st, ctx, mode)
+        if fault == (ctx.rank, step):
+            os.kill(os.getpid(), signal.SIGKILL)  # injected kill -9 of this rank (resume tests)
         if bar is not None:
             bar.update(1)
     if bar is not None:
         bar.close()
     secs, tokens = prev_secs + time.time() - t0, prev_tokens + tokens  # whole training, across resumes
+    if mode == "fsdp":  # gather the shards into a plain drafter (every rank takes part)
+        full = distributed.unwrap_full_state(model)  # rank 0 only (the others get {})
+        drafter = Eagle3Drafter(drafter.config)
+        if ctx.is_main:
+            drafter.load_state_dict({k.removeprefix("drafter."): v for k, v in full.items()})
     drafter.eval()
-    return drafter, {"history": history, "vocab": vocab, "seconds": secs, "tokens_per_s": tokens / secs if secs > 0 else None, "steps": step, "empty_batches": empty_batches}
+    rep = {"history": history, "vocab": vocab, "seconds": secs, "tokens_per_s": tokens / secs if secs > 0 else None, "steps": step, "empty_batches": empty_batches, "world_size": ctx.world, "parallel": mode, "step_seconds": step_seconds, "step_token_steps": step_tokens}
+    if hasattr(source, "padding"):
+        rep["padding"] = source.padding(ctx.world)
+    return drafter, rep
+
+
+def _load_run_params(run: Path, sets: list[str]):
+    from .params import load_params
+
+    pf = run / "params.yaml" if run.is_dir() else run
+    if run.is_dir() and not pf.exists():
+        raise FileNotFoundError(f"{run} is a folder without params.yaml; pass a run folder written by `python -m eagle3nb.run` or a params YAML file")
+    over = {}
+    for kv in sets or []:
+        if "=" not in kv:
+            raise ValueError(f"--set {kv!r}: write key=value, e.g. --set max_steps=200")
+        k, v = kv.split("=", 1)
+        import yaml
+
+        over[k.strip()] = yaml.safe_load(v)
+    return load_params(pf, **over)
+
+
+def _cli():
+    import typer
+
+    app = typer.Typer(add_completion=False, help=__doc__)
+
+    @app.command()
+    def main(
+        run: Path = typer.Argument(..., help="run folder (holding params.yaml) or a params YAML file"),
+        set_: Optional[list[str]] = typer.Option(None, "--set", help="override a parameter, key=value (repeatable)"),
+    ):
+        """Train (03) from a run's params; several processes when launched by torchrun or when
+        nproc_per_node/nnodes ask for them."""
+        from . import steps
+
+        try:
+            p = _load_run_params(run, set_)
+            out = steps.train_step(p.model_copy(update={"interactive": False}), progress=p.interactive)
+        except (ValueError, FileNotFoundError) as e:  # bad input: the message says what and how to fix
+            typer.echo(f"eagle3nb.train: {e}", err=True)
+            raise typer.Exit(2) from None
+        finally:
+            if torch.distributed.is_available() and torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
+        if out["stats"] is not None:
+            s = out["stats"]
+            typer.echo(f"trained {s['steps']} steps on {s.get('world_size', 1)} process(es) ({s.get('parallel', 'single')}) in {s['seconds']} s, {s['loss_token_steps_per_s']} loss-token-steps/s -> {out['export_dir']}")
+
+    return app
+
+
+app = _cli()
+
+if __name__ == "__main__":
+    app()
