@@ -90,6 +90,14 @@ def build_drafter(ds: AuxDataset, target, cfg: TrainConfig) -> tuple[Eagle3Draft
     return d, {"distinct_loss_tokens": int((counts > 0).sum()), "coverage": coverage(counts, t2d), "loss_tokens": int(counts.sum())}
 
 
+def _batch(ds, idx: list[int], dev) -> dict:
+    """One training batch on ``dev``: a source's own ``batch`` (online: the target captures it now,
+    see :class:`eagle3nb.online.OnlineSource`), else the stored samples collated."""
+    if hasattr(ds, "batch"):
+        return ds.batch(idx, dev)
+    return {k: v.to(dev) for k, v in collate([ds[i] for i in idx]).items()}
+
+
 def _save_ckpt(path: Path, state: dict) -> None:
     tmp = path.with_suffix(".tmp")
     torch.save(state, tmp)
@@ -142,7 +150,7 @@ def train_drafter(ds: AuxDataset, target, cfg: TrainConfig, out_dir: str | os.Pa
     while step < cfg.max_steps:
         if pos + bs > len(order):
             order, pos = torch.randperm(len(ds), generator=gen).tolist(), 0
-        b = {k: v.to(dev) for k, v in collate([ds[i] for i in order[pos : pos + bs]]).items()}
+        b = _batch(ds, order[pos : pos + bs], dev)
         pos += bs
         aux = b["aux"]
         if cfg.aux_noise > 0:  # feature noise, as EAGLE's training adds to hidden states
