@@ -77,10 +77,10 @@ def test_run_online_skips_extraction_and_trains(tmp_path):
     from eagle3nb.params import REPO_ROOT
     from eagle3nb.run import run_notebooks
 
-    root = run_notebooks(REPO_ROOT / "params" / "smoke.yaml", overrides={"outputs_dir": str(tmp_path), "run_name": "online", "training_mode": "online", "max_steps": 6})
+    root = run_notebooks(REPO_ROOT / "params" / "smoke.yaml", overrides={"outputs_dir": str(tmp_path), "run_name": "online", "training_mode": "online"})
     assert not (root / "dataset").exists() and not (root / "notebooks" / "02b_extract_sglang.ipynb").exists()
     m = json.loads((root / "metrics.json").read_text())
-    assert "extract" not in m and m["train"]["training_mode"] == "online" and m["train"]["steps"] == 6
+    assert "extract" not in m and m["train"]["training_mode"] == "online" and m["train"]["steps"] == 20
     assert m["train"]["online"]["target_capture_seconds"] > 0 and m["timing"]["training_mode"] == "online"
     assert sorted(m["timing"]["notebook_seconds"]) == ["01_generate", "03_train", "04_eval_acceptance"]
     assert m["eval"]["greedy_mismatches"] == 0
