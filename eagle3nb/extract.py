@@ -27,7 +27,7 @@ from .manifest import atomic_write_json, read_json
 from .params import RunDir, RunParams
 from .storage import estimate_dataset_bytes, shard_file_bytes, shard_layout
 
-__all__ = ["train_samples", "disk_plan", "check_disk", "write", "launch_workers", "finish_workers", "worker_main", "metadata_bytes_max"]
+__all__ = ["train_samples", "disk_plan", "check_disk", "write", "launch_workers", "finish_workers", "worker_main", "metadata_bytes_max", "capture_overhead"]
 
 
 def train_samples(rd: RunDir) -> list[tuple[int, list[int], list[int]]]:
@@ -134,6 +134,64 @@ def finish_workers(procs: list[subprocess.Popen], plan_file: str | os.PathLike) 
             tail = log.read_text()[-600:] if log.exists() else ""
             tails.append(f"worker {w} exit code {c}{' (killed)' if c < 0 else ''}: ...{tail.strip()[-400:]}")
         raise RuntimeError(f"{e}. " + " | ".join(tails)) from None
+
+
+def capture_overhead(model, engine, samples: Sequence, ids: Sequence[int], max_samples: int = 128, repeats: int = 3) -> dict:
+    """Extraction speed with and without capture, measured in this process on the same samples:
+    the target's plain decoder forward (no hooks) vs the engine's capture (hooks, clones, copies
+    to CPU), same batches; the median of ``repeats`` alternating timings after a warm-up.
+
+    Returns:
+        ``{"engine", "plain_forward_tokens_per_s", "capture_tokens_per_s", "capture_overhead_ratio"
+        (capture time / plain time), "measured_on_tokens", "batch_size"}``.
+    """
+    import statistics
+
+    import torch
+
+    from .capture import _decoder
+
+    xs = [list(s[1]) for s in samples[:max_samples]]
+    bs = engine.batch_size
+    dev = next(model.parameters()).device
+    batches = []
+    for i in range(0, len(xs), bs):
+        chunk = xs[i : i + bs]
+        T = max(map(len, chunk))
+        t = torch.zeros(len(chunk), T, dtype=torch.long)
+        m = torch.zeros(len(chunk), T, dtype=torch.long)
+        for r, x in enumerate(chunk):
+            t[r, : len(x)], m[r, : len(x)] = torch.tensor(x), 1
+        batches.append((t.to(dev), m.to(dev)))
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    @torch.no_grad()
+    def plain():
+        for t, m in batches:
+            _decoder(model)(input_ids=t, attention_mask=m, use_cache=False)
+
+    def captured():
+        for i in range(0, len(xs), bs):
+            engine.capture(xs[i : i + bs], ids)
+
+    def timed(fn):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        return time.perf_counter() - t0
+
+    plain(), captured()  # warm-up (allocator, kernels)
+    tp, tc = [], []
+    for _ in range(repeats):
+        tp.append(timed(plain))
+        tc.append(timed(captured))
+    n_tok = sum(map(len, xs))
+    p_s, c_s = statistics.median(tp), statistics.median(tc)
+    return {"engine": engine.engine_name, "plain_forward_tokens_per_s": round(n_tok / p_s, 1), "capture_tokens_per_s": round(n_tok / c_s, 1), "capture_overhead_ratio": round(c_s / p_s, 3), "measured_on_tokens": n_tok, "batch_size": bs, "repeats": repeats}
 
 
 def worker_main(argv: Sequence[str]) -> int:

@@ -29,7 +29,13 @@ def _copy_run(p, name):
 
 
 def test_two_workers_equal_one_and_lost_worker_redone(generated, monkeypatch):
-    one = steps.extract_step(generated, progress=False)["manifest"]
+    r1 = steps.extract_step(generated, progress=False)
+    one = r1["manifest"]
+    written = sum(f.stat().st_size for f in RunDir(generated).dataset.glob("shard-*.safetensors"))
+    assert r1["stats"]["disk"]["shard_bytes"] == written  # the estimate shown before capture, exact
+    sp = r1["stats"]["capture_speed"]
+    assert sp["measured_on_tokens"] == sum(len(x[1]) for x in extract.train_samples(RunDir(generated))[:128])
+    assert sp["capture_overhead_ratio"] == pytest.approx(sp["plain_forward_tokens_per_s"] / sp["capture_tokens_per_s"], rel=2e-3)
     p2 = _copy_run(generated, "two").model_copy(update={"extract_workers": 2})
     rd2 = RunDir(p2)
     real_launch = extract.launch_workers
