@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
@@ -25,13 +26,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .manifest import ManifestMismatch, atomic_write_json, publish_permissions, read_json, sha256_file
+from .storage import AUX_STORAGE, METADATA, dequantize_aux, quantize_aux, shard_layout
 
-__all__ = ["write_dataset", "AuxDataset", "open_manifest", "fingerprint", "DiskFullError", "collate", "states_by_boundary", "DATASET_KIND", "estimate_bytes"]
+__all__ = ["write_dataset", "prepare_dataset", "merge_workers", "shard_plan", "WORKERS_DIR", "AuxDataset", "open_manifest", "fingerprint", "DiskFullError", "collate", "states_by_boundary", "DATASET_KIND", "estimate_bytes"]
 
 DATASET_KIND = "eagle3nb-aux-dataset"
 FORMAT_VERSION = 1
 # settings that must match for a rerun to resume instead of starting over
-_RESUME_KEYS = ("target", "engine", "convention", "layer_ids", "aux_boundaries", "dtype", "template", "shard_size", "n_input_samples", "generation_sha256")
+_RESUME_KEYS = ("target", "engine", "convention", "layer_ids", "aux_boundaries", "dtype", "template", "shard_size", "n_input_samples", "generation_sha256", "aux_storage")
+WORKERS_DIR = "workers"  # progress files of a sharded extraction's workers (removed once merged)
 
 
 def estimate_bytes(n_tokens: int, n_aux: int, hidden: int, dtype_bytes: int) -> int:
@@ -66,7 +69,69 @@ def _save_atomic(tensors: dict, path: Path, metadata: dict) -> None:
         raise
 
 
-def write_dataset(out_dir: str | os.PathLike, samples: Sequence[tuple[int, list[int], list[int]]], capture: Callable, manifest: dict, shard_size: int = 64, dtype: torch.dtype = torch.float32, progress=None) -> dict:
+def shard_plan(samples: Sequence, shard_size: int) -> list[tuple[str, Sequence]]:
+    """``[(shard file name, its samples)]``: consecutive chunks of ``shard_size`` samples. Names
+    depend only on the sample order and ``shard_size``, not on how many workers write them, so a
+    rerun with another worker count reuses every finished shard."""
+    return [(f"shard-{i // shard_size:05d}.safetensors", samples[i : i + shard_size]) for i in range(0, len(samples), shard_size)]
+
+
+def _settings_key(man: dict) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps({k: man.get(k) for k in _RESUME_KEYS}, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _finished(out: Path, man: dict, names: set[str]) -> dict[str, dict]:
+    """Shards among ``names`` already written with these settings and intact on disk: listed in
+    manifest.json or in a worker's progress file, and matching their recorded sha256."""
+    key, cand = _settings_key(man), {}
+    mpath = out / "manifest.json"
+    if mpath.exists():
+        for s in read_json(mpath).get("shards", []):
+            cand[s["file"]] = s
+    for w in sorted((out / WORKERS_DIR).glob("worker-*.json")) if (out / WORKERS_DIR).is_dir() else []:
+        rec = read_json(w)
+        if rec.get("settings") == key:
+            for s in rec.get("shards", []):
+                cand[s["file"]] = s
+    return {n: s for n, s in cand.items() if n in names and (out / n).exists() and sha256_file(out / n) == s["sha256"]}
+
+
+def prepare_dataset(out_dir: str | os.PathLike, samples: Sequence, manifest: dict, shard_size: int = 64, aux_storage: str = "dtype") -> dict:
+    """Create ``out_dir`` and its incomplete ``manifest.json`` (settings only), refusing a folder
+    holding a dataset made with other settings. Returns the manifest base.
+
+    Raises:
+        ManifestMismatch: other settings in ``out_dir`` (delete it or pick another run name).
+        ValueError: ``shard_size`` < 1, no samples, or an unknown ``aux_storage``.
+    """
+    if shard_size < 1:
+        raise ValueError(f"shard_size={shard_size}: must be >= 1")
+    if not samples:
+        raise ValueError("samples is empty: 01_generate produced no sample to extract")
+    if aux_storage not in AUX_STORAGE:
+        raise ValueError(f"aux_storage={aux_storage!r}: use one of {list(AUX_STORAGE)}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    man = dict(manifest, kind=DATASET_KIND, format_version=FORMAT_VERSION, shard_size=shard_size, n_input_samples=len(samples), aux_storage=aux_storage)
+    mpath = out / "manifest.json"
+    if mpath.exists():
+        old = read_json(mpath)
+        diff = [k for k in _RESUME_KEYS if old.get(k) != man.get(k)]
+        if diff:
+            raise ManifestMismatch(f"{out} holds a dataset made with other settings ({', '.join(diff)} differ); delete the folder or use another run_name")
+        if old.get("complete"):
+            return man
+        shards = old.get("shards", [])
+    else:
+        shards = []
+    atomic_write_json(mpath, dict(man, shards=shards, complete=False))
+    return man
+
+
+def write_dataset(out_dir: str | os.PathLike, samples: Sequence[tuple[int, list[int], list[int]]], capture: Callable, manifest: dict, shard_size: int = 64, dtype: torch.dtype = torch.float32, progress=None, aux_storage: str = "dtype", worker: tuple[int, int] | None = None) -> dict:
     """Capture and store aux states for ``samples``, resuming a compatible partial run.
 
     Args:
@@ -75,9 +140,15 @@ def write_dataset(out_dir: str | os.PathLike, samples: Sequence[tuple[int, list[
         manifest: provenance fields (target, engine, convention, layer_ids, aux_boundaries, dtype,
             template, seed, ...), stored in ``manifest.json``.
         shard_size: samples per shard.
+        dtype: storage dtype of boundary N (and of the aux states unless int8).
+        aux_storage: ``"dtype"``, or ``"int8"`` (per token and aux slot scales, see
+            :mod:`eagle3nb.storage`; the relative error vs the unquantised states is recorded).
+        worker: ``(w, W)``: write only the shards ``i % W == w`` and record them in
+            ``workers/worker-w.json`` (see :mod:`eagle3nb.extract`); :func:`merge_workers` then
+            writes the complete manifest. ``None``: one process, manifest after every shard.
 
     Returns:
-        The final manifest (``complete: True``).
+        The final manifest (``complete: True``); in worker mode this worker's progress record.
 
     Raises:
         ManifestMismatch: ``out_dir`` holds a dataset made with other settings (delete it or pick
@@ -85,63 +156,99 @@ def write_dataset(out_dir: str | os.PathLike, samples: Sequence[tuple[int, list[
             space left (finished shards stay valid; rerun resumes). RuntimeError: the engine
             returned a row count different from the sample's token count.
     """
-    if shard_size < 1:
-        raise ValueError(f"shard_size={shard_size}: must be >= 1")
-    if not samples:
-        raise ValueError("samples is empty: 01_generate produced no sample to extract")
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    man = dict(manifest, kind=DATASET_KIND, format_version=FORMAT_VERSION, shard_size=shard_size, n_input_samples=len(samples))
-    mpath = out / "manifest.json"
-    done: dict[str, dict] = {}
-    skipped = {"nonfinite": [], "empty_loss_mask": []}
-    if mpath.exists():
-        old = read_json(mpath)
+    if worker is None:
+        man = prepare_dataset(out, samples, manifest, shard_size, aux_storage)
+    else:  # the launcher ran prepare_dataset; a worker only checks it writes into the same dataset
+        man = dict(manifest, kind=DATASET_KIND, format_version=FORMAT_VERSION, shard_size=shard_size, n_input_samples=len(samples), aux_storage=aux_storage)
+        old = read_json(out / "manifest.json", "dataset manifest (written by the extraction launcher)")
         diff = [k for k in _RESUME_KEYS if old.get(k) != man.get(k)]
         if diff:
-            raise ManifestMismatch(f"{out} holds a dataset made with other settings ({', '.join(diff)} differ); delete the folder or use another run_name")
-        for s in old.get("shards", []):
-            f = out / s["file"]
-            if f.exists() and sha256_file(f) == s["sha256"]:
-                done[s["file"]] = s
-        skipped = old.get("skipped", skipped)
-    for stale in out.glob("*.tmp"):  # left by a killed run; never listed in the manifest
-        stale.unlink()
+            raise ManifestMismatch(f"worker {worker}: {out} holds a dataset made with other settings ({', '.join(diff)} differ)")
+    mpath = out / "manifest.json"
+    plan = shard_plan(samples, shard_size)
+    mine = [(n, c) for i, (n, c) in enumerate(plan) if worker is None or i % worker[1] == worker[0]]
+    done = _finished(out, man, {n for n, _ in mine})
+    if worker is None:
+        for stale in out.glob("*.tmp"):  # left by a killed run; never listed in the manifest
+            stale.unlink()
+    wpath = out / WORKERS_DIR / f"worker-{worker[0]:05d}.json" if worker else None
+    n_aux = len(man["aux_boundaries"])
     shards = []
-    chunks = [samples[i : i + shard_size] for i in range(0, len(samples), shard_size)]
-    it = progress(list(enumerate(chunks))) if progress else enumerate(chunks)
-    for si, chunk in it:
-        name = f"shard-{si:05d}.safetensors"
+    it = progress(mine) if progress else mine
+    for name, chunk in it:
         if name in done:
             shards.append(done[name])
             continue
         keep = [s for s in chunk if any(s[2])]
-        skipped["empty_loss_mask"] += [int(s[0]) for s in chunk if not any(s[2])]
+        skipped = {"nonfinite": [], "empty_loss_mask": [int(s[0]) for s in chunk if not any(s[2])]}
         caps = capture([s[1] for s in keep]) if keep else []
         rows = []
         for s, c in zip(keep, caps):
             if len(s[1]) != c.aux.shape[0]:
                 raise RuntimeError(f"engine returned {c.aux.shape[0]} rows for sample {s[0]} of {len(s[1])} tokens")
+            if c.aux.shape[1] != n_aux * c.final.shape[1]:
+                raise RuntimeError(f"engine returned aux states {c.aux.shape[1]} wide for {n_aux} aux boundaries x H={c.final.shape[1]}")
             if not (torch.isfinite(c.aux).all() and torch.isfinite(c.final).all()):
                 skipped["nonfinite"].append(int(s[0]))
                 continue
             rows.append((s, c))
+        if len(caps) != len(keep):
+            raise RuntimeError(f"engine returned {len(caps)} captures for {len(keep)} samples")
         lens = [len(s[1]) for s, _ in rows]
+        H = rows[0][1].final.shape[1] if rows else int(man.get("target", {}).get("hidden_size") or 0)
+        layout = shard_layout(lens, n_aux, H, dtype, aux_storage)
+        aux = torch.cat([c.aux for _, c in rows]) if rows else torch.zeros(layout["aux"][1])
         t = {
             "input_ids": torch.tensor([x for s, _ in rows for x in s[1]], dtype=torch.long),
             "loss_mask": torch.tensor([x for s, _ in rows for x in s[2]], dtype=torch.uint8),
-            "aux": torch.cat([c.aux for _, c in rows]).to(dtype) if rows else torch.zeros(0, 0, dtype=dtype),
-            "final": torch.cat([c.final for _, c in rows]).to(dtype) if rows else torch.zeros(0, 0, dtype=dtype),
+            "aux": aux.to(dtype),
+            "final": torch.cat([c.final for _, c in rows]).to(dtype) if rows else torch.zeros(layout["final"][1], dtype=dtype),
             "offsets": torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist() if lens else []), dtype=torch.long),
             "sample_ids": torch.tensor([int(s[0]) for s, _ in rows], dtype=torch.long),
         }
-        _save_atomic({k: v.contiguous() for k, v in t.items()}, out / name, {"format": DATASET_KIND})
-        shards.append({"file": name, "n_samples": len(rows), "n_tokens": int(sum(lens)), "sha256": sha256_file(out / name)})
-        atomic_write_json(mpath, dict(man, shards=shards, skipped=skipped, complete=False))
+        entry = {"file": name}
+        if aux_storage == "int8":
+            ref = t["aux"].float()  # the unquantised states as they would be stored
+            t["aux"], t["aux_scale"] = quantize_aux(ref, n_aux)
+            deq = dequantize_aux(t["aux"], t["aux_scale"])
+            err2 = ((ref - deq).double() ** 2).reshape(len(ref), n_aux, -1).sum(dim=(0, 2)) if len(ref) else torch.zeros(n_aux, dtype=torch.float64)
+            ref2 = (ref.double() ** 2).reshape(len(ref), n_aux, -1).sum(dim=(0, 2)) if len(ref) else torch.zeros(n_aux, dtype=torch.float64)
+            entry["aux_sq_error"], entry["aux_sq_norm"] = err2.tolist(), ref2.tolist()
+        got = {k: (v.dtype, tuple(v.shape)) for k, v in t.items()}
+        if got != layout:  # the disk estimate counts exactly this layout
+            raise RuntimeError(f"shard {name}: tensors {got} differ from the planned layout {layout}")
+        _save_atomic({k: v.contiguous() for k, v in t.items()}, out / name, METADATA)
+        entry.update(n_samples=len(rows), n_tokens=int(sum(lens)), sha256=sha256_file(out / name), skipped=skipped)
+        shards.append(entry)
+        if worker is None:
+            atomic_write_json(mpath, dict(man, shards=shards, complete=False))
+        else:
+            atomic_write_json(wpath, {"worker": worker[0], "workers": worker[1], "settings": _settings_key(man), "shards": shards})
+    if worker is not None:
+        rec = {"worker": worker[0], "workers": worker[1], "settings": _settings_key(man), "shards": shards}
+        atomic_write_json(wpath, rec)
+        return rec
+    return _complete(out, man, shards)
+
+
+def _complete(out: Path, man: dict, shards: list[dict]) -> dict:
+    skipped = {k: sorted(x for s in shards for x in s.get("skipped", {}).get(k, [])) for k in ("nonfinite", "empty_loss_mask")}
     man = dict(man, shards=shards, skipped=skipped, complete=True)
     man["n_samples"] = sum(s["n_samples"] for s in shards)
     man["n_tokens"] = sum(s["n_tokens"] for s in shards)
-    atomic_write_json(mpath, man)
+    if man.get("aux_storage") == "int8":
+        e2 = [sum(s["aux_sq_error"][i] for s in shards) for i in range(len(man["aux_boundaries"]))]
+        r2 = [sum(s["aux_sq_norm"][i] for s in shards) for i in range(len(man["aux_boundaries"]))]
+        man["aux_quantization"] = {
+            "storage": "int8, symmetric, one float32 scale per token and aux slot (absmax / 127)",
+            "relative_error": (sum(e2) / sum(r2)) ** 0.5 if sum(r2) > 0 else 0.0,
+            "relative_error_per_boundary": {str(b): ((e / r) ** 0.5 if r > 0 else 0.0) for b, e, r in zip(man["aux_boundaries"], e2, r2)},
+            "relative_error_is": "||aux - dequantized|| / ||aux|| (Frobenius, over all stored tokens)",
+        }
+    atomic_write_json(out / "manifest.json", man)
+    if (out / WORKERS_DIR).is_dir():  # merged into the manifest above
+        shutil.rmtree(out / WORKERS_DIR)
     return man
 
 
@@ -174,6 +281,30 @@ def fingerprint(manifest: dict) -> str:
     return hashlib.sha256("".join(s["sha256"] for s in manifest["shards"]).encode()).hexdigest()
 
 
+def merge_workers(out_dir: str | os.PathLike, samples: Sequence, manifest: dict, shard_size: int = 64, aux_storage: str = "dtype", workers: int = 1) -> dict:
+    """After the workers of a sharded extraction ended: check every planned shard is written and
+    intact, write the complete ``manifest.json`` (shards in sample order) and remove the workers'
+    progress files.
+
+    Raises:
+        RuntimeError: shards missing (a worker was lost); the message names them and their worker,
+            and ``manifest.json`` lists those present, so a rerun redoes only the missing ones.
+    """
+    out = Path(out_dir)
+    man = dict(manifest, kind=DATASET_KIND, format_version=FORMAT_VERSION, shard_size=shard_size, n_input_samples=len(samples), aux_storage=aux_storage)
+    plan = shard_plan(samples, shard_size)
+    done = _finished(out, man, {n for n, _ in plan})
+    missing = [(i, n) for i, (n, _) in enumerate(plan) if n not in done]
+    if missing:
+        atomic_write_json(out / "manifest.json", dict(man, shards=[done[n] for n, _ in plan if n in done], complete=False))
+        lost = sorted({i % workers for i, _ in missing})
+        raise RuntimeError(f"{len(missing)} of {len(plan)} shards missing ({', '.join(n for _, n in missing[:5])}{' ...' if len(missing) > 5 else ''}) from worker(s) {lost} of {workers}: a worker was lost; rerun the extraction with the same params to redo only those")
+    m = _complete(out, man, [done[n] for n, _ in plan])
+    for stale in out.glob("*.tmp"):  # left by a lost worker; never listed
+        stale.unlink()
+    return m
+
+
 class AuxDataset:
     """Samples of a dataset folder, loaded into memory after checking every shard's sha256.
 
@@ -190,6 +321,8 @@ class AuxDataset:
         self.items: list[dict] = []
         for s in self.manifest["shards"]:
             t = load_file(str(self.path / s["file"]))
+            if "aux_scale" in t:  # int8 storage: dequantised here, so training sees float states
+                t["aux"] = dequantize_aux(t["aux"], t.pop("aux_scale"))
             off = t["offsets"].tolist()
             for i in range(len(off) - 1):
                 a, b = off[i], off[i + 1]

@@ -31,6 +31,7 @@ import torch
 from safetensors import safe_open
 
 from .dataset import collate, fingerprint, open_manifest
+from .storage import dequantize_aux
 
 __all__ = ["ShardStore", "BatchPlan", "OfflineSource", "padding_stats"]
 
@@ -63,6 +64,7 @@ class ShardStore:
                 sid = h.get_tensor("sample_ids").tolist()
             self._index += [(si, off[i], off[i + 1], int(sid[i])) for i in range(len(off) - 1)]
         self.lengths = [b - a for _, a, b, _ in self._index]
+        self.int8 = self.manifest.get("aux_storage") == "int8"
         self._open: dict[int, object] = {}
 
     def __getstate__(self):  # safe_open handles do not pickle; each DataLoader worker reopens
@@ -80,7 +82,10 @@ class ShardStore:
     def __getitem__(self, i: int) -> dict:
         si, a, b, sid = self._index[i]
         h = self._handle(si)
-        return {k: h.get_slice(k)[a:b] for k in _KEYS} | {"sample_id": sid}
+        x = {k: h.get_slice(k)[a:b] for k in _KEYS} | {"sample_id": sid}
+        if self.int8:  # int8 storage (eagle3nb.storage): dequantised per token and slot on read
+            x["aux"] = dequantize_aux(x["aux"], h.get_slice("aux_scale")[a:b])
+        return x
 
     def fingerprint(self) -> str:
         """sha256 over the shards' recorded hashes (same value as ``AuxDataset.fingerprint``)."""

@@ -54,17 +54,66 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
     )
 
 
-def model_hash(path: str | os.PathLike) -> str:
-    """sha256 (hex) over the model folder's config.json and weight files, in name order."""
-    path = Path(path)
+_HASH_MEMO: dict = {}  # (folder, stat signature) -> sha256, for this process
+
+
+def _model_files(path: Path) -> list[Path]:
+    return sorted([path / "config.json", *path.glob("*.safetensors"), *path.glob("*.bin")])
+
+
+def _stat_signature(files: list[Path]) -> list[list]:
+    """Per file: name, size, mtime_ns, ctime_ns. Any write changes ctime (which, unlike mtime,
+    cannot be set back by a user), and a replaced file changes it too."""
+    out = []
+    for f in files:
+        st = f.stat()
+        out.append([f.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns])
+    return out
+
+
+def _sha256_files(files: list[Path]) -> str:
     h = hashlib.sha256()
-    files = sorted([path / "config.json", *path.glob("*.safetensors"), *path.glob("*.bin")])
     for f in files:
         h.update(f.name.encode())
         with open(f, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
     return h.hexdigest()
+
+
+def model_hash(path: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> str:
+    """sha256 (hex) over the model folder's config.json and weight files, in name order.
+
+    Reading every weight of an 8B-1T target takes minutes, so the result is cached: in memory for
+    this process, and in ``cache_dir/model_sha256.json`` (a run folder) for the other notebooks'
+    kernels. Both are keyed by the folder and each file's name, size, mtime and ctime, so a
+    changed, added, removed or replaced file is hashed again.
+
+    Raises:
+        FileNotFoundError: the folder has no config.json.
+    """
+    path = Path(path).resolve()
+    files = _model_files(path)
+    sig = _stat_signature(files)
+    key = (str(path), json.dumps(sig))
+    if key in _HASH_MEMO:
+        return _HASH_MEMO[key]
+    cache = Path(cache_dir) / "model_sha256.json" if cache_dir is not None else None
+    if cache is not None and cache.is_file():
+        try:
+            rec = json.loads(cache.read_text())
+            if rec.get("path") == str(path) and rec.get("files") == sig:
+                _HASH_MEMO[key] = rec["sha256"]
+                return rec["sha256"]
+        except (json.JSONDecodeError, KeyError, AttributeError):
+            pass  # unreadable cache: hash again and rewrite it
+    digest = _sha256_files(files)
+    _HASH_MEMO[key] = digest
+    if cache is not None:
+        from .manifest import atomic_write_json
+
+        atomic_write_json(cache, {"path": str(path), "files": sig, "sha256": digest})
+    return digest
 
 
 def read_model_config(path: str | os.PathLike) -> dict:

@@ -49,7 +49,10 @@ class RunParams(BaseModel):
     capture_batch_size: int = Field(32, ge=1)
     allow_boundary_mismatch: bool = False
     compare_run: Optional[str] = None
+    aux_storage: Literal["dtype", "int8"] = "dtype"
+    extract_workers: int = Field(1, ge=1)
     # 03_train
+    training_mode: Literal["offline", "online"] = "offline"
     draft_vocab_size: int = Field(256, ge=1)
     draft_num_heads: int = Field(2, ge=0)
     draft_num_kv_heads: int = Field(2, ge=0)

@@ -46,6 +46,9 @@ def run_notebooks(params_file: str | Path, only: Optional[list[str]] = None, ove
     unknown = [n for n in names if n not in NOTEBOOKS]
     if unknown:
         raise ValueError(f"only={unknown}: unknown notebooks; choose from {NOTEBOOKS}")
+    if p.training_mode == "online" and only is None:  # 03 captures each batch itself: no dataset to extract
+        names = [n for n in names if not n.startswith("02")]
+        print(f"[eagle3nb] training_mode=online: skipping {[n for n in NOTEBOOKS if n.startswith('02')]} (the target runs inside 03)", flush=True)
     rd = RunDir(p).make()
     rd.notebooks.mkdir(parents=True, exist_ok=True)
     all_params = dict(p.model_dump(), interactive=False)  # headless: no widgets or progress bars; figures go to HTML
@@ -66,7 +69,7 @@ def run_notebooks(params_file: str | Path, only: Optional[list[str]] = None, ove
         print(f"[eagle3nb] {name}: done in {times[name]:.1f} s", flush=True)
         update_metrics(rd.metrics, "timing", {"notebook_seconds": dict(times)})
     if only is None:
-        update_metrics(rd.metrics, "timing", {"notebook_seconds": times, "total_seconds": round(time.time() - t_all, 2)})
+        update_metrics(rd.metrics, "timing", {"notebook_seconds": times, "total_seconds": round(time.time() - t_all, 2), "training_mode": p.training_mode})
     return rd.root
 
 

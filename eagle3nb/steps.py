@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from . import chat, conventions, distributed, models
+from . import chat, conventions, distributed, extract, models
 from .acceptance import evaluate_acceptance, greedy_generate
 from .alignment import alignment_matrix, alignment_verdict, reference_states
 from .capture import HFCaptureEngine, n_layers_of
@@ -25,6 +25,7 @@ from .export import export_drafter, load_drafter
 from .generate import generate_batch, read_jsonl, write_jsonl
 from .manifest import atomic_write_json, check_compatible, provenance, read_json, sha256_file
 from .loader import ShardStore
+from .online import OnlineSource
 from .params import REPO_ROOT, RunDir, RunParams, read_metrics, resolve_device, resolve_path, update_metrics
 from .prompts import load_prompts, split_prompts
 from .train import TrainConfig, init_head_from_target, train_drafter
@@ -39,10 +40,10 @@ def _progress():
     return tqdm
 
 
-def target_info(path, model) -> dict:
-    """Manifest block describing the target model."""
+def target_info(path, model, cache_dir=None) -> dict:
+    """Manifest block describing the target model (its sha256 cached in ``cache_dir``, the run folder)."""
     c = model.config
-    return {"name": path.name, "path": str(path), "sha256": models.model_hash(path), "architecture": (c.architectures or ["?"])[0], "n_layers": n_layers_of(model), "hidden_size": c.hidden_size, "vocab_size": c.vocab_size}
+    return {"name": path.name, "path": str(path), "sha256": models.model_hash(path, cache_dir), "architecture": (c.architectures or ["?"])[0], "n_layers": n_layers_of(model), "hidden_size": c.hidden_size, "vocab_size": c.vocab_size}
 
 
 def _template(p: RunParams, tok) -> str:
@@ -112,7 +113,7 @@ def generate_step(p: RunParams, progress=True) -> dict:
     write_jsonl(rd.generated, recs)
     n_tok = sum(len(r["output_ids"]) for r in todo)
     man = provenance(
-        p.seed, kind="eagle3nb-generation", target=target_info(path, model),
+        p.seed, kind="eagle3nb-generation", target=target_info(path, model, rd.root),
         engine=engine,
         decoding={"temperature": p.temperature, "top_p": p.top_p, "max_new_tokens": p.max_new_tokens, "greedy": p.temperature == 0, "stop_token_ids": eos},
         template={"mode": p.mode, "sha256": chat.template_hash(template)}, dtype=p.dtype,
@@ -133,15 +134,14 @@ def extract_step(p: RunParams, progress=True) -> dict:
     rd = RunDir(p)
     gman = read_json(rd.generation_manifest, "generation manifest (from 01_generate)")
     model, tok, path = models.load_target(p.model, p.dtype, resolve_device(p))
-    tinfo = target_info(path, model)
+    tinfo = target_info(path, model, rd.root)
     check_compatible(gman, {"target": tinfo, "template": {"mode": p.mode, "sha256": chat.template_hash(_template(p, tok))}}, ["target.sha256", "template"], "generation output", "(delete the run folder)")
     n = tinfo["n_layers"]
     ids, bnds = resolve_aux(p, n)
     engine = HFCaptureEngine(model, p.convention, p.capture_batch_size)
     assert engine.boundaries(ids) == bnds
-    recs = [r for r in read_jsonl(rd.generated) if r["split"] == "train"]
     # both modes: the served prompt (chat: the template's prefix rendering) + exactly the generated ids
-    samples = [(r["id"], *chat.generated_sample(r["prompt_ids"], r["output_ids"])) for r in recs if r["output_ids"]]
+    samples = extract.train_samples(rd)  # the same list each extraction worker rebuilds
     if not samples:
         raise ValueError("no train sample with generated tokens: 01_generate produced nothing to extract; check prompts_file and max_new_tokens")
     # measure, before writing anything, which boundaries the engine really captured on one sample
@@ -150,12 +150,10 @@ def extract_step(p: RunParams, progress=True) -> dict:
     align = alignment_verdict(err, ref_b, bnds, p.dtype)
     if not align["ok"] and not p.allow_boundary_mismatch:
         raise ValueError(f"{engine.engine_name} captured boundaries {align['measured']} for {p.convention} ids {ids}, declared {bnds} ({[s_['verdict'] for s_ in align['slots']]}); fix convention/layer_ids, or set allow_boundary_mismatch=True to continue")
-    n_tok = sum(len(s[1]) for s in samples)
-    need = estimate_bytes(n_tok, len(bnds), tinfo["hidden_size"], torch.finfo(models.DTYPES[p.dtype]).bits // 8)
-    rd.dataset.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(rd.dataset).free
-    if need > free:
-        raise OSError(f"the dataset needs ~{need / 1e9:.2f} GB (tokens x (n_aux + 1) x H x bytes) but {rd.dataset} has {free / 1e9:.2f} GB free; free space, lower max_train_prompts/max_new_tokens, or use dtype: bfloat16")
+    disk = extract.disk_plan(p, samples, len(bnds), tinfo["hidden_size"])
+    extract.check_disk(disk)  # exact shard bytes vs free space, before any capture
+    speed = extract.capture_overhead(model, engine, samples, ids)  # same process, same batches: with vs without capture
+    need, free = disk["total_bytes"], disk["free_bytes"]
     man = provenance(
         p.seed, target=tinfo,
         engine={"name": engine.engine_name, "version": engine.engine_version, "capture_point_of": p.convention},
@@ -163,16 +161,16 @@ def extract_step(p: RunParams, progress=True) -> dict:
         template=gman["template"], generation_sha256=gman["file_sha256"],
     )
     t0 = time.time()
-    m = write_dataset(rd.dataset, samples, lambda xs: engine.capture(xs, ids), man, p.shard_size, models.DTYPES[p.dtype], _progress() if progress else None)
+    m = extract.write(p, rd, samples, engine, ids, man, _progress() if progress else None)
     secs = time.time() - t0
     table = conventions.boundary_table(bnds, n)
-    stats = {"engine": engine.engine_name, "capture_point_of": p.convention, "layer_ids": ids, "aux_boundaries": bnds, "n_samples": m["n_samples"], "n_tokens": m["n_tokens"], "estimated_bytes": need, "skipped": {k: len(v) for k, v in m["skipped"].items()}, "seconds": round(secs, 3), "tokens_per_s": round(m["n_tokens"] / secs, 1) if secs else None}
+    stats = {"engine": engine.engine_name, "capture_point_of": p.convention, "layer_ids": ids, "aux_boundaries": bnds, "n_samples": m["n_samples"], "n_tokens": m["n_tokens"], "estimated_bytes": need, "disk": disk, "workers": p.extract_workers, "aux_storage": p.aux_storage, "aux_quantization": m.get("aux_quantization"), "capture_speed": speed, "skipped": {k: len(v) for k, v in m["skipped"].items()}, "seconds": round(secs, 3), "tokens_per_s": round(m["n_tokens"] / secs, 1) if secs else None}
     update_metrics(rd.metrics, "extract", stats)
     record_checks(rd, "02b_extract_sglang", [
         f"target sha256 and template match the generation manifest ({gman['target']['sha256'][:12]})",
         f"{p.convention} ids {ids} -> boundaries {bnds}: capturable, strictly increasing",
         f"alignment on a probe sample: measured boundaries {align['measured']} ({'match' if align['ok'] else 'MISMATCH, allowed by allow_boundary_mismatch'}; tolerance {align['tolerance']})",
-        f"disk need {need} B <= free {free} B",
+        f"disk need {need} B (shards exact: {disk['shard_bytes']} B) <= free {free} B",
         f"engine row count == token count for all {m['n_samples']} samples",
         f"finite states: {len(m['skipped']['nonfinite'])} samples skipped, {len(m['skipped']['empty_loss_mask'])} with empty loss mask skipped",
         f"{len(m['shards'])} shards written atomically with sha256",
@@ -203,7 +201,7 @@ def extract_vllm_step(p: RunParams, progress=True) -> dict:
     gman = read_json(rd.generation_manifest, "generation manifest (from 01_generate)")
     device = resolve_device(p)
     model, tok, path = models.load_target(p.model, p.dtype, device)
-    tinfo = target_info(path, model)
+    tinfo = target_info(path, model, rd.root)
     check_compatible(gman, {"target": tinfo, "template": {"mode": p.mode, "sha256": chat.template_hash(_template(p, tok))}}, ["target.sha256", "template"], "generation output", "(delete the run folder)")
     n = tinfo["n_layers"]
     ids, bnds = resolve_aux(p, n)
@@ -289,7 +287,8 @@ def _train_with_torchrun(p: RunParams, rd: RunDir) -> dict:
 
 
 def train_step(p: RunParams, progress=True) -> dict:
-    """03: train the drafter with TTT on the dataset and export it for SGLang and vLLM.
+    """03: train the drafter with TTT on the dataset (``training_mode: online``: on 01's samples,
+    the target capturing each batch) and export it for SGLang and vLLM.
 
     ``nproc_per_node`` 1 and ``nnodes`` 1 train in this process; more launch torchrun (see
     :func:`_train_with_torchrun`). Under torchrun every rank runs this; rank 0 exports and writes
@@ -299,11 +298,13 @@ def train_step(p: RunParams, progress=True) -> dict:
         return _train_with_torchrun(p, rd)
     ctx = distributed.init_from_env(resolve_device(p))
     ds_dir = rd.dataset_vllm if p.train_from == "02a" else rd.dataset
-    ds = ShardStore(ds_dir)
+    ds = ShardStore(ds_dir) if p.training_mode == "offline" else None
     model, tok, path = models.load_target(p.model, "float32", distributed.local_device(resolve_device(p), ctx))
+    if ds is None:
+        ds = _online_source(p, rd, model, tok, path)
     if not p.allow_manifest_mismatch:
         # 02a stores vLLM's ids (convention vllm); the boundaries are compared below either way
-        want = {"target": {"sha256": models.model_hash(path)}, "dtype": p.dtype, "convention": "vllm" if p.train_from == "02a" else p.convention, "template": {"mode": p.mode, "sha256": chat.template_hash(_template(p, tok))}}
+        want = {"target": {"sha256": models.model_hash(path, rd.root)}, "dtype": p.dtype, "convention": "vllm" if p.train_from == "02a" and p.training_mode == "offline" else p.convention, "template": {"mode": p.mode, "sha256": chat.template_hash(_template(p, tok))}}
         check_compatible(ds.manifest, want, ["target.sha256", "dtype", "convention", "template"], f"dataset {ds_dir}", "allow_manifest_mismatch")
         _, bnds = resolve_aux(p, n_layers_of(model))
         check_compatible(ds.manifest, {"aux_boundaries": bnds}, ["aux_boundaries"], f"dataset {ds_dir} (boundaries the exported drafter will be served with)", "allow_manifest_mismatch")
@@ -328,7 +329,7 @@ def train_step(p: RunParams, progress=True) -> dict:
     atomic_write_json(rd.train / "history.json", rep["history"])
     atomic_write_json(rd.train / "step_times.json", {"seconds": rep["step_seconds"], "token_steps": rep["step_token_steps"], "world_size": rep["world_size"], "is": "per step of the last (resumed) call: wall seconds on rank 0 and loss-bearing tokens x TTT steps over all ranks"})
     bnds = ds.manifest["aux_boundaries"]
-    man = provenance(p.seed, kind="eagle3nb-drafter", target=ds.manifest["target"], dataset_engine=ds.manifest["engine"], convention=ds.manifest["convention"], layer_ids=ds.manifest["layer_ids"], aux_boundaries=bnds, dtype=ds.manifest["dtype"], template=ds.manifest["template"], train_config=cfg.__dict__, vocab=rep["vocab"])
+    man = provenance(p.seed, kind="eagle3nb-drafter", training_mode=p.training_mode, target=ds.manifest["target"], dataset_engine=ds.manifest["engine"], convention=ds.manifest["convention"], layer_ids=ds.manifest["layer_ids"], aux_boundaries=bnds, dtype=ds.manifest["dtype"], template=ds.manifest["template"], train_config=cfg.__dict__, vocab=rep["vocab"])
     export_drafter(drafter, rd.drafter, bnds, ds.manifest["target"]["n_layers"], man, tok.bos_token_id, tok.eos_token_id, serve_b)
     _, cfg_json = load_drafter(rd.drafter)  # refuses a folder missing a tensor or contradicting itself
     engines = engine_report(cfg_json, bnds, ds.manifest["target"]["n_layers"], {"norm_before_residual": drafter.config.norm_before_residual})
@@ -336,10 +337,12 @@ def train_step(p: RunParams, progress=True) -> dict:
     last = rep["history"][-1]
     stats = {"steps": rep["steps"], "seconds": round(rep["seconds"], 2), "loss_token_steps_per_s": round(rep["tokens_per_s"], 1) if rep["tokens_per_s"] else None, "final_loss": last["loss"], "final_loss_is": f"sum over TTT steps j of {p.loss_decay}**j x soft cross-entropy, last logged training batch", "last_batch_step_acc": last["step_acc"], "last_batch_step_acc_is": "training-batch accuracy per TTT step (not held-out; see eval)", "draft_vocab_size": p.draft_vocab_size, "vocab": rep["vocab"], "empty_batches": rep["empty_batches"], "n_train_samples": len(ds), "n_train_tokens_incl_prompts": ds.manifest["n_tokens"],
              "world_size": rep["world_size"], "parallel": rep["parallel"], "global_batch": p.batch_size,
-             "padding_fraction": {k: round(v["padding_fraction"], 4) for k, v in rep["padding"].items()}, "padding_fraction_is": "share of padded positions in the per-rank batches of one epoch: this run's plan (bucketed by length unless bucket_by_length is false) vs a plain shuffle"}
+             "padding_fraction": {k: round(v["padding_fraction"], 4) for k, v in rep["padding"].items()}, "padding_fraction_is": "share of padded positions in the per-rank batches of one epoch: this run's plan (bucketed by length unless bucket_by_length is false) vs a plain shuffle", "training_mode": p.training_mode}
+    if p.training_mode == "online":  # the target's share of the training time
+        stats["online"] = {"target_capture_seconds": round(ds.capture_seconds, 3), "target_capture_tokens_per_s": round(ds.captured_tokens / ds.capture_seconds, 1) if ds.capture_seconds else None, "nonfinite_rows_masked": ds.nonfinite_rows, "note": "capture times are of this process only (a resumed run counts its last part)"}
     update_metrics(rd.metrics, "train", stats)
     record_checks(rd, "03_train", [
-        f"dataset {ds_dir.name}/ (engine {ds.manifest['engine']['name']}): {len(ds.manifest['shards'])} shard sha256 verified at load",
+        f"dataset {ds_dir.name}/ (engine {ds.manifest['engine']['name']}): {len(ds.manifest['shards'])} shard sha256 verified at load" if p.training_mode == "offline" else "online: the target captured every batch (no dataset on disk); its sha256 and template match 01's output",
         "manifest target/dtype/convention/template " + ("match this run" if not p.allow_manifest_mismatch else "NOT checked (allow_manifest_mismatch)"),
         f"dataset boundaries {bnds} == boundaries the drafter is served with" if not p.allow_manifest_mismatch else "serve-time boundaries NOT checked (allow_manifest_mismatch)",
         "exported drafter reloads: required tensors present, shapes match config, d2t offsets consistent with t2d",
@@ -347,6 +350,27 @@ def train_step(p: RunParams, progress=True) -> dict:
         "engines read back the trained boundaries: " + ", ".join(f"{e}={'ok' if r['ok'] else 'MISMATCH ' + str(r)}" for e, r in engines.items()),
     ])
     return {"history": rep["history"], "stats": stats, "export_dir": rd.drafter}
+
+
+def _online_source(p: RunParams, rd: RunDir, model, tok, path) -> OnlineSource:
+    """03 online: 01's samples (as 02 would extract them), the target (``p.dtype``) capturing each
+    batch; the same checks as 02 before training (generation manifest, measured boundaries)."""
+    gman = read_json(rd.generation_manifest, "generation manifest (from 01_generate)")
+    tinfo = target_info(path, model, rd.root)
+    check_compatible(gman, {"target": tinfo, "template": {"mode": p.mode, "sha256": chat.template_hash(_template(p, tok))}}, ["target.sha256", "template"], "generation output", "(delete the run folder)")
+    ids, bnds = resolve_aux(p, tinfo["n_layers"])
+    cap = model if p.dtype == "float32" else models.load_target(p.model, p.dtype, model.device)[0]
+    samples = extract.train_samples(rd)
+    if not samples:
+        raise ValueError("no train sample with generated tokens: 01_generate produced nothing to train on; check prompts_file and max_new_tokens")
+    src = OnlineSource(samples, cap, ids, p.convention, provenance(p.seed, target=tinfo, dtype=p.dtype, template=gman["template"], generation_sha256=gman["file_sha256"]), global_batch=p.batch_size, seed=p.seed, bucket=p.bucket_by_length)
+    probe = samples[0][1]
+    err, ref_b = alignment_matrix(src.engine.capture([probe], ids)[0].aux.float(), reference_states(cap, probe), len(ids))
+    align = alignment_verdict(err, ref_b, bnds, p.dtype)
+    if not align["ok"] and not p.allow_boundary_mismatch:
+        raise ValueError(f"{src.engine.engine_name} captured boundaries {align['measured']} for {p.convention} ids {ids}, declared {bnds}; fix convention/layer_ids, or set allow_boundary_mismatch=True to continue")
+    update_metrics(rd.metrics, "alignment", {src.engine.engine_name: {"declared": align["declared"], "measured": align["measured"], "verdicts": [x["verdict"] for x in align["slots"]], "max_error": max(x["error"] for x in align["slots"]), "tolerance": align["tolerance"], "online": True}})
+    return src
 
 
 def eval_step(p: RunParams, progress=True) -> dict:
@@ -357,7 +381,7 @@ def eval_step(p: RunParams, progress=True) -> dict:
     drafter.to(model.device)
     dman = read_json(rd.drafter / "manifest.json", "drafter manifest")
     if not p.allow_template_mismatch:
-        check_compatible(dman, {"template": {"mode": p.mode, "sha256": chat.template_hash(_template(p, tok))}, "target": {"sha256": models.model_hash(path)}}, ["template", "target.sha256"], f"drafter {rd.drafter}", "allow_template_mismatch")
+        check_compatible(dman, {"template": {"mode": p.mode, "sha256": chat.template_hash(_template(p, tok))}, "target": {"sha256": models.model_hash(path, rd.root)}}, ["template", "target.sha256"], f"drafter {rd.drafter}", "allow_template_mismatch")
     bnds = cfg["eagle3nb"]["aux_boundaries"]
     n = n_layers_of(model)
     held = [r for r in read_jsonl(rd.generated) if r["split"] == "heldout"]

@@ -22,7 +22,7 @@ SAMPLES = [(i, list(range(1, 4 + i % 5)), [0] + [1] * (2 + i % 5)) for i in rang
 
 def fake_engine_capture(xs):
     """A fake engine (tests only): states are a function of the token ids, so any rerun agrees."""
-    return [Captured(aux=torch.tensor(x, dtype=torch.float32)[:, None].repeat(1, 4), final=torch.tensor(x, dtype=torch.float32)[:, None].repeat(1, 2) * -1) for x in xs]
+    return [Captured(aux=torch.tensor(x, dtype=torch.float32)[:, None].repeat(1, 2), final=torch.tensor(x, dtype=torch.float32)[:, None].repeat(1, 2) * -1) for x in xs]
 
 
 CHILD = textwrap.dedent(
@@ -93,7 +93,7 @@ def test_disk_full_gives_clear_error_and_keeps_earlier_shards(tmp_path, monkeypa
 
 def test_wrong_row_count_from_engine_is_an_error(tmp_path):
     def fake_engine_dropping_rows(xs):  # a fake engine (tests only) returning another request's rows
-        return [Captured(aux=torch.zeros(len(x) - 1, 4), final=torch.zeros(len(x) - 1, 2)) for x in xs]
+        return [Captured(aux=torch.zeros(len(x) - 1, 2), final=torch.zeros(len(x) - 1, 2)) for x in xs]
 
     with pytest.raises(RuntimeError, match="rows for sample"):
         write_dataset(tmp_path / "ds", SAMPLES, fake_engine_dropping_rows, MAN, shard_size=4)

@@ -1,0 +1,221 @@
+"""Offline extraction plumbing shared by the 02 notebooks: the disk plan, and sharded extraction
+over N worker processes.
+
+Sharded extraction: the samples are cut into shards exactly as one process would
+(:func:`eagle3nb.dataset.shard_plan`); worker ``w`` of ``W`` writes the shards ``i % W == w``
+with its own engine (HF transformers, loaded in the worker; on GPU machines worker ``w`` uses
+``cuda:w % device_count``), recording each finished shard in ``dataset/workers/worker-w.json``.
+When all workers ended, :func:`eagle3nb.dataset.merge_workers` checks every shard's sha256 and
+writes one manifest. A lost worker leaves its remaining shards missing: the merge names them, and
+a rerun (any worker count) redoes only those, so no sample is written twice.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+from . import chat, models
+from .dataset import WORKERS_DIR, merge_workers, prepare_dataset, shard_plan, write_dataset
+from .generate import read_jsonl
+from .manifest import atomic_write_json, read_json
+from .params import RunDir, RunParams
+from .storage import estimate_dataset_bytes, shard_file_bytes, shard_layout
+
+__all__ = ["train_samples", "disk_plan", "check_disk", "write", "launch_workers", "finish_workers", "worker_main", "metadata_bytes_max", "capture_overhead"]
+
+
+def train_samples(rd: RunDir) -> list[tuple[int, list[int], list[int]]]:
+    """``(sample_id, input_ids, loss_mask)`` of every train record of 01 with generated tokens: the
+    served prompt ids plus exactly the generated ids (see :func:`eagle3nb.chat.generated_sample`)."""
+    recs = [r for r in read_jsonl(rd.generated) if r["split"] == "train"]
+    return [(r["id"], *chat.generated_sample(r["prompt_ids"], r["output_ids"])) for r in recs if r["output_ids"]]
+
+
+def metadata_bytes_max(n_shards: int, n_samples: int) -> int:
+    """Upper bound on manifest.json (provenance ~ a few KB, one ~0.5 KB entry per shard, skipped ids)."""
+    return 64 * 1024 + 640 * n_shards + 24 * n_samples
+
+
+def disk_plan(p: RunParams, samples: Sequence | None = None, n_aux: int | None = None, hidden: int | None = None) -> dict:
+    """Disk need of the offline dataset vs the free space, before any capture (config.json only).
+
+    Returns:
+        ``{"shard_bytes"`` (exact size of the shard files), ``"metadata_bytes_max"``,
+        ``"total_bytes"``, ``"remaining_bytes"`` (shards not yet on disk + metadata),
+        ``"free_bytes"``, ``"fits"``, ``"per_token_bytes"``, ``"formula"``, ``"n_tokens"``,
+        ``"n_samples"``, ``"n_shards"``, ``"aux_storage"``, ``"dtype"``, ``"path"``}``.
+    """
+    from .conventions import aux_ids_and_boundaries
+
+    rd = RunDir(p)
+    if samples is None:
+        samples = train_samples(rd)
+    if n_aux is None or hidden is None:
+        cfg = models.read_model_config(models.resolve_model(p.model))
+        n_aux = len(aux_ids_and_boundaries(p.convention, p.layer_ids, cfg["num_hidden_layers"])[1])
+        hidden = cfg["hidden_size"]
+    dtype = models.DTYPES[p.dtype]
+    plan = shard_plan(list(samples), p.shard_size)
+    lens = [[len(s[1]) for s in chunk if any(s[2])] for _, chunk in plan]  # empty masks are skipped
+    est = estimate_dataset_bytes(lens, n_aux, hidden, dtype, p.aux_storage)
+    meta = metadata_bytes_max(len(plan), len(samples))
+    todo = sum(shard_file_bytes(shard_layout(ls, n_aux, hidden, dtype, p.aux_storage)) for (name, _), ls in zip(plan, lens) if not (rd.dataset / name).exists())
+    where = rd.dataset if rd.dataset.exists() else next(x for x in [rd.dataset, *rd.dataset.parents] if x.exists())
+    free = shutil.disk_usage(where).free
+    return dict(est, metadata_bytes_max=meta, total_bytes=est["shard_bytes"] + meta, remaining_bytes=todo + meta, free_bytes=free, fits=todo + meta <= free, aux_storage=p.aux_storage, dtype=p.dtype, path=str(rd.dataset))
+
+
+def check_disk(plan: dict) -> None:
+    """Refuse to start an extraction that cannot fit.
+
+    Raises:
+        OSError: the remaining shards and metadata need more than the free space; the message
+            gives both numbers and the fixes.
+    """
+    if not plan["fits"]:
+        hint = "" if plan["aux_storage"] == "int8" else ", or aux_storage: int8"
+        raise OSError(f"the dataset needs {plan['remaining_bytes'] / 1e9:.3f} GB more ({plan['formula']}) but {plan['path']} has {plan['free_bytes'] / 1e9:.3f} GB free; free space, lower max_train_prompts/max_new_tokens, use dtype: bfloat16{hint}, or training_mode: online (no states on disk)")
+
+
+def write(p: RunParams, rd: RunDir, samples: Sequence, engine, ids: Sequence[int], manifest: dict, progress=None) -> dict:
+    """Write the dataset with ``p.extract_workers`` processes (1: in this process, with ``engine``;
+    more: each worker loads its own HF engine). Returns the complete manifest.
+
+    Raises:
+        RuntimeError: a worker was lost (its missing shards are named; rerun to redo them).
+    """
+    dtype = models.DTYPES[p.dtype]
+    if p.extract_workers <= 1:
+        return write_dataset(rd.dataset, samples, lambda xs: engine.capture(xs, ids), manifest, p.shard_size, dtype, progress, p.aux_storage)
+    man = prepare_dataset(rd.dataset, samples, manifest, p.shard_size, p.aux_storage)
+    plan_file = rd.dataset / WORKERS_DIR / "plan.json"
+    atomic_write_json(plan_file, {"params": p.model_dump(), "manifest": manifest, "ids": list(ids)})
+    del man
+    return finish_workers(launch_workers(plan_file, p.extract_workers), plan_file)
+
+
+def launch_workers(plan_file: str | os.PathLike, workers: int) -> list[subprocess.Popen]:
+    """Start ``workers`` processes ``python -m eagle3nb.extract PLAN w W`` (their output goes to
+    ``workers/worker-w.log``)."""
+    plan_file = Path(plan_file)
+    procs = []
+    for w in range(workers):
+        log = open(plan_file.parent / f"worker-{w:05d}.log", "w")
+        procs.append(subprocess.Popen([sys.executable, "-m", "eagle3nb.extract", str(plan_file), str(w), str(workers)], stdout=log, stderr=subprocess.STDOUT))
+        log.close()
+    return procs
+
+
+def finish_workers(procs: list[subprocess.Popen], plan_file: str | os.PathLike) -> dict:
+    """Wait for the workers, then merge their shards into one manifest.
+
+    Raises:
+        RuntimeError: a worker exited non-zero or was killed (its log tail is quoted), or shards
+            are missing; the manifest then lists the finished shards and a rerun redoes the rest.
+    """
+    plan_file = Path(plan_file)
+    codes = [pr.wait() for pr in procs]
+    plan = read_json(plan_file)
+    p = RunParams(**plan["params"])
+    samples = train_samples(RunDir(p))
+    try:
+        return merge_workers(plan_file.parent.parent, samples, plan["manifest"], p.shard_size, p.aux_storage, len(procs))
+    except RuntimeError as e:
+        bad = [(w, c) for w, c in enumerate(codes) if c != 0]
+        tails = []
+        for w, c in bad:
+            log = plan_file.parent / f"worker-{w:05d}.log"
+            tail = log.read_text()[-600:] if log.exists() else ""
+            tails.append(f"worker {w} exit code {c}{' (killed)' if c < 0 else ''}: ...{tail.strip()[-400:]}")
+        raise RuntimeError(f"{e}. " + " | ".join(tails)) from None
+
+
+def capture_overhead(model, engine, samples: Sequence, ids: Sequence[int], max_samples: int = 128, repeats: int = 3) -> dict:
+    """Extraction speed with and without capture, measured in this process on the same samples:
+    the target's plain decoder forward (no hooks) vs the engine's capture (hooks, clones, copies
+    to CPU), same batches; the median of ``repeats`` alternating timings after a warm-up.
+
+    Returns:
+        ``{"engine", "plain_forward_tokens_per_s", "capture_tokens_per_s", "capture_overhead_ratio"
+        (capture time / plain time), "measured_on_tokens", "batch_size"}``.
+    """
+    import statistics
+
+    import torch
+
+    from .capture import _decoder
+
+    xs = [list(s[1]) for s in samples[:max_samples]]
+    bs = engine.batch_size
+    dev = next(model.parameters()).device
+    batches = []
+    for i in range(0, len(xs), bs):
+        chunk = xs[i : i + bs]
+        T = max(map(len, chunk))
+        t = torch.zeros(len(chunk), T, dtype=torch.long)
+        m = torch.zeros(len(chunk), T, dtype=torch.long)
+        for r, x in enumerate(chunk):
+            t[r, : len(x)], m[r, : len(x)] = torch.tensor(x), 1
+        batches.append((t.to(dev), m.to(dev)))
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    @torch.no_grad()
+    def plain():
+        for t, m in batches:
+            _decoder(model)(input_ids=t, attention_mask=m, use_cache=False)
+
+    def captured():
+        for i in range(0, len(xs), bs):
+            engine.capture(xs[i : i + bs], ids)
+
+    def timed(fn):
+        sync()
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        return time.perf_counter() - t0
+
+    plain(), captured()  # warm-up (allocator, kernels)
+    tp, tc = [], []
+    for _ in range(repeats):
+        tp.append(timed(plain))
+        tc.append(timed(captured))
+    n_tok = sum(map(len, xs))
+    p_s, c_s = statistics.median(tp), statistics.median(tc)
+    return {"engine": engine.engine_name, "plain_forward_tokens_per_s": round(n_tok / p_s, 1), "capture_tokens_per_s": round(n_tok / c_s, 1), "capture_overhead_ratio": round(c_s / p_s, 3), "measured_on_tokens": n_tok, "batch_size": bs, "repeats": repeats}
+
+
+def worker_main(argv: Sequence[str]) -> int:
+    """Entry of one extraction worker: ``python -m eagle3nb.extract PLAN w W``."""
+    import torch
+
+    from .capture import HFCaptureEngine
+
+    plan_file, w, W = Path(argv[0]), int(argv[1]), int(argv[2])
+    plan = read_json(plan_file, "extraction plan")
+    p = RunParams(**plan["params"])
+    dev = p.device if p.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    if dev.startswith("cuda") and torch.cuda.device_count() > 1:
+        dev = f"cuda:{w % torch.cuda.device_count()}"
+    if dev == "cpu":  # share the cores instead of oversubscribing them W times
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // W))
+    model, _, _ = models.load_target(p.model, p.dtype, dev)
+    engine = HFCaptureEngine(model, p.convention, p.capture_batch_size)
+    rd = RunDir(p)
+    t0 = time.time()
+    rec = write_dataset(rd.dataset, train_samples(rd), lambda xs: engine.capture(xs, plan["ids"]), plan["manifest"], p.shard_size, models.DTYPES[p.dtype], None, p.aux_storage, worker=(w, W))
+    print(f"worker {w}/{W}: {len(rec['shards'])} shards in {time.time() - t0:.1f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main(sys.argv[1:]))
