@@ -43,6 +43,11 @@ class RunParams(BaseModel):
     mode: Literal["completion", "chat"] = "completion"
     chat_template: Optional[str] = None
     # 02b_extract_sglang
+    engine: Literal["sglang", "hf"] = "sglang"
+    sglang_python: Optional[str] = None
+    measure_engine_speed: bool = False
+    drift_samples: int = Field(4, ge=0)
+    drift_both_dtypes: bool = False
     convention: str = "sglang"
     layer_ids: Optional[list[int]] = None
     shard_size: int = Field(64, ge=1)
