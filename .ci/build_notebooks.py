@@ -78,7 +78,8 @@ weight_decay = 0.0  # AdamW weight decay
 aux_noise = 0.0  # Gaussian noise on aux states, relative to their std
 init_head_from_target = True  # start lm_head and final norm from the target's
 checkpoint_every = 200  # steps between checkpoints (resume on rerun)
-allow_manifest_mismatch = False  # continue although the dataset's target/convention/boundaries differ'''),
+allow_manifest_mismatch = False  # continue although the dataset's target/convention/boundaries differ
+export_layer_ids = "trained"  # ids written for SGLang/vLLM: the trained boundaries, or engine_default (reproduces the layer-id mismatch)'''),
         ("code", "from eagle3nb import params, steps, plots\nfrom eagle3nb.export import load_drafter\n\nP = params.collect(globals())\nout = steps.train_step(P, progress=interactive)\ns = out[\"stats\"]"),
         ("check", '# NBVAL_CHECK_OUTPUT\nprint("optimizer steps:", s["steps"], "| train samples:", s["n_train_samples"], "| tokens (incl. prompts):", s["n_train_tokens_incl_prompts"], "| loss-bearing:", s["vocab"]["loss_tokens"])\nprint("draft vocab:", s["draft_vocab_size"], "| distinct loss-bearing tokens:", s["vocab"]["distinct_loss_tokens"], "| coverage:", round(s["vocab"]["coverage"], 3))\nprint("exported:", sorted(p.name for p in out["export_dir"].iterdir()))'),
         ("code", 'fig = plots.training_figure(out["history"])\nplots.save_html(fig, params.RunDir(P).figures / "training.html")\nfig'),

@@ -8,4 +8,6 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -e '.[dev]'
+# the real engines (vLLM, SGLang), each in its own cached venv; EAGLE3NB_NO_ENGINES=1 skips them
+[ "${EAGLE3NB_NO_ENGINES:-0}" = 1 ] || bash .ci/setup_engines.sh
 .venv/bin/python -c "import torch, transformers, papermill, nbval, plotly; print('eagle3nb env ready: torch', torch.__version__, '| transformers', transformers.__version__)"

@@ -41,11 +41,17 @@ REQUIRED_TENSORS = ["fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"] 
 ]
 
 
-def drafter_config_json(c: DrafterConfig, aux_boundaries: list[int], target_n_layers: int, bos: int | None, eos: int | None) -> dict:
-    """The config.json for both engines (ids in each engine's own convention)."""
+def drafter_config_json(c: DrafterConfig, aux_boundaries: list[int], target_n_layers: int, bos: int | None, eos: int | None, serve_boundaries: list[int] | None = None) -> dict:
+    """The config.json for both engines (ids in each engine's own convention).
+
+    ``serve_boundaries`` (default: ``aux_boundaries``) are the boundaries the written ids make the
+    engines capture. Only the mismatch reproduction (``export_layer_ids: engine_default``) sets them
+    apart from the trained ``aux_boundaries``, which stay recorded under ``eagle3nb``.
+    """
     b = check_boundaries(aux_boundaries, target_n_layers, "aux_boundaries")
-    sglang_ids = get_convention("sglang").boundaries_to_ids(b, target_n_layers)
-    vllm_ids = get_convention("vllm").boundaries_to_ids(b, target_n_layers)
+    sb = b if serve_boundaries is None else check_boundaries(serve_boundaries, target_n_layers, "serve_boundaries")
+    sglang_ids = get_convention("sglang").boundaries_to_ids(sb, target_n_layers)
+    vllm_ids = get_convention("vllm").boundaries_to_ids(sb, target_n_layers)
     return {
         "architectures": [ARCH],
         "model_type": "llama",
@@ -74,8 +80,10 @@ def drafter_config_json(c: DrafterConfig, aux_boundaries: list[int], target_n_la
     }
 
 
-def export_drafter(drafter: Eagle3Drafter, out_dir: str | os.PathLike, aux_boundaries: list[int], target_n_layers: int, manifest: dict, bos: int | None = None, eos: int | None = None) -> Path:
+def export_drafter(drafter: Eagle3Drafter, out_dir: str | os.PathLike, aux_boundaries: list[int], target_n_layers: int, manifest: dict, bos: int | None = None, eos: int | None = None, serve_boundaries: list[int] | None = None) -> Path:
     """Write ``config.json``, ``model.safetensors`` and ``manifest.json`` into ``out_dir``.
+
+    ``serve_boundaries``: see :func:`drafter_config_json` (None = the trained boundaries).
 
     The folder is built in a temp folder and renamed into place, so a crash never leaves a
     half-written drafter. Returns the folder path.
@@ -86,7 +94,7 @@ def export_drafter(drafter: Eagle3Drafter, out_dir: str | os.PathLike, aux_bound
     try:
         sd = {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items() if not k.startswith("embed_tokens")}
         save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        cfg = drafter_config_json(drafter.config, aux_boundaries, target_n_layers, bos, eos)
+        cfg = drafter_config_json(drafter.config, aux_boundaries, target_n_layers, bos, eos, serve_boundaries)
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         atomic_write_json(tmp / "manifest.json", manifest)
         for f in tmp.iterdir():

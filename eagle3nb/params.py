@@ -70,6 +70,7 @@ class RunParams(BaseModel):
     init_head_from_target: bool = True
     checkpoint_every: int = Field(200, ge=1)
     allow_manifest_mismatch: bool = False
+    export_layer_ids: Literal["trained", "engine_default"] = "trained"
     # 04_eval_acceptance
     k: int = Field(5, ge=1)
     eval_max_new_tokens: int = Field(32, ge=1)

@@ -17,6 +17,7 @@ from .alignment import alignment_matrix, alignment_verdict, reference_states
 from .capture import HFCaptureEngine, n_layers_of
 from .dataset import AuxDataset, estimate_bytes, write_dataset
 from .drafter import Eagle3Drafter
+from . import engine_configs
 from .engine_configs import engine_report
 from .export import export_drafter, load_drafter
 from .generate import generate_batch, read_jsonl, write_jsonl
@@ -263,6 +264,18 @@ def train_step(p: RunParams, progress=True) -> dict:
         check_compatible(ds.manifest, want, ["target.sha256", "dtype", "convention", "template"], f"dataset {rd.dataset}", "allow_manifest_mismatch")
         _, bnds = resolve_aux(p, n_layers_of(model))
         check_compatible(ds.manifest, {"aux_boundaries": bnds}, ["aux_boundaries"], f"dataset {rd.dataset} (boundaries the exported drafter will be served with)", "allow_manifest_mismatch")
+    # the boundaries the exported ids make SGLang and vLLM capture; "engine_default" writes the ids
+    # users copy from the engines' defaults (the user's failure when the data came from elsewhere)
+    n_t = n_layers_of(model)
+    serve_b = conventions.pick_default_boundaries(n_t) if p.export_layer_ids == "engine_default" else list(ds.manifest["aux_boundaries"])
+    serve_mismatch = serve_b != list(ds.manifest["aux_boundaries"])
+    if serve_mismatch and not p.allow_manifest_mismatch:
+        raise ValueError(
+            f"export_layer_ids={p.export_layer_ids!r}: the exported ids make SGLang and vLLM capture boundaries {serve_b}, "
+            f"but dataset {rd.dataset} was captured at boundaries {ds.manifest['aux_boundaries']} ({ds.manifest['convention']} ids "
+            f"{ds.manifest['layer_ids']}); the served drafter would read other tensors than it was trained on. Use "
+            "export_layer_ids: trained, or set allow_manifest_mismatch=True to reproduce the mismatch"
+        )
     if p.draft_vocab_size > model.config.vocab_size:
         raise ValueError(f"draft_vocab_size={p.draft_vocab_size} exceeds the target vocab ({model.config.vocab_size}); lower it")
     cfg = TrainConfig(draft_vocab_size=p.draft_vocab_size, draft_num_heads=p.draft_num_heads, draft_num_kv_heads=p.draft_num_kv_heads, draft_intermediate_size=p.draft_intermediate_size, ttt_steps=p.ttt_steps, loss_decay=p.loss_decay, batch_size=p.batch_size, max_steps=p.max_steps, lr=p.lr, warmup_steps=p.warmup_steps, weight_decay=p.weight_decay, aux_noise=p.aux_noise, init_head_from_target=p.init_head_from_target, seed=p.seed, checkpoint_every=p.checkpoint_every)
@@ -270,10 +283,10 @@ def train_step(p: RunParams, progress=True) -> dict:
     atomic_write_json(rd.train / "history.json", rep["history"])
     bnds = ds.manifest["aux_boundaries"]
     man = provenance(p.seed, kind="eagle3nb-drafter", target=ds.manifest["target"], dataset_engine=ds.manifest["engine"], convention=ds.manifest["convention"], layer_ids=ds.manifest["layer_ids"], aux_boundaries=bnds, dtype=ds.manifest["dtype"], template=ds.manifest["template"], train_config=cfg.__dict__, vocab=rep["vocab"])
-    export_drafter(drafter, rd.drafter, bnds, ds.manifest["target"]["n_layers"], man, tok.bos_token_id, tok.eos_token_id)
+    export_drafter(drafter, rd.drafter, bnds, ds.manifest["target"]["n_layers"], man, tok.bos_token_id, tok.eos_token_id, serve_b)
     _, cfg_json = load_drafter(rd.drafter)  # refuses a folder missing a tensor or contradicting itself
     engines = engine_report(cfg_json, bnds, ds.manifest["target"]["n_layers"], {"norm_before_residual": drafter.config.norm_before_residual})
-    update_metrics(rd.metrics, "export", {"engines": engines})
+    update_metrics(rd.metrics, "export", {"engines": engines, "export_layer_ids": p.export_layer_ids, "trained_boundaries": bnds, "served_boundaries": serve_b, "serve_mismatch": serve_mismatch})
     last = rep["history"][-1]
     stats = {"steps": rep["steps"], "seconds": round(rep["seconds"], 2), "loss_token_steps_per_s": round(rep["tokens_per_s"], 1) if rep["tokens_per_s"] else None, "final_loss": last["loss"], "final_loss_is": f"sum over TTT steps j of {p.loss_decay}**j x soft cross-entropy, last logged training batch", "last_batch_step_acc": last["step_acc"], "last_batch_step_acc_is": "training-batch accuracy per TTT step (not held-out; see eval)", "draft_vocab_size": p.draft_vocab_size, "vocab": rep["vocab"], "empty_batches": rep["empty_batches"], "n_train_samples": len(ds), "n_train_tokens_incl_prompts": ds.manifest["n_tokens"]}
     update_metrics(rd.metrics, "train", stats)
@@ -282,6 +295,7 @@ def train_step(p: RunParams, progress=True) -> dict:
         "manifest target/dtype/convention/template " + ("match this run" if not p.allow_manifest_mismatch else "NOT checked (allow_manifest_mismatch)"),
         f"dataset boundaries {bnds} == boundaries the drafter is served with" if not p.allow_manifest_mismatch else "serve-time boundaries NOT checked (allow_manifest_mismatch)",
         "exported drafter reloads: required tensors present, shapes match config, d2t offsets consistent with t2d",
+        (f"SERVE MISMATCH (allowed by allow_manifest_mismatch): trained at boundaries {bnds}, exported ids serve {serve_b}" if serve_mismatch else f"exported ids serve the trained boundaries {bnds}"),
         "engines read back the trained boundaries: " + ", ".join(f"{e}={'ok' if r['ok'] else 'MISMATCH ' + str(r)}" for e, r in engines.items()),
     ])
     return {"history": rep["history"], "stats": stats, "export_dir": rd.drafter}
@@ -307,6 +321,11 @@ def eval_step(p: RunParams, progress=True) -> dict:
     eos = models.stop_token_ids(model, tok)
     bar = (lambda xs: _progress()(xs, desc="speculative decoding")) if progress else None
     runs = {"trained": (drafter, bnds)}
+    # what SGLang/vLLM capture when they read the exported ids (differs only in the mismatch reproduction)
+    served = {e: engine_configs.read_as_engine(cfg, e, n)["boundaries"] for e in engine_configs.ENGINE_READS}
+    for e, sb in served.items():
+        if sb != list(bnds) and f"trained, as served (ids -> {sb})" not in runs:
+            runs[f"trained, as served (ids -> {sb})"] = (drafter, sb)
     if p.baselines:
         torch.manual_seed(p.seed + 1234)
         fresh = Eagle3Drafter(drafter.config, model.get_input_embeddings().weight.detach().float().cpu())
@@ -314,7 +333,7 @@ def eval_step(p: RunParams, progress=True) -> dict:
         if dman["train_config"].get("init_head_from_target"):
             init_head_from_target(fresh, model)  # the trained drafter's starting point
         runs["untrained"] = (fresh.eval().to(model.device), bnds)
-        if max(bnds) + 1 <= n:
+        if max(bnds) + 1 <= n and [b + 1 for b in bnds] not in [list(x) for _, x in runs.values()]:
             runs["trained, boundaries +1"] = (drafter, [b + 1 for b in bnds])
     results, t0 = {}, time.time()
     for label, (d, b) in runs.items():
@@ -333,6 +352,7 @@ def eval_step(p: RunParams, progress=True) -> dict:
         "drafted_tokens": {k: v["cycles"] * p.k for k, v in results.items()},
         "emitted_tokens": {k: v["emitted_tokens"] for k, v in results.items()},
         "greedy_mismatches": len(results["trained"]["greedy_mismatches"]),
+        "trained_boundaries": list(bnds), "served_boundaries": served,
         "definitions": "tau = mean tokens emitted per draft-verify cycle (1 + accepted drafts); a_i = fraction of cycles whose draft position i was accepted; draft_acceptance_rate = accepted / drafted = (tau - 1) / k",
         "data_and_budget": f"{gm['n_train']} train prompts x <= {gm['decoding']['max_new_tokens']} greedy tokens ({gm['generated_tokens']} tokens); {tc['max_steps']} steps of batch {tc['batch_size']}, TTT {tc['ttt_steps']} ({tm.get('seconds', '?')} s of training); {len(prompts)} held-out prompts x <= {p.eval_max_new_tokens} tokens",
         "seconds": round(secs, 2),
