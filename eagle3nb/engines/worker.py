@@ -1,0 +1,155 @@
+"""Engine worker: one real engine (vLLM or SGLang) in its own Python, serving JSON-line requests.
+
+Why a process boundary: each engine pins its own torch build, so each lives in its own virtual
+environment (``bash .ci/setup_engines.sh`` creates them under ``~/.cache/eagle3nb/engines``). The
+notebook's side (:class:`eagle3nb.engines.client.EngineClient`) starts this module with the engine
+environment's python and ``PYTHONPATH`` = the repository root, so only ``eagle3nb.engines.*``
+is imported here: this file and the backends import stdlib, torch, safetensors and the engine,
+never the rest of ``eagle3nb`` (whose dependencies the engine environment does not have).
+
+Protocol (stdin/stdout, one JSON object per line; no sockets of ours, so nothing listens; the
+engines themselves are told to stay on loopback):
+
+- start: ``python -m eagle3nb.engines.worker '<json spec>'`` with spec ``{"engine": "vllm",
+  "model_path": ..., "dtype": ..., "options": {...}, "workdir": ...}``; the worker answers
+  ``{"ready": true, "info": {...}}`` once the backend is built, or ``{"ready": false, "error",
+  "type", "traceback"}``.
+- request ``{"id": n, "method": "generate" | "capture" | "serve_acceptance" | "info" | "close",
+  "args": {...}}``; answer ``{"id": n, "ok": true, "result": ...}`` or ``{"id": n, "ok": false,
+  "error": str, "type": exception class name, "traceback": str}``.
+- tensors (capture results) are not sent as JSON: the worker writes them into a safetensors file
+  in ``workdir`` (temp file + rename; keys ``{i}.aux``, ``{i}.final``) and answers ``{"file": path,
+  "n": count}``; the client loads and deletes it.
+- the engines' own prints go to stderr (fd 1 is redirected there at start), which the client
+  writes to ``workdir/engine.log``; the protocol uses a private copy of the original stdout.
+
+Backend contract (every module in :data:`REGISTRY` defines ``Backend`` with these methods):
+
+- ``Backend(model_path: str, dtype: str, options: dict)``
+- ``info() -> dict``: ``engine_name`` (e.g. ``"vllm"``), ``engine_version``, ``torch_version``,
+  ``convention`` (name in :data:`eagle3nb.conventions.CONVENTIONS` of the ids ``capture`` takes).
+- ``generate(prompts: list[list[int]], max_new_tokens, stop_token_ids, temperature, top_p, seed)
+  -> list[list[int]]``: new ids per prompt, cut after the first stop id (kept).
+- ``capture(samples: list[list[int]], layer_ids: list[int]) -> list[dict]``: per sample ``aux``
+  float tensor ``[T, n_ids*H]`` (ids' states concatenated in the order given = boundary order) and
+  ``final`` ``[T, H]`` (boundary N) when the engine can capture it, else the key is absent.
+- ``close()``.
+- vLLM also: ``serve_acceptance(drafter_dir, prompts, k, max_new_tokens, stop_token_ids) ->
+  dict`` (outputs and vLLM's counters; see :mod:`eagle3nb.engines.vllm_backend`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import traceback
+
+__all__ = ["REGISTRY", "backend_module", "serve", "main"]
+
+# engine name -> module defining ``Backend``; "module:<dotted.path>" selects any other module
+# (used by the unit tests' fake engine, which is named as a fake)
+REGISTRY = {
+    "vllm": "eagle3nb.engines.vllm_backend",
+    "sglang": "eagle3nb.engines.sglang_backend",
+}
+# the package each engine needs importable (for the client's in-process check)
+ENGINE_PACKAGES = {"vllm": "vllm", "sglang": "sglang"}
+
+
+def backend_module(engine: str) -> str:
+    """Module path of ``engine``'s backend.
+
+    Raises:
+        ValueError: an unknown engine name.
+    """
+    if engine.startswith("module:"):
+        return engine.split(":", 1)[1]
+    if engine not in REGISTRY:
+        raise ValueError(f"engine={engine!r} is unknown; use one of {sorted(REGISTRY)}")
+    return REGISTRY[engine]
+
+
+def _save_tensors(workdir: str, rid: int, items: list[dict]) -> dict:
+    from safetensors.torch import save_file
+
+    flat = {}
+    for i, d in enumerate(items):
+        for k, v in d.items():
+            flat[f"{i}.{k}"] = v.detach().cpu().contiguous()
+    path = os.path.join(workdir, f"capture-{os.getpid()}-{rid}.safetensors")
+    save_file(flat, path + ".tmp")
+    os.replace(path + ".tmp", path)
+    return {"file": path, "n": len(items)}
+
+
+def _answer(out, msg: dict) -> None:
+    out.write(json.dumps(msg) + "\n")
+    out.flush()
+
+
+def _error(e: BaseException) -> dict:
+    return {"error": str(e), "type": type(e).__name__, "traceback": traceback.format_exc()}
+
+
+def serve(spec: dict, inp=None, out=None) -> None:
+    """Build the backend from ``spec`` and answer requests until ``close`` or end of input."""
+    inp = inp or sys.stdin
+    workdir = spec["workdir"]
+    os.makedirs(workdir, exist_ok=True)
+    try:
+        mod = importlib.import_module(backend_module(spec["engine"]))
+        opts = dict(spec.get("options") or {})
+        opts.setdefault("workdir", workdir)
+        backend = mod.Backend(spec["model_path"], spec["dtype"], opts)
+        info = backend.info()
+    except BaseException as e:  # noqa: BLE001 (reported to the client, which raises)
+        _answer(out, {"ready": False, **_error(e)})
+        return
+    _answer(out, {"ready": True, "info": info, "pid": os.getpid()})
+    try:
+        for line in inp:
+            if not line.strip():
+                continue
+            req = json.loads(line)
+            rid, method, args = req.get("id"), req.get("method"), req.get("args") or {}
+            if method == "close":
+                backend.close()
+                _answer(out, {"id": rid, "ok": True, "result": None})
+                return
+            try:
+                if method == "info":
+                    res = backend.info()
+                elif method == "capture":
+                    res = _save_tensors(workdir, rid, backend.capture(**args))
+                elif method in ("generate", "serve_acceptance"):
+                    res = getattr(backend, method)(**args)
+                else:
+                    raise ValueError(f"unknown method {method!r}")
+                _answer(out, {"id": rid, "ok": True, "result": res})
+            except Exception as e:  # noqa: BLE001 (the client re-raises with the engine's message)
+                _answer(out, {"id": rid, "ok": False, **_error(e)})
+    finally:
+        try:
+            backend.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def main(argv=None) -> None:
+    """Entry: ``python -m eagle3nb.engines.worker '<json spec>'`` (see the module docstring)."""
+    argv = sys.argv[1:] if argv is None else argv
+    spec = json.loads(argv[0])
+    # private copy of stdout for the protocol; fd 1 (engines' prints, C++ logs) goes to stderr
+    proto = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    serve(spec, sys.stdin, proto)
+    proto.flush()
+    # engines leave non-daemon threads behind; the client waits for this process to exit
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

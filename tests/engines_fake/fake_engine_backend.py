@@ -1,0 +1,44 @@
+"""A FAKE engine backend for the unit tests of the process boundary (worker/client) only.
+
+It is not an engine: ``engine_name`` says ``fake``; its "capture" returns deterministic tensors
+computed from the token ids, so the test can recompute them independently on the client side.
+"""
+
+import os
+import time
+
+import torch
+
+H = 4
+
+
+def fake_states(sample, layer_ids):
+    """aux [T, n*H]: value = token * 10 + id (per column block); final [T, H] = token."""
+    t = torch.tensor(sample, dtype=torch.float32)[:, None]
+    aux = torch.cat([(t * 10 + i).expand(-1, H) for i in layer_ids], dim=1)
+    return {"aux": aux, "final": t.expand(-1, H).clone()}
+
+
+class Backend:
+    def __init__(self, model_path, dtype, options):
+        if options.get("fail_start"):
+            raise ValueError("fake engine asked to fail at start")
+        self.options = options
+        self.closed = False
+
+    def info(self):
+        return {"engine_name": "fake", "engine_version": "0", "torch_version": torch.__version__, "convention": "vllm", "pid": os.getpid()}
+
+    def generate(self, prompts, max_new_tokens, stop_token_ids, temperature, top_p, seed):
+        print("engine noise on stdout must not break the protocol", flush=True)
+        return [[(p[-1] + j + 1) % 7 for j in range(max_new_tokens)] for p in prompts]
+
+    def capture(self, samples, layer_ids):
+        if any(i < 0 for i in layer_ids):
+            raise ValueError(f"layer_ids={layer_ids}: negative")
+        if self.options.get("sleep"):
+            time.sleep(self.options["sleep"])
+        return [fake_states(s, layer_ids) for s in samples]
+
+    def close(self):
+        self.closed = True

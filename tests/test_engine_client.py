@@ -1,0 +1,73 @@
+"""The engine process boundary (worker + client) with a FAKE backend (tests/engines_fake), in a
+subprocess of this python: protocol, tensors through files, errors, timeouts, missing venvs.
+Real engines: tests/test_engine_vllm.py."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle3nb.engines.client import EngineClient, EngineError, check_engine_python
+
+FAKE_DIR = Path(__file__).parent / "engines_fake"
+REPO = Path(__file__).resolve().parents[1]
+ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{FAKE_DIR}"}
+
+
+def _client(tmp_path, **opts):
+    return EngineClient("module:fake_engine_backend", "unused", options=opts, python=sys.executable, workdir_parent=tmp_path, env=ENV, startup_timeout=60)
+
+
+def test_protocol_roundtrip_and_tensors(tmp_path):
+    with _client(tmp_path) as c:
+        assert c.info()["engine_name"] == "fake" and c.info()["pid"] == c.pid != os.getpid()
+        assert c.generate([[1, 2], [5]], 3, [0]) == [[3, 4, 5], [6, 0, 1]]  # (last + j + 1) % 7
+        samples = [[1, 2, 3], [4]]
+        out = c.capture(samples, [0, 2])
+        for s, o in zip(samples, out):
+            t = torch.tensor(s, dtype=torch.float32)[:, None]
+            want = torch.cat([(t * 10).expand(-1, 4), (t * 10 + 2).expand(-1, 4)], dim=1)
+            assert torch.equal(o["aux"], want) and torch.equal(o["final"], t.expand(-1, 4))
+        wd = Path(c.workdir)
+        assert wd.parent == tmp_path and not list(wd.glob("capture-*"))  # transfer files deleted
+    assert not wd.exists() and c.pid is None  # closed: worker gone, temp folder removed
+
+
+def test_engine_errors_are_raised_with_the_engine_message(tmp_path):
+    with _client(tmp_path) as c:
+        with pytest.raises(ValueError, match=r"fake_engine_backend engine, capture: layer_ids=\[-1\]: negative"):
+            c.capture([[1]], [-1])
+        assert c.generate([[1]], 1, [0]) == [[2]]  # still serving after an error
+
+
+def test_start_failure_names_the_error(tmp_path):
+    with pytest.raises(EngineError, match="failed to start: ValueError: fake engine asked to fail at start"):
+        _client(tmp_path, fail_start=True)
+
+
+def test_request_timeout_stops_the_worker(tmp_path):
+    c = EngineClient("module:fake_engine_backend", "unused", options={"sleep": 30}, python=sys.executable, workdir_parent=tmp_path, env=ENV, request_timeout=2)
+    pid = c.pid
+    with pytest.raises(EngineError, match="no answer to capture within 2 s"):
+        c.capture([[1]], [0])
+    c.close()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_missing_engine_venv_names_param_and_setup():
+    with pytest.raises(FileNotFoundError, match=r"vllm_python='/nope/bin/python'.*bash \.ci/setup_engines\.sh"):
+        EngineClient("vllm", "m", python="/nope/bin/python", param="vllm_python")
+    with pytest.raises(ValueError, match="engine='nope' is unknown"):
+        EngineClient("nope", "m", python=None)
+
+
+def test_in_process_mode_refuses_missing_engine_package():
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm imports in this environment (GPU box): the in-process refusal cannot be shown")
+    with pytest.raises(ImportError, match=r"vllm_python='' runs vllm in this process.*bash \.ci/setup_engines\.sh"):
+        check_engine_python("vllm", "", "vllm_python")
