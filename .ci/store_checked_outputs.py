@@ -12,7 +12,7 @@ import nbformat
 from nbclient import NotebookClient
 
 NB = Path(__file__).resolve().parents[1] / "notebooks"
-ORDER = ["01_generate", "02b_extract_sglang", "03_train", "04_eval_acceptance"]
+ORDER = ["01_generate", "02a_extract_vllm", "02b_extract_sglang", "03_train", "04_eval_acceptance"]
 
 
 def strip(nb, executed=None):

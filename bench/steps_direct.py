@@ -23,7 +23,9 @@ from eagle3nb.params import RunDir, load_params, resolve_device, update_metrics 
 def main(params_file: str, device: str = "cpu", **overrides) -> dict:
     p = load_params(params_file, device=device, interactive=False, **overrides)
     times = {}
-    for name, fn in [("01_generate", steps.generate_step), ("02b_extract_sglang", steps.extract_step), ("03_train", steps.train_step), ("04_eval_acceptance", steps.eval_step)]:
+    for name, fn in [("01_generate", steps.generate_step), ("02a_extract_vllm", steps.extract_vllm_step), ("02b_extract_sglang", steps.extract_step), ("03_train", steps.train_step), ("04_eval_acceptance", steps.eval_step)]:
+        if name == "02a_extract_vllm" and not p.vllm_extract:
+            continue
         t0 = time.time()
         fn(p, progress=False)
         times[name] = round(time.time() - t0, 2)

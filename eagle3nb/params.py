@@ -77,6 +77,13 @@ class RunParams(BaseModel):
     max_eval_prompts: int = Field(6, ge=0)
     baselines: bool = True
     allow_template_mismatch: bool = False
+    # vLLM (01 generation, 02a extraction, 04 serving); its venv from `bash .ci/setup_engines.sh`
+    gen_engine: Literal["hf", "vllm"] = "hf"
+    vllm_extract: bool = True
+    vllm_eval: bool = True
+    vllm_python: Optional[str] = None
+    vllm_options: dict = Field(default_factory=dict)
+    train_from: Literal["02b", "02a"] = "02b"
 
     @field_validator("convention")
     @classmethod
@@ -183,7 +190,9 @@ def check_against_model(p: RunParams) -> dict:
             a folder without tokenizer; ``draft_vocab_size`` > the target's vocab; ``layer_ids`` the
             convention cannot capture for this many layers, or giving non-increasing boundaries;
             ``layer_ids: null`` on a target too small for the default picker; ``draft_num_heads``
-            not a multiple of ``draft_num_kv_heads``.
+            not a multiple of ``draft_num_kv_heads``; vLLM parameters (see
+            :func:`eagle3nb.vllm_engine.check_vllm_params`).
+        FileNotFoundError: also when a step uses vLLM and ``vllm_python`` does not exist.
     """
     from . import conventions, models
 
@@ -220,6 +229,9 @@ def check_against_model(p: RunParams) -> dict:
             f"{p.draft_num_kv_heads} ({nkv} kv heads; 0 = from the target); pick divisible head counts, "
             f"e.g. draft_num_kv_heads: {nh}"
         )
+    from .vllm_engine import check_vllm_params
+
+    check_vllm_params(p, cfg)  # vLLM venv present, options known, head_dim it accepts
     return {"path": str(path), "n_layers": n, "vocab_size": V, "layer_ids": ids, "boundaries": b}
 
 
@@ -246,6 +258,7 @@ class RunDir:
         self.generated = self.root / "data" / "generated.jsonl"
         self.generation_manifest = self.root / "data" / "generation_manifest.json"
         self.dataset = self.root / "dataset"
+        self.dataset_vllm = self.root / "dataset_vllm"  # 02a: captured by vLLM itself
         self.train = self.root / "train"
         self.drafter = self.root / "drafter"
         self.figures = self.root / "figures"

@@ -20,7 +20,9 @@ from .prompts import load_prompts
 
 __all__ = ["NOTEBOOKS", "run_notebooks", "main"]
 
-NOTEBOOKS = ["01_generate", "02b_extract_sglang", "03_train", "04_eval_acceptance"]
+NOTEBOOKS = ["01_generate", "02a_extract_vllm", "02b_extract_sglang", "03_train", "04_eval_acceptance"]
+# notebooks a run can switch off (the others always run)
+ENABLED_BY = {"02a_extract_vllm": "vllm_extract"}
 NB_DIR = REPO_ROOT / "notebooks"
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -51,6 +53,9 @@ def run_notebooks(params_file: str | Path, only: Optional[list[str]] = None, ove
     times = {}
     t_all = time.time()
     for name in names:
+        if name in ENABLED_BY and not getattr(p, ENABLED_BY[name]):
+            print(f"[eagle3nb] {name}: skipped ({ENABLED_BY[name]}: false)", flush=True)
+            continue
         src = NB_DIR / f"{name}.ipynb"
         declared = pm.inspect_notebook(str(src)).keys()
         params = {k: all_params[k] for k in declared if k in all_params}

@@ -12,7 +12,7 @@ import time
 import torch
 
 from . import chat, conventions, models
-from .acceptance import evaluate_acceptance
+from .acceptance import evaluate_acceptance, greedy_generate
 from .alignment import alignment_matrix, alignment_verdict, reference_states
 from .capture import HFCaptureEngine, n_layers_of
 from .dataset import AuxDataset, estimate_bytes, write_dataset
@@ -25,8 +25,9 @@ from .manifest import atomic_write_json, check_compatible, provenance, read_json
 from .params import RunDir, RunParams, resolve_device, resolve_path, update_metrics
 from .prompts import load_prompts, split_prompts
 from .train import TrainConfig, init_head_from_target, train_drafter
+from .vllm_engine import TimedCapture, measure_speed, served_acceptance, start_vllm
 
-__all__ = ["record_checks", "generate_step", "extract_step", "train_step", "eval_step", "target_info", "resolve_aux"]
+__all__ = ["record_checks", "merge_engine_metrics", "generate_step", "extract_step", "extract_vllm_step", "train_step", "eval_step", "target_info", "resolve_aux"]
 
 
 def _progress():
@@ -57,6 +58,15 @@ def record_checks(rd: RunDir, step: str, checks: list[str]) -> None:
     update_metrics(rd.metrics, "checks", {step: checks})
 
 
+def merge_engine_metrics(rd: RunDir, engine: str, values: dict) -> None:
+    """Merge ``values`` into ``metrics.json["engines"][engine]`` (01, 02a and 04 each add theirs)."""
+    from .params import read_metrics
+
+    cur = dict(read_metrics(rd.metrics).get("engines", {}).get(engine, {}))
+    cur.update(values)
+    update_metrics(rd.metrics, "engines", {engine: cur})
+
+
 def generate_step(p: RunParams, progress=True) -> dict:
     """01: regenerate a continuation for each train prompt; store held-out prompts for 04."""
     rd = RunDir(p).make()
@@ -76,27 +86,41 @@ def generate_step(p: RunParams, progress=True) -> dict:
             recs.append({"id": len(recs), "split": split, "prompt": text, "prompt_ids": ids})
     todo = [r for r in recs if r["split"] == "train"]
     eos = models.stop_token_ids(model, tok)
-    t0 = time.time()
     batches = range(0, len(todo), p.gen_batch_size)
-    for s in (_progress()(batches, desc="generate") if progress else batches):
-        chunk = todo[s : s + p.gen_batch_size]
-        outs = generate_batch(model, [r["prompt_ids"] for r in chunk], p.max_new_tokens, eos, p.temperature, p.top_p, p.seed + s)
-        for r, o in zip(chunk, outs):
-            r["output_ids"], r["text"] = o, tok.decode(o, skip_special_tokens=True)
-    secs = time.time() - t0
+    client = start_vllm(p, path, p.dtype, rd.root) if p.gen_engine == "vllm" else None
+    try:
+        if client is not None:
+            info = client.info()
+            engine = {"name": info["engine_name"], "version": info["engine_version"], "torch": info["torch_version"], "device": info["device"]}
+            client.generate([todo[0]["prompt_ids"]], 1, eos, 0.0, 1.0, p.seed) if todo else None  # engine start, not timed
+        else:
+            engine = {"name": "hf-transformers", "version": __import__("transformers").__version__}
+        t0 = time.time()
+        for s in (_progress()(batches, desc=f"generate ({engine['name']})") if progress else batches):
+            chunk = todo[s : s + p.gen_batch_size]
+            pids = [r["prompt_ids"] for r in chunk]
+            outs = client.generate(pids, p.max_new_tokens, eos, p.temperature, p.top_p, p.seed + s) if client is not None else generate_batch(model, pids, p.max_new_tokens, eos, p.temperature, p.top_p, p.seed + s)
+            for r, o in zip(chunk, outs):
+                r["output_ids"], r["text"] = o, tok.decode(o, skip_special_tokens=True)
+        secs = time.time() - t0
+    finally:
+        if client is not None:
+            client.close()
     write_jsonl(rd.generated, recs)
     n_tok = sum(len(r["output_ids"]) for r in todo)
     man = provenance(
         p.seed, kind="eagle3nb-generation", target=target_info(path, model),
-        engine={"name": "hf-transformers", "version": __import__("transformers").__version__},
+        engine=engine,
         decoding={"temperature": p.temperature, "top_p": p.top_p, "max_new_tokens": p.max_new_tokens, "greedy": p.temperature == 0, "stop_token_ids": eos},
         template={"mode": p.mode, "sha256": chat.template_hash(template)}, dtype=p.dtype,
         prompts_file={"path": str(resolve_path(p.prompts_file)), "sha256": sha256_file(resolve_path(p.prompts_file))},
         n_train=len(train), n_heldout=len(held), generated_tokens=n_tok, file=rd.generated.name, file_sha256=sha256_file(rd.generated),
     )
     atomic_write_json(rd.generation_manifest, man)
-    stats = {"engine": "hf-transformers", "n_train_prompts": len(train), "n_heldout_prompts": len(held), "generated_tokens": n_tok, "seconds": round(secs, 3), "tokens_per_s": round(n_tok / secs, 1) if secs else None}
+    stats = {"engine": engine["name"], "engine_version": engine["version"], "n_train_prompts": len(train), "n_heldout_prompts": len(held), "generated_tokens": n_tok, "seconds": round(secs, 3), "tokens_per_s": round(n_tok / secs, 1) if secs else None}
     update_metrics(rd.metrics, "generate", stats)
+    if client is not None:
+        merge_engine_metrics(rd, "vllm", {"generate_tokens_per_s_01": stats["tokens_per_s"], "generate_tokens_per_s_01_is": "01_generate wall time of the train prompts in batches of gen_batch_size (engine start excluded)"})
     record_checks(rd, "01_generate", [f"params validated ({len(RunParams.model_fields)} keys)", f"{len(recs)} prompts fit the context of {ctx} with max_new_tokens={p.max_new_tokens}", "train/held-out split disjoint by prompt hash"])
     return {"manifest": man, "records": recs, "stats": stats}
 
@@ -254,16 +278,98 @@ def extract_step(p: RunParams, progress=True) -> dict:
     return {"manifest": m, "boundary_table": table, "stats": stats, "alignment": align, "alignment_error": err, "reference_boundaries": ref_b, "drift": drift, "drift_reference": ref_label, "speed": extra.get("speed")}
 
 
+def extract_vllm_step(p: RunParams, progress=True) -> dict:
+    """02a: capture aux states through vLLM's own forward (``extract_hidden_states``) into
+    ``dataset_vllm/``; boundary N (``final``) comes from vLLM too (vLLM id N).
+
+    The run's boundaries (``layer_ids`` in ``convention``) are asked from vLLM with vLLM's ids;
+    before writing, a probe sample's captured slots are compared with the HF reference at every
+    boundary, and a declared/measured mismatch stops the step (``allow_boundary_mismatch``
+    overrides). Also measures vLLM's tokens/s (plain generation, prefill without capture,
+    extraction) into ``metrics.json["engines"]["vllm"]``.
+
+    Raises:
+        ValueError: no sample to extract; boundaries vLLM cannot capture; measured boundaries differ
+            from the declared ones; an engine answer with other rows than asked.
+        OSError: not enough disk for the dataset.
+        FileNotFoundError: the vLLM venv is missing (``vllm_python``).
+    """
+    from .engines.adapter import EngineCaptureEngine
+
+    rd = RunDir(p)
+    gman = read_json(rd.generation_manifest, "generation manifest (from 01_generate)")
+    device = resolve_device(p)
+    model, tok, path = models.load_target(p.model, p.dtype, device)
+    tinfo = target_info(path, model)
+    check_compatible(gman, {"target": tinfo, "template": {"mode": p.mode, "sha256": chat.template_hash(_template(p, tok))}}, ["target.sha256", "template"], "generation output", "(delete the run folder)")
+    n = tinfo["n_layers"]
+    ids, bnds = resolve_aux(p, n)
+    vids = conventions.get_convention("vllm").boundaries_to_ids(bnds, n)  # vLLM's ids for the run's boundaries
+    recs = [r for r in read_jsonl(rd.generated) if r["split"] == "train"]
+    samples = [(r["id"], *chat.generated_sample(r["prompt_ids"], r["output_ids"])) for r in recs if r["output_ids"]]
+    if not samples:
+        raise ValueError("no train sample with generated tokens: 01_generate produced nothing to extract; check prompts_file and max_new_tokens")
+    n_tok = sum(len(s[1]) for s in samples)
+    need = estimate_bytes(n_tok, len(bnds), tinfo["hidden_size"], torch.finfo(models.DTYPES[p.dtype]).bits // 8)
+    rd.dataset_vllm.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(rd.dataset_vllm).free
+    if need > free:
+        raise OSError(f"the dataset needs ~{need / 1e9:.2f} GB (tokens x (n_aux + 1) x H x bytes) but {rd.dataset_vllm} has {free / 1e9:.2f} GB free; free space, lower max_train_prompts/max_new_tokens, or use dtype: bfloat16")
+    with start_vllm(p, path, p.dtype, rd.root) as client:
+        info = client.info()
+        timed = TimedCapture(client)
+        engine = EngineCaptureEngine(timed, n, p.capture_batch_size)
+        if engine.boundaries(vids) != bnds:
+            raise ValueError(f"vLLM ids {vids} name boundaries {engine.boundaries(vids)}, the run declares {bnds}")
+        # measure, before writing anything, which boundaries vLLM really captured on one sample
+        probe = samples[0][1]
+        client.capture([probe], vids)  # starts vLLM's capture engine (not timed)
+        err, ref_b = alignment_matrix(engine.capture([probe], vids)[0].aux.float(), reference_states(model, probe), len(vids))
+        align = alignment_verdict(err, ref_b, bnds, p.dtype)
+        if not align["ok"] and not p.allow_boundary_mismatch:
+            raise ValueError(f"vllm captured boundaries {align['measured']} for vllm ids {vids}, declared {bnds} ({[s_['verdict'] for s_ in align['slots']]}); fix convention/layer_ids, or set allow_boundary_mismatch=True to continue")
+        eng_block = {"name": info["engine_name"], "version": info["engine_version"], "torch": info["torch_version"], "convention": info["convention"], "layer_ids": vids, "method": "extract_hidden_states", "device": info["device"]}
+        man = provenance(
+            p.seed, target=tinfo, engine=eng_block, final_state={"engine": info["engine_name"], "version": info["engine_version"], "boundary": n, "layer_id": n, "dtype": p.dtype},
+            convention="vllm", layer_ids=vids, aux_boundaries=bnds, final_boundary=n, dtype=p.dtype,
+            template=gman["template"], generation_sha256=gman["file_sha256"],
+        )
+        timed.seconds, timed.tokens = 0.0, 0
+        t0 = time.time()
+        m = write_dataset(rd.dataset_vllm, samples, lambda xs: engine.capture(xs, vids), man, p.shard_size, models.DTYPES[p.dtype], _progress() if progress else None)
+        secs = time.time() - t0
+        if not timed.tokens:  # dataset complete already (resumed): time one capture pass now
+            for i in range(0, len(samples), p.capture_batch_size):
+                timed.capture([s[1] for s in samples[i : i + p.capture_batch_size]], vids)
+        speed = measure_speed(client, [r["prompt_ids"] for r in recs], [s[1] for s in samples], p.max_new_tokens, models.stop_token_ids(model, tok), p.seed, timed.seconds, timed.tokens)
+    merge_engine_metrics(rd, "vllm", dict(speed, engine_version=info["engine_version"], device=info["device"], dtype=p.dtype))
+    stats = {"engine": info["engine_name"], "engine_version": info["engine_version"], "convention": "vllm", "engine_layer_ids": vids, "layer_ids_in_run_convention": ids, "aux_boundaries": bnds, "n_samples": m["n_samples"], "n_tokens": m["n_tokens"], "estimated_bytes": need, "skipped": {k: len(v) for k, v in m["skipped"].items()}, "seconds": round(secs, 3), "tokens_per_s": round(m["n_tokens"] / secs, 1) if secs else None}
+    update_metrics(rd.metrics, "extract_vllm", stats)
+    update_metrics(rd.metrics, "alignment", {"vllm": {"declared": align["declared"], "measured": align["measured"], "verdicts": [x["verdict"] for x in align["slots"]], "max_error": max(x["error"] for x in align["slots"]), "tolerance": align["tolerance"]}})
+    record_checks(rd, "02a_extract_vllm", [
+        f"target sha256 and template match the generation manifest ({gman['target']['sha256'][:12]})",
+        f"{p.convention} ids {ids} -> boundaries {bnds} -> vllm ids {vids} (vLLM {info['engine_version']}: id = boundary, id {n} = final pre-norm state)",
+        f"alignment on a probe sample: measured boundaries {align['measured']} ({'match' if align['ok'] else 'MISMATCH, allowed by allow_boundary_mismatch'}; tolerance {align['tolerance']})",
+        f"disk need {need} B <= free {free} B",
+        f"engine row count == token count for all {m['n_samples']} samples",
+        f"finite states: {len(m['skipped']['nonfinite'])} samples skipped, {len(m['skipped']['empty_loss_mask'])} with empty loss mask skipped",
+        f"{len(m['shards'])} shards written atomically with sha256",
+    ])
+    return {"manifest": m, "boundary_table": conventions.boundary_table(bnds, n), "stats": stats, "speed": speed, "alignment": align, "alignment_error": err, "reference_boundaries": ref_b}
+
+
 def train_step(p: RunParams, progress=True) -> dict:
     """03: train the drafter with TTT on the dataset and export it for SGLang and vLLM."""
     rd = RunDir(p)
-    ds = AuxDataset(rd.dataset)
+    ds_dir = rd.dataset_vllm if p.train_from == "02a" else rd.dataset
+    ds = AuxDataset(ds_dir)
     model, tok, path = models.load_target(p.model, "float32", resolve_device(p))
     if not p.allow_manifest_mismatch:
-        want = {"target": {"sha256": models.model_hash(path)}, "dtype": p.dtype, "convention": p.convention, "template": {"mode": p.mode, "sha256": chat.template_hash(_template(p, tok))}}
-        check_compatible(ds.manifest, want, ["target.sha256", "dtype", "convention", "template"], f"dataset {rd.dataset}", "allow_manifest_mismatch")
+        # 02a stores vLLM's ids (convention vllm); the boundaries are compared below either way
+        want = {"target": {"sha256": models.model_hash(path)}, "dtype": p.dtype, "convention": "vllm" if p.train_from == "02a" else p.convention, "template": {"mode": p.mode, "sha256": chat.template_hash(_template(p, tok))}}
+        check_compatible(ds.manifest, want, ["target.sha256", "dtype", "convention", "template"], f"dataset {ds_dir}", "allow_manifest_mismatch")
         _, bnds = resolve_aux(p, n_layers_of(model))
-        check_compatible(ds.manifest, {"aux_boundaries": bnds}, ["aux_boundaries"], f"dataset {rd.dataset} (boundaries the exported drafter will be served with)", "allow_manifest_mismatch")
+        check_compatible(ds.manifest, {"aux_boundaries": bnds}, ["aux_boundaries"], f"dataset {ds_dir} (boundaries the exported drafter will be served with)", "allow_manifest_mismatch")
     # the boundaries the exported ids make SGLang and vLLM capture; "engine_default" writes the ids
     # users copy from the engines' defaults (the user's failure when the data came from elsewhere)
     n_t = n_layers_of(model)
@@ -272,7 +378,7 @@ def train_step(p: RunParams, progress=True) -> dict:
     if serve_mismatch and not p.allow_manifest_mismatch:
         raise ValueError(
             f"export_layer_ids={p.export_layer_ids!r}: the exported ids make SGLang and vLLM capture boundaries {serve_b}, "
-            f"but dataset {rd.dataset} was captured at boundaries {ds.manifest['aux_boundaries']} ({ds.manifest['convention']} ids "
+            f"but dataset {ds_dir} was captured at boundaries {ds.manifest['aux_boundaries']} ({ds.manifest['convention']} ids "
             f"{ds.manifest['layer_ids']}); the served drafter would read other tensors than it was trained on. Use "
             "export_layer_ids: trained, or set allow_manifest_mismatch=True to reproduce the mismatch"
         )
@@ -291,7 +397,7 @@ def train_step(p: RunParams, progress=True) -> dict:
     stats = {"steps": rep["steps"], "seconds": round(rep["seconds"], 2), "loss_token_steps_per_s": round(rep["tokens_per_s"], 1) if rep["tokens_per_s"] else None, "final_loss": last["loss"], "final_loss_is": f"sum over TTT steps j of {p.loss_decay}**j x soft cross-entropy, last logged training batch", "last_batch_step_acc": last["step_acc"], "last_batch_step_acc_is": "training-batch accuracy per TTT step (not held-out; see eval)", "draft_vocab_size": p.draft_vocab_size, "vocab": rep["vocab"], "empty_batches": rep["empty_batches"], "n_train_samples": len(ds), "n_train_tokens_incl_prompts": ds.manifest["n_tokens"]}
     update_metrics(rd.metrics, "train", stats)
     record_checks(rd, "03_train", [
-        f"dataset: {len(ds.manifest['shards'])} shard sha256 verified at load",
+        f"dataset {ds_dir.name}/ (engine {ds.manifest['engine']['name']}): {len(ds.manifest['shards'])} shard sha256 verified at load",
         "manifest target/dtype/convention/template " + ("match this run" if not p.allow_manifest_mismatch else "NOT checked (allow_manifest_mismatch)"),
         f"dataset boundaries {bnds} == boundaries the drafter is served with" if not p.allow_manifest_mismatch else "serve-time boundaries NOT checked (allow_manifest_mismatch)",
         "exported drafter reloads: required tensors present, shapes match config, d2t offsets consistent with t2d",
@@ -339,11 +445,35 @@ def eval_step(p: RunParams, progress=True) -> dict:
     for label, (d, b) in runs.items():
         results[label] = evaluate_acceptance(model, d, prompts, b, p.k, p.eval_max_new_tokens, eos, check_greedy=(label == "trained"), progress=bar)
     secs = time.time() - t0
+    vllm_block, engines_of = None, {label: "eagle3nb simulator on hf-transformers target" for label in results}
+    if p.vllm_eval:
+        # the same drafter files served by vLLM itself; its counters next to the simulator's for the
+        # boundaries vLLM reads from the exported ids (the trained ones unless export_layer_ids says otherwise)
+        sim_label = "trained" if served["vllm"] == list(bnds) else f"trained, as served (ids -> {served['vllm']})"
+        hf_greedy = [greedy_generate(model, q, p.eval_max_new_tokens, eos) for q in prompts]
+        with start_vllm(p, path, "float32", rd.root) as client:
+            info = client.info()
+            v = served_acceptance(client, rd.drafter, prompts, p.k, p.eval_max_new_tokens, eos, hf_greedy)
+        label = f"trained, served by vLLM {info['engine_version']}"
+        v.pop("outputs")
+        results[label] = dict(v, boundaries=served["vllm"], traces=[])
+        engines_of[label] = f"vllm {info['engine_version']} (its own EAGLE-3 serving and spec_decode counters)"
+        sim = results[sim_label]
+        vllm_block = {
+            "engine_version": info["engine_version"], "device": info["device"], "boundaries": served["vllm"], "compared_with": sim_label,
+            "tau": round(v["tau"], 4), "per_position_acceptance": [round(a, 4) for a in v["per_position_acceptance"]],
+            "simulator_tau": round(sim["tau"], 4), "simulator_per_position_acceptance": [round(a, 4) for a in sim["per_position_acceptance"]],
+            "abs_diff_per_position": [round(abs(a - b), 4) for a, b in zip(v["per_position_acceptance"], sim["per_position_acceptance"])],
+            "counters": v["counters"], "simulator_cycles": sim["cycles"],
+            "greedy_mismatches_vs_vllm_plain": len(v["greedy_mismatches"]), "mismatches_vs_hf_greedy": len(v["hf_mismatches"]),
+            "served_tokens_per_s": round(v["tokens_per_s"], 1) if v["tokens_per_s"] else None,
+        }
+        merge_engine_metrics(rd, "vllm", {"eagle3_served_tokens_per_s": vllm_block["served_tokens_per_s"], "eagle3_tau": vllm_block["tau"]})
     gm = read_json(rd.generation_manifest)
     tc = dman["train_config"]
     tm = read_json(rd.metrics).get("train", {})
     stats = {
-        "engine": "eagle3nb simulator on hf-transformers target",
+        "engine": "eagle3nb simulator on hf-transformers target" + (", and vLLM serving" if vllm_block else ""), "engines": engines_of,
         "k": p.k, "n_prompts": len(prompts), "max_new_tokens": p.eval_max_new_tokens,
         "tau": {k: round(v["tau"], 4) for k, v in results.items()},
         "per_position_acceptance": {k: [round(a, 4) for a in v["per_position_acceptance"]] for k, v in results.items()},
@@ -357,10 +487,12 @@ def eval_step(p: RunParams, progress=True) -> dict:
         "data_and_budget": f"{gm['n_train']} train prompts x <= {gm['decoding']['max_new_tokens']} greedy tokens ({gm['generated_tokens']} tokens); {tc['max_steps']} steps of batch {tc['batch_size']}, TTT {tc['ttt_steps']} ({tm.get('seconds', '?')} s of training); {len(prompts)} held-out prompts x <= {p.eval_max_new_tokens} tokens",
         "seconds": round(secs, 2),
     }
+    if vllm_block:
+        stats["vllm_served"] = vllm_block
     update_metrics(rd.metrics, "eval", stats)
     record_checks(rd, "04_eval_acceptance", [
         "drafter loads: required tensors present, d2t offsets consistent with t2d",
         "drafter's template and target sha256 match this run" if not p.allow_template_mismatch else "template/target NOT checked (allow_template_mismatch)",
         f"speculative output == plain greedy output on {len(prompts)} prompts: {stats['greedy_mismatches']} mismatches",
-    ])
+    ] + ([f"vLLM {vllm_block['engine_version']} served the exported drafter (boundaries {vllm_block['boundaries']}): output vs its plain greedy: {vllm_block['greedy_mismatches_vs_vllm_plain']} mismatches, vs HF greedy: {vllm_block['mismatches_vs_hf_greedy']}; per-position |vLLM - simulator| {vllm_block['abs_diff_per_position']}"] if vllm_block else []))
     return {"results": results, "stats": stats, "tokenizer": tok}

@@ -47,7 +47,7 @@ def _refuse_save(model, path, contents_manager, **kwargs):
 c.ContentsManager.pre_save_hook = _refuse_save
 c.FileCheckpoints.checkpoint_dir = {checkpoints!r}
 """
-BROWSER_RUN_TIMEOUT_S = 420  # hard cap for the node script (it has per-notebook timeouts of its own)
+BROWSER_RUN_TIMEOUT_S = 720  # hard cap for the node script (it has per-notebook timeouts of its own)
 
 
 def _free_port() -> int:

@@ -44,7 +44,13 @@ def test_metrics(smoke_run):
     for label, tau in e["tau"].items():
         a = e["per_position_acceptance"][label]
         assert 1.0 <= tau <= 6.0 and abs(tau - (1 + sum(a))) < 1e-3, label
-    assert set(e["tau"]) == {"trained", "untrained", "trained, boundaries +1"}
+    assert set(e["tau"]) == {"trained", "untrained", "trained, boundaries +1", "trained, served by vLLM 0.32.0"}
+    v = e["vllm_served"]  # vLLM's own counters for the same drafter and prompts as the simulator's "trained"
+    assert v["greedy_mismatches_vs_vllm_plain"] == v["mismatches_vs_hf_greedy"] == 0 and v["compared_with"] == "trained"
+    assert v["counters"]["num_drafts"] == v["simulator_cycles"] and max(v["abs_diff_per_position"]) <= 0.05
+    sp = m["engines"]["vllm"]
+    assert sp["generate_tokens_per_s"] > 0 and sp["extract_tokens_per_s"] > 0 and sp["capture_overhead_ratio"] > 0
+    assert m["extract_vllm"]["n_samples"] == 24 and m["alignment"]["vllm"]["measured"] == [1, 2, 4]
     assert m["extract"]["n_samples"] == m["generate"]["n_train_prompts"] == 24
     assert m["train"]["steps"] == 20
     assert set(m["timing"]["notebook_seconds"]) == set(NOTEBOOKS) and m["timing"]["total_seconds"] > 0

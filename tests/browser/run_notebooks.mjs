@@ -2,9 +2,9 @@
 //
 //   node tests/browser/run_notebooks.mjs <base_url> <token> <screenshot_dir> [notebook.ipynb[+plotly] ...]
 //
-// For each notebook (01, 02b, 03, 04, in order): open it, wait for an idle kernel, Run > Run All
+// For each notebook (01, 02a, 02b, 03, 04, in order): open it, wait for an idle kernel, Run > Run All
 // Cells, wait until the kernel is idle and no cell shows [*], then check: every code cell executed,
-// no error output (stderr output such as warnings is allowed), and for 02b/03/04 a rendered plotly
+// no error output (stderr output such as warnings is allowed), and for 02a/02b/03/04 a rendered plotly
 // figure (non-zero size, SVG inside). A full-page screenshot is saved as <screenshot_dir>/<name>.png.
 // The notebook is never saved: autosave is off (tests/test_browser.py sets it in the server's user
 // settings; this script turns it off through the settings API otherwise), nothing here saves, and the
@@ -19,6 +19,7 @@ import { chromium } from 'playwright-core';
 
 const NOTEBOOKS = [
   { name: '01_generate', plotly: false },
+  { name: '02a_extract_vllm', plotly: true },
   { name: '02b_extract_sglang', plotly: true },
   { name: '03_train', plotly: true },
   { name: '04_eval_acceptance', plotly: true },

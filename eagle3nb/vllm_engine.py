@@ -1,0 +1,125 @@
+"""vLLM in the workbook, notebook side: parameters, start, speed and served acceptance.
+
+The engine itself runs behind :class:`eagle3nb.engines.client.EngineClient` (its own venv, or this
+process when ``vllm_python: ""``); the backend is :mod:`eagle3nb.engines.vllm_backend`. Used by
+01 (``gen_engine: vllm``), 02a (``vllm_extract``) and 04 (``vllm_eval``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from .engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient, check_engine_python
+
+__all__ = ["VLLM_OPTION_KEYS", "vllm_steps", "vllm_python", "check_vllm_params", "start_vllm", "TimedCapture", "measure_speed", "served_acceptance"]
+
+# keys the vLLM backend reads from ``vllm_options`` (eagle3nb/engines/vllm_backend.py docstring)
+VLLM_OPTION_KEYS = {"max_model_len", "kv_cache_gib", "enforce_eager", "llm_kwargs", "max_num_seqs"}
+
+
+def vllm_steps(p) -> list[str]:
+    """The notebooks of run ``p`` that start vLLM."""
+    return [nb for nb, on in (("01_generate", p.gen_engine == "vllm"), ("02a_extract_vllm", p.vllm_extract), ("04_eval_acceptance", p.vllm_eval)) if on]
+
+
+def vllm_python(p) -> str:
+    """``p.vllm_python`` with None = the cached venv of ``.ci/setup_engines.sh``; ``""`` = in-process."""
+    return DEFAULT_ENGINE_PYTHONS["vllm"] if p.vllm_python is None else p.vllm_python
+
+
+def check_vllm_params(p, model_cfg: dict) -> None:
+    """Refuse, before any work, a run that uses vLLM and cannot start it.
+
+    Raises:
+        ValueError: an unknown ``vllm_options`` key; a target whose head_dim vLLM's CPU attention
+            rejects (< 32, "Unsupported CPU attention configuration") on ``device: cpu``.
+        FileNotFoundError / ImportError: the vLLM venv is missing (names ``vllm_python`` and
+            ``bash .ci/setup_engines.sh``).
+    """
+    bad = sorted(set(p.vllm_options) - VLLM_OPTION_KEYS)
+    if bad:
+        raise ValueError(f"vllm_options has unknown keys {bad}; allowed: {sorted(VLLM_OPTION_KEYS)} (anything else for vllm.LLM goes under llm_kwargs, e.g. {{llm_kwargs: {{tensor_parallel_size: 2}}}})")
+    used = vllm_steps(p)
+    if not used:
+        return
+    check_engine_python("vllm", vllm_python(p), "vllm_python")
+    hd = model_cfg.get("head_dim") or (model_cfg.get("hidden_size", 0) // max(model_cfg.get("num_attention_heads", 1), 1))
+    if p.device == "cpu" and hd < 32:
+        raise ValueError(f"model={p.model!r} has head_dim={hd}; vLLM's CPU attention needs head_dim >= 32 (used by {used}); use a target with head_dim >= 32 (e.g. stories260K-hd32), or turn vLLM off: gen_engine: hf, vllm_extract: false, vllm_eval: false")
+
+
+def start_vllm(p, model_path, dtype: str, workdir_parent) -> EngineClient:
+    """Start the vLLM worker for run ``p`` (temp files and engine log under ``workdir_parent``)."""
+    opts = dict(p.vllm_options)
+    return EngineClient("vllm", model_path, dtype, opts, python=vllm_python(p), param="vllm_python", workdir_parent=workdir_parent)
+
+
+class TimedCapture:
+    """Wraps an engine client's ``capture``, adding up its seconds and tokens (the engine's own
+    extraction speed: transfer included, disk writes of the dataset excluded)."""
+
+    def __init__(self, client):
+        self.client, self.seconds, self.tokens = client, 0.0, 0
+
+    def info(self) -> dict:
+        return self.client.info()
+
+    def capture(self, samples, layer_ids):
+        t0 = time.perf_counter()
+        out = self.client.capture(samples, layer_ids)
+        self.seconds += time.perf_counter() - t0
+        self.tokens += sum(len(s) for s in samples)
+        return out
+
+
+def measure_speed(client, prompts: Sequence[Sequence[int]], samples: Sequence[Sequence[int]], max_new_tokens: int, stop_token_ids, seed: int, capture_seconds: float, capture_tokens: int) -> dict:
+    """vLLM's tokens/s in this run: plain generation of the train prompts, prefill of the dataset's
+    samples without capture (one generated token each), and the capture timed during extraction.
+
+    Returns:
+        ``{"generate_tokens_per_s", "generated_tokens", "prefill_tokens_per_s_without_capture",
+        "extract_tokens_per_s", "capture_overhead_ratio", "ratio_is"}``; engine starts excluded
+        (a first small call warms each engine up).
+    """
+    client.generate([list(prompts[0])], 1, [], 0.0, 1.0, seed)  # starts the plain engine
+    t0 = time.perf_counter()
+    outs = client.generate(prompts, max_new_tokens, stop_token_ids, 0.0, 1.0, seed)
+    gen_s = time.perf_counter() - t0
+    n_gen = sum(len(o) for o in outs)
+    t0 = time.perf_counter()
+    client.generate(samples, 1, [], 0.0, 1.0, seed)
+    pre_s = time.perf_counter() - t0
+    pre = sum(len(s) for s in samples) / pre_s if pre_s else None
+    ext = capture_tokens / capture_seconds if capture_seconds else None
+    return {
+        "generate_tokens_per_s": round(n_gen / gen_s, 1) if gen_s else None, "generated_tokens": n_gen,
+        "prefill_tokens_per_s_without_capture": round(pre, 1) if pre else None,
+        "extract_tokens_per_s": round(ext, 1) if ext else None,
+        "capture_overhead_ratio": round(pre / ext, 3) if pre and ext else None,
+        "ratio_is": "prefill tokens/s without capture / with aux capture returned (same samples, same engine version; engine start excluded)",
+    }
+
+
+def served_acceptance(client, drafter_dir, prompts, k: int, max_new_tokens: int, stop_token_ids, hf_greedy: Sequence[Sequence[int]] | None = None) -> dict:
+    """Serve the exported drafter with vLLM (EAGLE-3, greedy) and summarise vLLM's own counters in
+    the simulator's format (:meth:`eagle3nb.acceptance.AcceptanceStats.summary` keys).
+
+    Returns:
+        ``tau``, ``per_position_acceptance``, ``draft_acceptance_rate``, ``cycles`` (= vLLM
+        ``num_drafts``), ``emitted_tokens``, ``counters`` (vLLM's raw numbers),
+        ``greedy_mismatches`` (prompts whose served output differs from vLLM's plain greedy
+        output), ``hf_mismatches`` (vs ``hf_greedy`` when given), ``tokens_per_s``.
+    """
+    r = client.serve_acceptance(drafter_dir, prompts, k, max_new_tokens, stop_token_ids)
+    plain = client.generate(prompts, max_new_tokens, stop_token_ids, 0.0, 1.0, 0)
+    out = {
+        "k": int(k), "cycles": r["num_drafts"], "per_position_acceptance": r["per_position_acceptance"], "tau": r["tau"],
+        "draft_acceptance_rate": r["draft_acceptance_rate"], "emitted_tokens": sum(len(o) for o in r["outputs"]),
+        "counters": {key: r[key] for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos")},
+        "greedy_mismatches": [i for i, (a, b) in enumerate(zip(r["outputs"], plain)) if a != b],
+        "tokens_per_s": r["tokens_per_s"], "outputs": r["outputs"],
+    }
+    if hf_greedy is not None:
+        out["hf_mismatches"] = [i for i, (a, b) in enumerate(zip(r["outputs"], hf_greedy)) if list(a) != list(b)]
+    return out

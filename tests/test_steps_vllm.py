@@ -1,0 +1,84 @@
+"""vLLM in the workbook's steps (real vLLM in its venv): 01 with gen_engine vllm, 02a's dataset
+against HF's (02b, engine hf) on the same tokens, 02a stopping on a measured boundary mismatch,
+03 from the 02a dataset, 04's vLLM-served counters next to the simulator, metrics per engine."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle3nb import conventions, params, steps
+from eagle3nb.dataset import AuxDataset
+from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
+
+pytestmark = pytest.mark.skipif(not Path(DEFAULT_ENGINE_PYTHONS["vllm"]).is_file(), reason=f"vLLM engine venv absent ({DEFAULT_ENGINE_PYTHONS['vllm']}); create it with `bash .ci/setup_engines.sh`")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    p = params.RunParams(outputs_dir=str(tmp_path_factory.mktemp("out")), run_name="v", max_train_prompts=8, max_new_tokens=16, max_steps=10, max_eval_prompts=4, eval_max_new_tokens=16, gen_engine="vllm", interactive=False)
+    p = p.model_copy(update={k: v for k, v in {"engine": "hf"}.items() if k in params.RunParams.model_fields})  # 02b on HF: the independent reference
+    params.check_against_model(p)
+    out = {"01": steps.generate_step(p, progress=False), "02a": steps.extract_vllm_step(p, progress=False), "02b": steps.extract_step(p, progress=False)}
+    return p, out
+
+
+def test_generation_manifest_names_vllm(run):
+    p, out = run
+    man = out["01"]["manifest"]
+    assert man["engine"]["name"] == "vllm" and man["engine"]["version"] == "0.32.0"
+    assert out["01"]["stats"]["engine"] == "vllm" and out["01"]["stats"]["generated_tokens"] > 0
+
+
+def test_02a_dataset_is_vllms_and_equals_hf_boundaries(run):
+    p, out = run
+    rd = params.RunDir(p)
+    v, h = AuxDataset(rd.dataset_vllm), AuxDataset(rd.dataset)
+    assert v.manifest["engine"]["name"] == "vllm" and v.manifest["engine"]["version"] == "0.32.0" and v.manifest["convention"] == "vllm"
+    assert v.manifest["layer_ids"] == [1, 2, 4] and v.manifest["aux_boundaries"] == h.manifest["aux_boundaries"] == [1, 2, 4]
+    assert v.manifest["final_state"]["engine"] == "vllm"
+    assert len(v) == len(h) > 0
+    for i in range(len(v)):
+        a, b = v[i], h[i]
+        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["loss_mask"], b["loss_mask"])
+        assert torch.allclose(a["aux"], b["aux"], atol=1e-5, rtol=1e-5) and torch.allclose(a["final"], b["final"], atol=1e-5, rtol=1e-5)
+    assert out["02a"]["alignment"]["ok"] and out["02a"]["alignment"]["measured"] == [1, 2, 4]
+
+
+def test_engine_speed_metrics(run):
+    p, out = run
+    e = json.loads(params.RunDir(p).metrics.read_text())["engines"]["vllm"]
+    for k in ("generate_tokens_per_s", "prefill_tokens_per_s_without_capture", "extract_tokens_per_s", "generate_tokens_per_s_01"):
+        assert e[k] > 0
+    assert e["capture_overhead_ratio"] == pytest.approx(e["prefill_tokens_per_s_without_capture"] / e["extract_tokens_per_s"], rel=1e-2)
+
+
+def test_02a_stops_when_vllm_captures_other_boundaries(run, monkeypatch):
+    """A wrong convention table (vLLM ids taken as boundary - 1): vLLM then really captures one
+    boundary lower; the probe measures it and nothing is written."""
+    p, _ = run
+    p2 = p.model_copy(update={"run_name": "v-mismatch"})
+    src, dst = params.RunDir(p), params.RunDir(p2)
+    dst.make()
+    for f in (src.generated, src.generation_manifest):
+        (dst.generated.parent / f.name).write_bytes(f.read_bytes())
+    wrong = conventions.Convention(**{**conventions.CONVENTIONS["vllm"].__dict__, "offset": 1})
+    monkeypatch.setitem(conventions.CONVENTIONS, "vllm", wrong)
+    with pytest.raises(ValueError, match=r"vllm captured boundaries \[0, 1, 3\] for vllm ids \[0, 1, 3\], declared \[1, 2, 4\].*allow_boundary_mismatch=True"):
+        steps.extract_vllm_step(p2, progress=False)
+    assert not (dst.dataset_vllm / "manifest.json").exists()
+
+
+def test_train_from_02a_and_vllm_served_acceptance(run):
+    p, _ = run
+    p3 = p.model_copy(update={"train_from": "02a"})
+    tr = steps.train_step(p3, progress=False)
+    assert json.loads((tr["export_dir"] / "manifest.json").read_text())["dataset_engine"]["name"] == "vllm"
+    ev = steps.eval_step(p3, progress=False)
+    v = ev["stats"]["vllm_served"]
+    assert v["greedy_mismatches_vs_vllm_plain"] == 0 and v["mismatches_vs_hf_greedy"] == 0
+    assert v["counters"]["num_drafts"] > 0 and sum(v["counters"]["accepted_per_pos"]) == v["counters"]["num_accepted_tokens"]
+    assert ev["stats"]["engines"][f"trained, served by vLLM {v['engine_version']}"].startswith("vllm")
+    # same drafter, same prompts, greedy: the counters agree with the simulator (noise: 10-step drafter)
+    assert all(d <= 0.1 for d in v["abs_diff_per_position"]), v
