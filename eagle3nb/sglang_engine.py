@@ -1,14 +1,13 @@
 """02b's real-SGLang path, notebook side: start the SGLang worker loopback-only, take boundary N from
 the HF reference (SGLang cannot give it, see :mod:`eagle3nb.engines.sglang_backend`), check that
-state against SGLang's own next-token log-probabilities, and measure SGLang's speed with and without
-capture in the same run.
+state against SGLang's own next-token log-probabilities. SGLang's speed with and without capture is measured with the same functions as
+vLLM's (:func:`eagle3nb.vllm_engine.measure_speed`, :class:`eagle3nb.vllm_engine.TimedCapture`).
 """
 
 from __future__ import annotations
 
 import os
 import subprocess
-import time
 from typing import Sequence
 
 import torch
@@ -17,7 +16,7 @@ from .capture import capture_boundaries
 from .engines import sglang_backend
 from .engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient
 
-__all__ = ["TimedClient", "start_sglang", "hf_final", "final_logprob_check", "namespace_report", "measure_speed", "FINAL_LOGPROB_TOL"]
+__all__ = ["start_sglang", "hf_final", "final_logprob_check", "namespace_report", "FINAL_LOGPROB_TOL"]
 
 # |log p_SGLang(x_t) - log p_HF-final(x_t)| bound: float32 kernels differ by ~1e-5 in log-prob;
 # bf16 rounds the residual stream to 8 mantissa bits per layer (measured ~0.1 on this model)
@@ -114,58 +113,3 @@ def namespace_report(pid: int | None) -> dict:
     ifaces = [ln.split(":")[1].strip().split("@")[0] for ln in links.splitlines() if ln.strip()]
     listeners = [ln.split()[3] for ln in ss.splitlines() if len(ln.split()) >= 4]
     return {"interfaces": ifaces, "listeners": listeners, "loopback_only": ifaces == ["lo"]}
-
-
-class TimedClient:
-    """Wraps an engine client's ``capture`` to add up the seconds spent in it and the tokens sent
-    (the engine's own extraction speed, without HF's final state and disk writes)."""
-
-    def __init__(self, client):
-        self.client, self.seconds, self.tokens = client, 0.0, 0
-
-    def info(self) -> dict:
-        return self.client.info()
-
-    def capture(self, samples, layer_ids, **extra):
-        t = time.perf_counter()
-        out = self.client.capture(samples, layer_ids, **extra)
-        self.seconds += time.perf_counter() - t
-        self.tokens += sum(len(x) for x in samples)
-        return out
-
-
-def measure_speed(client: EngineClient, prompts: list[list[int]], samples: list[list[int]], max_new_tokens: int, stop_token_ids: list[int], seed: int, capture_seconds: float, capture_tokens: int, batch_size: int = 32) -> dict:
-    """SGLang's tokens/s in this run: plain generation, prefill of the dataset's samples without
-    capture (same requests as extraction: one prefill + one token each), and the capture overhead.
-
-    Args:
-        capture_seconds, capture_tokens: time spent in the engine's capture calls during extraction
-            and the tokens captured (the rows written).
-        batch_size: samples per call, as in extraction (``capture_batch_size``).
-
-    Returns:
-        ``{"generate_tokens_per_s", "generated_tokens", "prefill_tokens_per_s_without_capture",
-        "extract_tokens_per_s", "capture_overhead_ratio", "plain_engine_start_seconds", "ratio_is"}``.
-    """
-    t0 = time.perf_counter()
-    client.generate(prompts[:1], 1, [], 0.0, 1.0, seed)  # (re)starts the plain engine: reported apart
-    start_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    outs = client.generate(prompts, max_new_tokens, stop_token_ids, 0.0, 1.0, seed)
-    gen_s = time.perf_counter() - t0
-    n_gen = sum(len(o) for o in outs)
-    t0 = time.perf_counter()
-    for i in range(0, len(samples), batch_size):
-        client.generate(samples[i : i + batch_size], 1, [], 0.0, 1.0, seed)
-    pre_s = time.perf_counter() - t0
-    n_pre = sum(len(s) for s in samples)
-    ext = capture_tokens / capture_seconds if capture_seconds else None
-    pre = n_pre / pre_s if pre_s else None
-    return {
-        "generate_tokens_per_s": round(n_gen / gen_s, 1) if gen_s else None, "generated_tokens": n_gen,
-        "prefill_tokens_per_s_without_capture": round(pre, 1) if pre else None,
-        "extract_tokens_per_s": round(ext, 1) if ext else None,
-        "capture_overhead_ratio": round(pre / ext, 3) if pre and ext else None,
-        "plain_engine_start_seconds": round(start_s, 1),
-        "ratio_is": "prefill tokens/s without capture / with aux capture returned (same samples, same requests, same engine version; engine start excluded)",
-    }

@@ -166,7 +166,7 @@ def extract_step(p: RunParams, progress=True) -> dict:
     the SGLang worker in its venv, loopback-only) or with HF at SGLang's capture point
     (``engine="hf"``). Boundary N (``final``) comes from HF in both cases (SGLang cannot give it; see
     :mod:`eagle3nb.engines.sglang_backend`); the manifest names both engines."""
-    from .sglang_engine import TimedClient, final_logprob_check, hf_final, measure_speed, namespace_report, start_sglang
+    from .sglang_engine import final_logprob_check, hf_final, namespace_report, start_sglang
 
     rd = RunDir(p)
     gman = read_json(rd.generation_manifest, "generation manifest (from 01_generate)")
@@ -212,7 +212,7 @@ def extract_step(p: RunParams, progress=True) -> dict:
             checks += [f"SGLang worker network namespace: interfaces {net.get('interfaces')}, TCP listeners {net.get('listeners')}" if "error" not in net else f"SGLang network namespace not inspected: {net['error']}",
                        f"final (boundary {n}) from hf-transformers; its next-token log-probs vs SGLang's own on a probe sample: max |diff| {lp['max_abs_diff']:.2e} (tolerance {lp['tolerance']})"]
             # time the engine's capture calls during extraction (engine already started by the probe)
-            engine.client = timed = TimedClient(client)
+            engine.client = timed = TimedCapture(client)
         else:
             engine = HFCaptureEngine(model, p.convention, p.capture_batch_size)
             eng_ids = ids
@@ -251,8 +251,8 @@ def extract_step(p: RunParams, progress=True) -> dict:
             if not timed.tokens:  # the dataset was complete already (resumed): time one capture pass now
                 for i in range(0, len(samples), p.capture_batch_size):
                     timed.capture([s[1] for s in samples[i : i + p.capture_batch_size]], eng_ids)
-            extra["speed"] = measure_speed(client, [r["prompt_ids"] for r in recs], [s[1] for s in samples], p.max_new_tokens, models.stop_token_ids(model, tok), p.seed, timed.seconds, timed.tokens, p.capture_batch_size)
-            update_metrics(rd.metrics, "engines", {"sglang": dict(extra["speed"], engine_version=engine_block["version"], device=engine_block["device"], dtype=p.dtype)})
+            extra["speed"] = measure_speed(client, [r["prompt_ids"] for r in recs], [s[1] for s in samples], p.max_new_tokens, models.stop_token_ids(model, tok), p.seed, timed.seconds, timed.tokens)
+            merge_engine_metrics(rd, "sglang", dict(extra["speed"], engine_version=engine_block["version"], device=engine_block["device"], dtype=p.dtype))
     finally:
         if client is not None:
             client.close()

@@ -58,6 +58,9 @@ def test_metrics(smoke_run):
     al = m["alignment"]["sglang"]
     assert al["declared"] == al["measured"] == [1, 2, 4] and al["verdicts"] == ["matches"] * 3 and al["max_error"] <= 1e-5
     assert m["extract"]["engine"] == "sglang" and m["extract"]["final_state_engine"] == "hf-transformers"
+    drift = m["engine_drift"]["median_relative_deviation_from_hf_float32"]  # same probe tokens, same boundaries
+    assert max(drift["sglang float32"].values()) <= 1e-5 and 1e-3 < max(drift["hf-transformers bfloat16"].values()) < 5e-2
+    assert any(k.startswith("vllm float32") for k in drift)  # 02a's dataset is in the run folder
     eng = m["export"]["engines"]
     assert eng["sglang"]["boundaries"] == eng["vllm"]["boundaries"] == [1, 2, 4] and eng["sglang"]["ok"] and eng["vllm"]["ok"]
 
