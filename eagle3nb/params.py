@@ -43,6 +43,11 @@ class RunParams(BaseModel):
     mode: Literal["completion", "chat"] = "completion"
     chat_template: Optional[str] = None
     # 02b_extract_sglang
+    engine: Literal["sglang", "hf"] = "sglang"
+    sglang_python: Optional[str] = None
+    measure_engine_speed: bool = False
+    drift_samples: int = Field(4, ge=0)
+    drift_both_dtypes: bool = False
     convention: str = "sglang"
     layer_ids: Optional[list[int]] = None
     shard_size: int = Field(64, ge=1)
@@ -233,6 +238,11 @@ def check_against_model(p: RunParams) -> dict:
             f"layer_ids={p.layer_ids} (convention {p.convention!r}) do not fit model={p.model!r} with "
             f"num_hidden_layers={n}: {e}"
         ) from None
+    if p.engine == "sglang":
+        try:
+            conventions.get_convention("sglang").boundaries_to_ids(b, n)
+        except ValueError as e:
+            raise ValueError(f"engine='sglang' cannot capture boundaries {b} (layer_ids={p.layer_ids}, convention {p.convention!r}) on model={p.model!r}: {e}; SGLang never captures boundary N={n} (its hooks take layer inputs only): pick lower boundaries, or set engine: hf") from None
     nh = p.draft_num_heads or cfg.get("num_attention_heads")
     nkv = p.draft_num_kv_heads or (min(nh, cfg.get("num_key_value_heads") or nh) if nh else None)
     if nh and nkv and nh % nkv:

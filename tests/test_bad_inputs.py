@@ -54,7 +54,7 @@ def test_shipped_params_pass_model_checks(path):
 def test_model_checks_return_what_the_run_captures():
     info = check_against_model(RunParams())
     assert info["boundaries"] == [1, 2, 4] and info["layer_ids"] == [0, 1, 3]  # sglang: id = boundary - 1
-    info = check_against_model(RunParams(convention="vllm", layer_ids=[1, 3, 5]))
+    info = check_against_model(RunParams(convention="vllm", layer_ids=[1, 3, 5], engine="hf"))  # boundary N: HF only
     assert info["boundaries"] == [1, 3, 5]
 
 
@@ -99,7 +99,7 @@ def test_too_few_layers_for_the_default_picker(tmp_path):
     m = _tiny_model(tmp_path, 2)
     with pytest.raises(ValueError, match=r"layer_ids=None: no default aux layers for model=.* \(num_hidden_layers=2\).*>= 3 layers.*set layer_ids explicitly"):
         check_against_model(RunParams(model=m))
-    assert check_against_model(RunParams(model=m, convention="vllm", layer_ids=[1, 2]))["boundaries"] == [1, 2]
+    assert check_against_model(RunParams(model=m, convention="vllm", layer_ids=[1, 2], engine="hf"))["boundaries"] == [1, 2]
 
 
 def test_default_boundaries_the_convention_cannot_capture(tmp_path):

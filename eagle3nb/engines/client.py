@@ -83,13 +83,15 @@ class EngineClient:
             directory); default the system temp dir.
         startup_timeout, request_timeout: seconds.
         env: extra environment variables for the worker.
+        prefix: argv put before the worker's command (e.g. SGLang's loopback-only network
+            namespace, :func:`eagle3nb.engines.sglang_backend.loopback_prefix`); the pipes cross it.
 
     Raises:
         FileNotFoundError / ImportError: see :func:`check_engine_python`.
         EngineError: the engine did not start in time or failed to start (message + log tail).
     """
 
-    def __init__(self, engine: str, model_path, dtype: str = "float32", options: dict | None = None, python: str | None = None, param: str = "engine python", workdir_parent=None, startup_timeout: float = 900, request_timeout: float = 3600, env: dict | None = None):
+    def __init__(self, engine: str, model_path, dtype: str = "float32", options: dict | None = None, python: str | None = None, param: str = "engine python", workdir_parent=None, startup_timeout: float = 900, request_timeout: float = 3600, env: dict | None = None, prefix: list[str] | None = None):
         self.engine = engine
         self.python = check_engine_python(engine, python, param)
         self.request_timeout = float(request_timeout)
@@ -99,6 +101,7 @@ class EngineClient:
         self.log_path = os.path.join(self.workdir, "engine.log")
         self._proc = None
         self._backend = None
+        self._prefix = list(prefix or [])
         self._rid = 0
         spec = {"engine": engine, "model_path": str(model_path), "dtype": dtype, "options": dict(options or {}), "workdir": self.workdir}
         try:
@@ -121,7 +124,7 @@ class EngineClient:
         e.update({"PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}, **env)
         self._log = open(self.log_path, "ab")
         # own session: close() can stop the worker and anything it started, by this group's id
-        self._proc = subprocess.Popen([self.python, "-m", "eagle3nb.engines.worker", json.dumps(spec)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=str(REPO_ROOT), env=e, start_new_session=True)
+        self._proc = subprocess.Popen([*self._prefix, self.python, "-m", "eagle3nb.engines.worker", json.dumps(spec)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=str(REPO_ROOT), env=e, start_new_session=True)
         self._lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
         msg = self._read(timeout, "start")
@@ -202,9 +205,10 @@ class EngineClient:
         """New token ids per prompt from the engine (see the backend contract)."""
         return self._call("generate", prompts=[list(map(int, p)) for p in prompts], max_new_tokens=int(max_new_tokens), stop_token_ids=[int(x) for x in stop_token_ids], temperature=float(temperature), top_p=float(top_p), seed=int(seed))
 
-    def capture(self, samples, layer_ids) -> list[dict]:
-        """Per sample ``{"aux": [T, n_ids*H], "final": [T, H] (if the engine gives it)}`` torch tensors."""
-        res = self._call("capture", samples=[list(map(int, s)) for s in samples], layer_ids=[int(i) for i in layer_ids])
+    def capture(self, samples, layer_ids, **extra) -> list[dict]:
+        """Per sample ``{"aux": [T, n_ids*H], "final": [T, H] (if the engine gives it)}`` torch tensors
+        (plus what a backend's own keyword ``extra`` adds, e.g. SGLang's ``logprobs=True``)."""
+        res = self._call("capture", samples=[list(map(int, s)) for s in samples], layer_ids=[int(i) for i in layer_ids], **extra)
         if self._backend is not None:
             return res
         from safetensors.torch import load_file

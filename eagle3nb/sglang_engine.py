@@ -1,0 +1,115 @@
+"""02b's real-SGLang path, notebook side: start the SGLang worker loopback-only, take boundary N from
+the HF reference (SGLang cannot give it, see :mod:`eagle3nb.engines.sglang_backend`), check that
+state against SGLang's own next-token log-probabilities. SGLang's speed with and without capture is measured with the same functions as
+vLLM's (:func:`eagle3nb.vllm_engine.measure_speed`, :class:`eagle3nb.vllm_engine.TimedCapture`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from typing import Sequence
+
+import torch
+
+from .capture import capture_boundaries
+from .engines import sglang_backend
+from .engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient
+
+__all__ = ["start_sglang", "hf_final", "final_logprob_check", "namespace_report", "FINAL_LOGPROB_TOL"]
+
+# |log p_SGLang(x_t) - log p_HF-final(x_t)| bound: float32 kernels differ by ~1e-5 in log-prob;
+# bf16 rounds the residual stream to 8 mantissa bits per layer (measured ~0.1 on this model)
+FINAL_LOGPROB_TOL = {"float32": 1e-3, "float16": 0.2, "bfloat16": 0.5}
+
+
+def start_sglang(model_path, dtype: str, device: str, seed: int, python: str | None, workdir_parent=None, context_length: int | None = None) -> EngineClient:
+    """Start the SGLang worker (``eagle3nb.engines.worker`` in SGLang's venv) in a loopback-only
+    network namespace, with the CPU switch and shim on CPU and neither on a GPU.
+
+    Args:
+        python: the SGLang venv's python (None: the default cache path; ``""``: in this process,
+            for a GPU box where sglang imports here; no namespace then).
+        device: ``cpu`` or ``cuda[:N]`` (already resolved).
+
+    Raises:
+        FileNotFoundError: the venv or the CPU shim is missing (run ``bash .ci/setup_engines.sh``).
+        RuntimeError: no loopback-only namespace can be made here (message names the fallback).
+        eagle3nb.engines.client.EngineError: SGLang failed to start (its message and log tail).
+    """
+    python = DEFAULT_ENGINE_PYTHONS["sglang"] if python is None else python
+    env = sglang_backend.launch_env(device, base=dict(os.environ))
+    changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
+    if device != "cpu" and os.environ.get("SGLANG_USE_CPU_ENGINE"):
+        raise RuntimeError("SGLANG_USE_CPU_ENGINE is set in this environment but device is a GPU; unset it (it is the CPU-only switch)")
+    if not python:  # in-process (GPU box): the environment must already be the engine's
+        os.environ.update(changed)
+        prefix = []
+    else:
+        prefix = sglang_backend.loopback_prefix()
+    opts = {"device": device, "seed": int(seed)}
+    if context_length:
+        opts["context_length"] = int(context_length)
+    return EngineClient("sglang", model_path, dtype, opts, python=python, param="sglang_python", workdir_parent=workdir_parent, env=changed, prefix=prefix)
+
+
+@torch.no_grad()
+def hf_final(model, samples: Sequence[Sequence[int]], batch_size: int = 16) -> list[torch.Tensor]:
+    """Boundary N (last layer's output before the final norm) from the HF model, ``[T, H]`` per
+    sample on CPU, right-padded batches (equal to one-by-one, see tests/test_capture.py)."""
+    n = int(model.config.num_hidden_layers)
+    dev = next(model.parameters()).device
+    out = []
+    for s in range(0, len(samples), batch_size):
+        chunk = [list(x) for x in samples[s : s + batch_size]]
+        T = max(len(x) for x in chunk)
+        ids = torch.zeros(len(chunk), T, dtype=torch.long)
+        mask = torch.zeros(len(chunk), T, dtype=torch.long)
+        for i, x in enumerate(chunk):
+            ids[i, : len(x)] = torch.tensor(x)
+            mask[i, : len(x)] = 1
+        st = capture_boundaries(model, ids.to(dev), [n], mask.to(dev))[n]
+        out += [st[i, : len(x)].cpu() for i, x in enumerate(chunk)]
+    return out
+
+
+@torch.no_grad()
+def final_logprob_check(model, sample: Sequence[int], final: torch.Tensor, sglang_logprobs: torch.Tensor, dtype: str) -> dict:
+    """Does the stored ``final`` give the distribution SGLang itself computes?
+
+    Compares log p(x_t | x_<t) from ``lm_head(norm(final))`` (the training objective's target, see
+    :func:`eagle3nb.objective.target_probs`) with SGLang's ``input_token_logprobs`` (its lm_head over
+    its final-normed state) for t = 1..T-1.
+
+    Returns:
+        ``{"max_abs_diff", "mean_abs_diff", "tolerance", "ok", "n_positions"}`` (log-prob units).
+    """
+    dec = model.model if hasattr(model, "model") else model
+    x = final.to(next(model.parameters()).device, next(model.parameters()).dtype)
+    lp = model.lm_head(dec.norm(x)).float().log_softmax(-1).cpu()  # [T, V]
+    ours = lp[:-1].gather(-1, torch.tensor(list(sample)[1:])[:, None])[:, 0]
+    d = (ours - sglang_logprobs[1:].float()).abs()
+    tol = FINAL_LOGPROB_TOL.get(dtype, 0.5)
+    return {"max_abs_diff": float(d.max()), "mean_abs_diff": float(d.mean()), "tolerance": tol, "ok": bool(d.max() <= tol), "n_positions": int(d.numel())}
+
+
+def namespace_report(pid: int | None) -> dict:
+    """Network interfaces and TCP listeners inside the worker's network namespace (``nsenter -n``,
+    needs root), to show that only loopback exists there.
+
+    Returns:
+        ``{"interfaces": [names], "listeners": ["addr:port", ...], "loopback_only": bool}`` or
+        ``{"error": reason}`` when it cannot look (not root, in-process engine).
+    """
+    if pid is None:
+        return {"error": "engine runs in this process (no separate namespace)"}
+    if os.geteuid() != 0:
+        return {"error": "nsenter needs root"}
+    try:
+        links = subprocess.run(["nsenter", "-t", str(pid), "-n", "ip", "-o", "link"], capture_output=True, text=True, timeout=20, check=True).stdout
+        ss = subprocess.run(["nsenter", "-t", str(pid), "-n", "ss", "-Hltn"], capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return {"error": f"nsenter failed: {e}"}
+    ifaces = [ln.split(":")[1].strip().split("@")[0] for ln in links.splitlines() if ln.strip()]
+    listeners = [ln.split()[3] for ln in ss.splitlines() if len(ln.split()) >= 4]
+    return {"interfaces": ifaces, "listeners": listeners, "loopback_only": ifaces == ["lo"]}

@@ -1,0 +1,61 @@
+"""The SGLang worker's launch settings (no engine started): CPU switch and shim on CPU only, a
+loopback-only namespace prefix, and the drift figure's numbers."""
+
+import os
+import subprocess
+
+import pytest
+import torch
+
+from eagle3nb.engines import sglang_backend as sb
+from eagle3nb.plots import engine_drift_figure
+
+
+def test_launch_env_cpu_has_switch_and_shim(tmp_path):
+    (tmp_path / "cpu-shim").mkdir()
+    (tmp_path / "cpu-shim" / "libcuda.so.1").write_bytes(b"\x7fELF")
+    env = sb.launch_env("cpu", tmp_path, base={"LD_LIBRARY_PATH": "/opt/x"})
+    assert env["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert env["LD_LIBRARY_PATH"].split(os.pathsep) == [str(tmp_path / "cpu-shim"), "/opt/x"]
+    assert env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_launch_env_gpu_has_neither_even_if_inherited(tmp_path):
+    env = sb.launch_env("cuda:1", tmp_path, base={"SGLANG_USE_CPU_ENGINE": "1", "LD_LIBRARY_PATH": f"{tmp_path}/cpu-shim{os.pathsep}/usr/local/cuda/lib64"})
+    assert "SGLANG_USE_CPU_ENGINE" not in env and env["LD_LIBRARY_PATH"] == "/usr/local/cuda/lib64"
+    assert env["CUDA_VISIBLE_DEVICES"] == "1"
+
+
+def test_launch_env_refuses_missing_shim_and_auto(tmp_path):
+    with pytest.raises(FileNotFoundError, match="setup_engines.sh"):
+        sb.launch_env("cpu", tmp_path, base={})
+    with pytest.raises(ValueError, match="auto"):
+        sb.launch_env("auto", tmp_path, base={})
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="unshare -n needs root here")
+def test_loopback_prefix_gives_a_namespace_with_lo_only():
+    pre = sb.loopback_prefix()
+    out = subprocess.run([*pre, "ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    assert [ln.split(":")[1].strip() for ln in out.splitlines()] == ["lo"]
+    assert "UP" in out.split("<", 1)[1].split(">", 1)[0]  # lo was brought up
+
+
+def test_loopback_prefix_off_switch(monkeypatch):
+    monkeypatch.setenv("EAGLE3NB_ENGINE_NETNS", "off")
+    assert sb.loopback_prefix() == []
+
+
+def test_drift_figure_deviation_is_per_token_relative_error():
+    g = torch.Generator().manual_seed(0)
+    ref = {1: torch.randn(6, 4, generator=g), 2: torch.randn(6, 4, generator=g)}
+    other = {b: x * 1.01 for b, x in ref.items()}  # exactly 1% off on every token
+    fig = engine_drift_figure({"hf-transformers float32 (reference)": ref, "engine-x bfloat16": other}, "hf-transformers float32 (reference)")
+    devs = [t for t in fig.data if t.xaxis in ("x2", "x4")]
+    assert len(devs) == 2  # one deviation histogram per boundary, none for the reference itself
+    for t in devs:
+        assert all(abs(v - (-2.0)) < 1e-5 for v in t.x)  # log10(0.01)
+    with pytest.raises(ValueError, match="same tokens"):
+        engine_drift_figure({"r": ref, "y": {1: torch.zeros(5, 4)}}, "r")
+    with pytest.raises(ValueError, match="reference"):
+        engine_drift_figure({"r": ref}, "missing")
