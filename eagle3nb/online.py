@@ -43,10 +43,8 @@ class OnlineSource:
         ValueError: no sample with a loss-bearing token; ids the convention cannot capture.
     """
 
-    def __init__(self, samples: Sequence[tuple[int, list[int], list[int]]], model, ids: Sequence[int], convention: str, manifest: dict, global_batch: int = 16, seed: int = 0, bucket: bool = True, bucket_window: int = 16):
+    def __init__(self, samples: Sequence[tuple[int, list[int], list[int]]], model, ids: Sequence[int], convention: str, manifest: dict):
         import transformers
-
-        from .loader import BatchPlan
 
         self.model = model
         self.engine = HFCaptureEngine(model, convention)
@@ -65,8 +63,7 @@ class OnlineSource:
             skipped={"nonfinite": [], "empty_loss_mask": empty},
         )
         self.n_aux = len(self.boundaries)
-        # the offline loader's plan over the same lengths: the same global batches, in the same order
-        self.plan = BatchPlan([x["input_ids"].numel() for x in self.items], global_batch, seed, bucket, bucket_window)
+        self.plan = None  # set by configure() from the training config
         self.capture_seconds = 0.0  # target forward + capture, summed over batches
         self.captured_tokens = 0
         self.nonfinite_rows = 0  # rows whose states were not finite: their loss mask is zeroed
@@ -91,11 +88,22 @@ class OnlineSource:
         for x in self.items:
             yield x["input_ids"], x["loss_mask"]
 
+    def configure(self, global_batch: int, seed: int = 0, bucket: bool = True, bucket_window: int = 16) -> "OnlineSource":
+        """Use the offline loader's batch plan (:class:`eagle3nb.loader.BatchPlan`) over these
+        samples' lengths, so online and offline training see the same global batches in the same
+        order; :func:`eagle3nb.train.make_source` calls it with the training config. Returns self."""
+        from .loader import BatchPlan
+
+        self.plan = BatchPlan([x["input_ids"].numel() for x in self.items], global_batch, seed, bucket, bucket_window)
+        return self
+
     def batches(self, start: int, stop: int, rank: int = 0, world: int = 1, pin_memory: bool = False):
         """The :class:`eagle3nb.train.BatchSource` interface: this rank's slice of each global
         step's batch (the plan and slicing of :class:`eagle3nb.loader.OfflineSource`), its states
         captured by the target now, on the target's device, plus ``sample_index [b]`` (-1 for the
         loss-free stand-in row of a rank left without samples)."""
+        if self.plan is None:
+            raise RuntimeError("OnlineSource.batches before configure(): pass the source to train_drafter, which configures it from TrainConfig")
         dev = next(self.model.parameters()).device
         for s in range(start, stop):
             b = self.plan.global_batch_at(s)

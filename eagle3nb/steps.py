@@ -467,7 +467,7 @@ def _online_source(p: RunParams, rd: RunDir, model, tok, path) -> OnlineSource:
     samples = extract.train_samples(rd)
     if not samples:
         raise ValueError("no train sample with generated tokens: 01_generate produced nothing to train on; check prompts_file and max_new_tokens")
-    src = OnlineSource(samples, cap, ids, p.convention, provenance(p.seed, target=tinfo, dtype=p.dtype, template=gman["template"], generation_sha256=gman["file_sha256"]), global_batch=p.batch_size, seed=p.seed, bucket=p.bucket_by_length)
+    src = OnlineSource(samples, cap, ids, p.convention, provenance(p.seed, target=tinfo, dtype=p.dtype, template=gman["template"], generation_sha256=gman["file_sha256"]))
     probe = samples[0][1]
     err, ref_b = alignment_matrix(src.engine.capture([probe], ids)[0].aux.float(), reference_states(cap, probe), len(ids))
     align = alignment_verdict(err, ref_b, bnds, p.dtype)

@@ -162,8 +162,13 @@ class TTTObjective(torch.nn.Module):
 
 
 def make_source(ds, cfg: TrainConfig):
-    """The offline batch source over ``ds`` (a ``ShardStore`` or ``AuxDataset``) for ``cfg``."""
+    """The batch source for ``cfg``: an offline source over ``ds`` (a ``ShardStore`` or
+    ``AuxDataset``), or ``ds`` itself when it computes its batches (an online source, given the same
+    batch plan as the offline loader)."""
     from .loader import OfflineSource
+
+    if hasattr(ds, "configure"):
+        return ds.configure(cfg.batch_size, cfg.seed, cfg.bucket_by_length, cfg.bucket_window)
 
     return OfflineSource(ds, cfg.batch_size, cfg.seed, cfg.bucket_by_length, cfg.bucket_window, cfg.loader_workers)
 
@@ -206,7 +211,7 @@ def train_drafter(data, target, cfg: TrainConfig, out_dir: str | os.PathLike, pr
         ValueError: a checkpoint with another config or dataset (before any step).
     """
     ctx = distributed.current()
-    source = data if hasattr(data, "batches") else make_source(data, cfg)
+    source = data if hasattr(data, "batches") and not hasattr(data, "configure") else make_source(data, cfg)
     ckdir = Path(out_dir) / "checkpoints"
     if ctx.is_main:
         ckdir.mkdir(parents=True, exist_ok=True)
