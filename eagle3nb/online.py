@@ -97,6 +97,13 @@ class OnlineSource:
         self.plan = BatchPlan([x["input_ids"].numel() for x in self.items], global_batch, seed, bucket, bucket_window)
         return self
 
+    def padding(self, world: int = 1) -> dict:
+        """Padding of one epoch of this plan vs a plain shuffle (as :meth:`eagle3nb.loader.OfflineSource.padding`)."""
+        from .loader import BatchPlan, padding_stats
+
+        plain = BatchPlan(self.plan.lengths, self.plan.global_batch, self.plan.seed, bucket=False)
+        return {"this_plan": padding_stats(self.plan, world), "plain_shuffle": padding_stats(plain, world)}
+
     def batches(self, start: int, stop: int, rank: int = 0, world: int = 1, pin_memory: bool = False):
         """The :class:`eagle3nb.train.BatchSource` interface: this rank's slice of each global
         step's batch (the plan and slicing of :class:`eagle3nb.loader.OfflineSource`), its states
