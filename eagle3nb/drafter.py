@@ -16,6 +16,12 @@ Data flow for one draft step at sequence position t (H = drafter hidden, Ht = ta
 Attention in training-time test (TTT): the query of step j at position t sees the step-0 keys of
 positions 0..t (causal) and the keys of steps 1..j at position t only (the draft chain so far). Its
 RoPE position is t + j, the position that token occupies when served.
+
+Two implementations of that attention compute the same function (tests/test_drafter_attention.py):
+``"eager"`` writes the scores out ([B, nh, Tq, T0] per step: simple, any layout, the reference) and
+``"flex"`` (PyTorch flex attention with a block mask over the concatenated keys of all steps: no
+score matrix in memory, masked blocks skipped; compiled on CUDA) for the training layout, where the
+queries are the step-0 positions themselves. Pick with :meth:`Eagle3Drafter.set_attention`.
 """
 
 from __future__ import annotations
@@ -27,6 +33,11 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+try:  # flex attention: torch >= 2.5
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+except ImportError:  # pragma: no cover - older torch keeps the eager path
+    create_block_mask = flex_attention = None
 
 __all__ = ["DrafterConfig", "Eagle3Drafter", "RMSNorm", "KV"]
 
@@ -115,7 +126,53 @@ def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-KV = tuple[torch.Tensor, torch.Tensor]  # (k, v) of one TTT step, each [B, n_heads, T, d] (kv heads repeated)
+KV = tuple[torch.Tensor, torch.Tensor]  # (k, v) of one TTT step, each [B, n_kv_heads, T, d] (after RoPE)
+
+ATTN_IMPLS = ("eager", "flex")
+_flex_compiled = None
+
+
+def _flex_fn():
+    """flex_attention compiled once per process (uncompiled it is a slow reference implementation)."""
+    global _flex_compiled
+    if _flex_compiled is None:
+        _flex_compiled = torch.compile(flex_attention, dynamic=False)
+    return _flex_compiled
+
+
+def ttt_flex_attention(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor], key_mask: Optional[torch.Tensor], scale: float) -> torch.Tensor:
+    """TTT attention through flex attention, for the training layout (queries = step-0 positions).
+
+    Args:
+        q: ``[B, nh, T, d]`` queries of step j = len(ks) - 1 (after RoPE).
+        ks, vs: per step 0..j, ``[B, nkv, T, d]`` each (kv heads not repeated: flex does GQA).
+        key_mask: ``[B, T]`` bool, False on padding (step-0 keys only, as in the eager path) or None.
+        scale: score scale (1/sqrt(d)).
+
+    Returns:
+        ``[B, nh, T, d]``. The keys of all steps are concatenated to ``[B, nkv, (j+1)*T, d]``; key
+        index s*T + u is step s at position u. Query t sees step-0 keys u <= t (and not padding) and
+        the key of each later step at u = t. Blocks the mask rules out (all of the causal upper half,
+        all but the diagonal blocks of later steps) are skipped, so the cost stays that of causal
+        attention plus a sliver per step. A query that sees no key (a padding position whose
+        earlier keys are all padding) gets 0 here and a uniform average in the eager path; both
+        are outside the loss.
+    """
+    B, nh, T, _ = q.shape
+    k, v = torch.cat(ks, dim=2), torch.cat(vs, dim=2)  # [B, nkv, (j+1)*T, d]
+    km = None if key_mask is None or bool(key_mask.all()) else key_mask  # no padding: one mask for the batch
+
+    def mask_mod(b, h, qi, ki):
+        u = ki % T  # position of key ki within its step
+        first = (ki < T) & (u <= qi)
+        if km is not None:
+            first = first & km[b, u]
+        return first | ((ki >= T) & (u == qi))
+
+    on_gpu = q.is_cuda
+    bm = create_block_mask(mask_mod, B if km is not None else None, None, T, k.shape[2], device=q.device, _compile=on_gpu)
+    attn = _flex_fn() if on_gpu else flex_attention
+    return attn(q, k, v, block_mask=bm, scale=scale, enable_gqa=k.shape[1] != nh)
 
 
 class Eagle3Attention(nn.Module):
@@ -129,11 +186,15 @@ class Eagle3Attention(nn.Module):
         self.k_proj = nn.Linear(2 * c.hidden_size, nkv * hd, bias=False)
         self.v_proj = nn.Linear(2 * c.hidden_size, nkv * hd, bias=False)
         self.o_proj = nn.Linear(nh * hd, c.hidden_size, bias=False)
+        self.attn_impl = "eager"  # see the module docstring; set through Eagle3Drafter.set_attention
 
     def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: list[KV], q_index: torch.Tensor, key_mask: Optional[torch.Tensor]):
         """x: [B, Tq, 2H]; pos: [B, Tq] RoPE positions; cache: earlier steps' KV (step 0 first);
         q_index: [Tq] sequence index of each query (for the causal mask over step 0);
-        key_mask: [B, T0] bool, False on padding keys. Returns ([B, Tq, H], this step's KV)."""
+        key_mask: [B, T0] bool, False on padding keys. Returns ([B, Tq, H], this step's KV).
+        With ``attn_impl == "flex"`` and Tq == T0 (the training layout) q_index must be arange(T0)
+        and every cached step must hold the same T0 positions, as :func:`eagle3nb.objective.ttt_loss`
+        passes them; other layouts (serve-time chains) take the eager path."""
         c = self.c
         B, Tq, _ = x.shape
         nh, nkv, hd = c.num_attention_heads, c.num_key_value_heads, c.head_dim
@@ -141,14 +202,26 @@ class Eagle3Attention(nn.Module):
         k = self.k_proj(x).view(B, Tq, nkv, hd).transpose(1, 2)  # [B, nkv, Tq, hd]
         v = self.v_proj(x).view(B, Tq, nkv, hd).transpose(1, 2)  # [B, nkv, Tq, hd]
         q, k = _rope(q, pos, c.rope_theta), _rope(k, pos, c.rope_theta)
-        if nh != nkv:  # GQA: repeat kv heads once here, so the cache holds them ready for later steps
-            k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)  # [B, nh, Tq, hd]
-        steps = cache + [(k, v)]
-        k0, v0 = steps[0]  # [B, nh, T0, hd]
+        steps = cache + [(k, v)]  # per step [B, nkv, T_s, hd]
         scale = 1.0 / math.sqrt(hd)
+        T0 = steps[0][0].shape[2]
+        flex_ok = q.is_cuda or not (torch.is_grad_enabled() and q.requires_grad)  # no flex backward on CPU
+        if self.attn_impl == "flex" and Tq == T0 and flex_ok:  # training layout: queries are the step-0 positions
+            o = ttt_flex_attention(q, [s[0] for s in steps], [s[1] for s in steps], key_mask, scale)  # [B, nh, Tq, hd]
+        else:
+            o = self._eager(q, steps, q_index, key_mask, scale)
+        o = o.transpose(1, 2).reshape(B, Tq, nh * hd)  # [B, Tq, nh*hd]
+        return self.o_proj(o), (k, v)
+
+    def _eager(self, q, steps: list[KV], q_index, key_mask, scale):
+        """Reference path with the scores written out. q: [B, nh, Tq, hd] -> [B, nh, Tq, hd]."""
+        nh, nkv = self.c.num_attention_heads, self.c.num_key_value_heads
+        if nh != nkv:  # GQA: repeat kv heads to the query heads
+            steps = [(k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)) for k, v in steps]  # [B, nh, T_s, hd]
+        k0, v0 = steps[0]  # [B, nh, T0, hd]
         s0 = (q @ k0.transpose(-1, -2)) * scale  # [B, nh, Tq, T0]
         T0 = k0.shape[2]
-        allowed = torch.arange(T0, device=x.device)[None, :] <= q_index[:, None]  # [Tq, T0] causal
+        allowed = torch.arange(T0, device=q.device)[None, :] <= q_index[:, None]  # [Tq, T0] causal
         allowed = allowed[None, None]
         if key_mask is not None:
             allowed = allowed & key_mask[:, None, None, :]
@@ -160,8 +233,7 @@ class Eagle3Attention(nn.Module):
         o = p[..., :T0] @ v0  # [B, nh, Tq, hd]
         for i, (_, vi) in enumerate(later):
             o = o + p[..., T0 + i : T0 + i + 1] * vi
-        o = o.transpose(1, 2).reshape(B, Tq, nh * hd)  # [B, Tq, nh*hd]
-        return self.o_proj(o), (k, v)
+        return o
 
 
 class Eagle3MLP(nn.Module):
@@ -231,6 +303,22 @@ class Eagle3Drafter(nn.Module):
         """Install the draft vocabulary mapping (see :mod:`eagle3nb.vocab`)."""
         self.d2t.copy_(d2t)
         self.t2d.copy_(t2d)
+
+    def set_attention(self, impl: str) -> "Eagle3Drafter":
+        """Choose the TTT attention implementation: ``"eager"`` (default, the reference) or ``"flex"``
+        (flex attention, compiled on CUDA; for long sequences on a GPU). Both compute the same
+        function; the cache layout is the same, so a drafter can switch at any time. PyTorch has no
+        flex backward on CPU, so there a step that needs gradients takes the eager path.
+
+        Raises:
+            ValueError: an unknown name, or ``"flex"`` on a torch without flex attention (< 2.5).
+        """
+        if impl not in ATTN_IMPLS:
+            raise ValueError(f"attention impl {impl!r}: use one of {ATTN_IMPLS}")
+        if impl == "flex" and flex_attention is None:
+            raise ValueError(f"attention impl 'flex' needs torch >= 2.5 (flex attention); this is torch {torch.__version__}: use 'eager'")
+        self.midlayer.self_attn.attn_impl = impl
+        return self
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocab ids (any shape, int64) -> target ids."""

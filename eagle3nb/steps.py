@@ -341,7 +341,7 @@ def extract_vllm_step(p: RunParams, progress=True) -> dict:
         if not timed.tokens:  # dataset complete already (resumed): time one capture pass now
             for i in range(0, len(samples), p.capture_batch_size):
                 timed.capture([s[1] for s in samples[i : i + p.capture_batch_size]], vids)
-        speed = measure_speed(client, [r["prompt_ids"] for r in recs], [s[1] for s in samples], p.max_new_tokens, models.stop_token_ids(model, tok), p.seed, timed.seconds, timed.tokens)
+        speed = measure_speed(client, [r["prompt_ids"] for r in recs], [s[1] for s in samples], p.max_new_tokens, models.stop_token_ids(model, tok), p.seed, timed.seconds, timed.tokens, p.capture_batch_size)
     merge_engine_metrics(rd, "vllm", dict(speed, engine_version=info["engine_version"], device=info["device"], dtype=p.dtype))
     stats = {"engine": info["engine_name"], "engine_version": info["engine_version"], "convention": "vllm", "engine_layer_ids": vids, "layer_ids_in_run_convention": ids, "aux_boundaries": bnds, "n_samples": m["n_samples"], "n_tokens": m["n_tokens"], "estimated_bytes": need, "skipped": {k: len(v) for k, v in m["skipped"].items()}, "seconds": round(secs, 3), "tokens_per_s": round(m["n_tokens"] / secs, 1) if secs else None}
     update_metrics(rd.metrics, "extract_vllm", stats)

@@ -71,3 +71,15 @@ def test_in_process_mode_refuses_missing_engine_package():
         pytest.skip("vllm imports in this environment (GPU box): the in-process refusal cannot be shown")
     with pytest.raises(ImportError, match=r"vllm_python='' runs vllm in this process.*bash \.ci/setup_engines\.sh"):
         check_engine_python("vllm", "", "vllm_python")
+
+
+def test_in_process_mode_same_contract(tmp_path, monkeypatch):
+    """python '' runs the backend in this process (GPU box): same answers, no worker, temp folder removed."""
+    monkeypatch.syspath_prepend(str(FAKE_DIR))
+    with EngineClient("module:fake_engine_backend", "unused", python="", workdir_parent=tmp_path) as c:
+        assert c.pid is None and c.info()["pid"] == os.getpid()
+        assert c.generate([[1, 2]], 3, [0]) == [[3, 4, 5]]
+        out = c.capture([[1, 2, 3]], [0, 2])[0]
+        assert out["aux"].shape == (3, 8) and torch.equal(out["final"][:, 0], torch.tensor([1.0, 2.0, 3.0]))
+        wd = Path(c.workdir)
+    assert not wd.exists()

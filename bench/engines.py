@@ -1,0 +1,136 @@
+"""Engine speed, same workload and same run for every engine: plain generation, prefill without
+capture, and aux-state extraction (tokens/s), and the capture overhead ratio.
+
+    PYTHONPATH=. .venv/bin/python bench/engines.py [--engines hf,vllm] [--dtype float32] \
+        [--n-prompts 64] [--max-new-tokens 64] [--repeats 3] [--out bench/results/engines.json]
+
+Workload: the first ``n_prompts`` train prompts of the default prompts file (completion mode), greedy
+``max_new_tokens`` each; the samples for prefill and extraction are prompt + generated ids (what
+02a/02b capture), at the default boundaries of the model (+ boundary N). Each number is the median
+of ``repeats`` timed calls after one untimed warm-up call (engine start excluded; reported apart).
+Engines: ``hf`` (transformers, in this process, one batch), ``vllm`` (through the engine worker in its
+venv), ``sglang`` when ``eagle3nb.sglang_engine`` is present (its loopback-only start). CPU threads
+are whatever the machine gives; the load average is recorded because a shared machine skews them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+
+from eagle3nb import chat, conventions, models  # noqa: E402
+from eagle3nb.capture import HFCaptureEngine  # noqa: E402
+from eagle3nb.generate import generate_batch  # noqa: E402
+from eagle3nb.manifest import atomic_write_json  # noqa: E402
+from eagle3nb.params import RunParams, resolve_path  # noqa: E402
+from eagle3nb.prompts import load_prompts, split_prompts  # noqa: E402
+
+
+def _median_time(fn, repeats: int) -> tuple[float, object]:
+    fn()  # warm-up (engine start, lazy init)
+    ts, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts), out
+
+
+def _numbers(gen_s, n_gen, pre_s, n_pre, ext_s, n_ext) -> dict:
+    pre, ext = n_pre / pre_s, n_ext / ext_s
+    return {"generate_tokens_per_s": round(n_gen / gen_s, 1), "generated_tokens": n_gen, "prefill_tokens_per_s_without_capture": round(pre, 1), "extract_tokens_per_s": round(ext, 1), "capture_overhead_ratio": round(pre / ext, 3), "sample_tokens": n_pre}
+
+
+def bench_hf(model, prompts, samples, ids_hf, eos, max_new, repeats) -> dict:
+    """HF transformers: one left-padded ``generate`` batch; one right-padded forward with and without
+    the boundary hooks."""
+    eng = HFCaptureEngine(model, "vllm", batch_size=len(samples))
+    gen_s, outs = _median_time(lambda: generate_batch(model, prompts, max_new, eos), repeats)
+    T = max(len(s) for s in samples)
+    ids = torch.zeros(len(samples), T, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, s in enumerate(samples):
+        ids[i, : len(s)], mask[i, : len(s)] = torch.tensor(s), 1
+    with torch.no_grad():
+        pre_s, _ = _median_time(lambda: model.model(input_ids=ids, attention_mask=mask, use_cache=False), repeats)
+    ext_s, _ = _median_time(lambda: eng.capture(samples, ids_hf), repeats)
+    n_tok = sum(len(s) for s in samples)
+    return dict(_numbers(gen_s, sum(len(o) for o in outs), pre_s, n_tok, ext_s, n_tok), engine_version=__import__("transformers").__version__)
+
+
+def bench_client(client, prompts, samples, ids, eos, max_new, repeats) -> dict:
+    """An engine client (vLLM, SGLang): ``generate`` of the prompts, ``generate(samples, 1)`` as the
+    prefill without capture, ``capture(samples, ids)``; the engine batches inside each call."""
+    gen_s, outs = _median_time(lambda: client.generate(prompts, max_new, eos, 0.0, 1.0, 0), repeats)
+    pre_s, _ = _median_time(lambda: client.generate(samples, 1, [], 0.0, 1.0, 0), repeats)
+    ext_s, _ = _median_time(lambda: client.capture(samples, ids), repeats)
+    n_tok = sum(len(s) for s in samples)
+    return dict(_numbers(gen_s, sum(len(o) for o in outs), pre_s, n_tok, ext_s, n_tok), engine_version=client.info()["engine_version"])
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--engines", default="hf,vllm")
+    ap.add_argument("--model", default="stories260K-hd32")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--n-prompts", type=int, default=64)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--vllm-python", default=None, help="vLLM venv python (default: the cached one; '' = in-process)")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "engines.json"))
+    a = ap.parse_args(argv)
+    p = RunParams(model=a.model, dtype=a.dtype, vllm_python=a.vllm_python)
+    model, tok, path = models.load_target(a.model, a.dtype)
+    n = model.config.num_hidden_layers
+    bnds = conventions.pick_default_boundaries(n)
+    eos = models.stop_token_ids(model, tok)
+    train, _ = split_prompts(load_prompts(resolve_path(p.prompts_file)), p.heldout_fraction, 0)
+    prompts = [chat.encode_prompt(tok, t, "completion", None) for t in train[: a.n_prompts]]
+    outs = generate_batch(model, prompts, a.max_new_tokens, eos)
+    samples = [q + o for q, o in zip(prompts, outs)]
+    res = {"workload": {"model": a.model, "dtype": a.dtype, "n_prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "boundaries": bnds + [n], "repeats": a.repeats, "sample_tokens": sum(len(s) for s in samples)},
+           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_start": os.getloadavg(), "torch": torch.__version__, "torch_threads": torch.get_num_threads()},
+           "definitions": "tokens/s = tokens / median seconds of one call over the whole workload; generate: new tokens; prefill and extract: prompt + generated tokens of every sample; capture_overhead_ratio = prefill tokens/s without capture / extract tokens/s (same engine, same samples)",
+           "engines": {}}
+    for eng in a.engines.split(","):
+        t0 = time.perf_counter()
+        if eng == "hf":
+            res["engines"]["hf-transformers"] = bench_hf(model, prompts, samples, conventions.get_convention("vllm").boundaries_to_ids(bnds, n), eos, a.max_new_tokens, a.repeats)
+        elif eng == "vllm":
+            from eagle3nb.vllm_engine import start_vllm
+
+            with start_vllm(p, path, a.dtype, REPO / "bench" / "results") as c:
+                t_start = time.perf_counter() - t0
+                r = bench_client(c, prompts, samples, conventions.get_convention("vllm").boundaries_to_ids(bnds, n), eos, a.max_new_tokens, a.repeats)
+            res["engines"]["vllm"] = dict(r, worker_start_seconds=round(t_start, 1))
+        elif eng == "sglang":
+            from eagle3nb.sglang_engine import start_sglang  # the SGLang backend's loopback-only start
+
+            with start_sglang(path, a.dtype, "cpu", 0, None, REPO / "bench" / "results", model.config.max_position_embeddings) as c:
+                r = bench_client(c, prompts, samples, conventions.get_convention("sglang").boundaries_to_ids(bnds, n), eos, a.max_new_tokens, a.repeats)
+            res["engines"]["sglang"] = r
+        else:
+            raise SystemExit(f"--engines: unknown engine {eng!r}; use hf, vllm, sglang")
+        res["engines"][list(res["engines"])[-1]]["wall_seconds_incl_start"] = round(time.perf_counter() - t0, 1)
+        print(eng, json.dumps(res["engines"][list(res["engines"])[-1]]), flush=True)
+    res["machine"]["loadavg_end"] = os.getloadavg()
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out, res)
+    print("wrote", out)
+    return res
+
+
+if __name__ == "__main__":
+    main()
