@@ -83,6 +83,18 @@ def test_every_token_has_a_row_with_repeats_and_shared_prefixes(sgl):
     assert torch.equal(again[0]["aux"], again[2]["aux"])  # same ids, same batch -> same rows
 
 
+def test_a_call_larger_than_a_prefill_chunk_keeps_every_row(sgl, hf):
+    """~5k tokens in one call: with SGLang's chunked prefill on (its default) a request split over
+    chunks came back with only its last chunk's rows (25 of 104); the backend turns chunking off."""
+    model, H = hf[0], hf[0].config.hidden_size
+    big = [[1] + [(7 * i + j) % 500 + 3 for j in range(103)] for i in range(48)]
+    res = sgl[0].capture(big, IDS)
+    assert [r["aux"].shape[0] for r in res] == [len(s) for s in big]
+    for k in (0, 23, 47):
+        hs = _hf_hidden(model, big[k])
+        assert (res[k]["aux"][:, 2 * H :] - hs[IDS[2] + 1][0]).abs().max().item() <= 1e-5
+
+
 def test_final_from_hf_gives_sglangs_own_next_token_logprobs(sgl, hf):
     from eagle3nb.sglang_engine import hf_final
 

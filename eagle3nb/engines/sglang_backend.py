@@ -159,12 +159,18 @@ class Backend:
             random_seed=int(self.options.get("seed", 0)),
             # a radix-cache hit returns no hidden states for the cached prefix (rows go missing)
             disable_radix_cache=True, disable_cuda_graph=True, log_level="error",
+            # a prompt split over prefill chunks returns only its last chunk's rows (seen: 25 of 104)
+            chunked_prefill_size=-1,
         )
         for k in ("context_length", "max_total_tokens"):
             if self.options.get(k):
                 kw[k] = int(self.options[k])
         if self.device == "cpu" and "max_total_tokens" not in kw:
             kw["max_total_tokens"] = 16384  # the CPU KV pool is otherwise sized from host RAM
+        if self.device == "cpu":
+            # without chunking SGLang 0.5.23 derives a negative static fraction on CPU; the pool is
+            # capped by max_total_tokens anyway
+            kw.setdefault("mem_fraction_static", 0.3)
         if mode[0] == "capture":
             kw.update(enable_return_aux_hidden_states=True, speculative_algorithm="EAGLE3", return_aux_hidden_state_layer_ids=list(mode[1]))
         kw.update(self.options.get("engine_kwargs") or {})
