@@ -17,7 +17,8 @@ from eagle3nb.params import RunDir, RunParams
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
     out = tmp_path_factory.mktemp("outputs")
-    p = RunParams(outputs_dir=str(out), run_name="one", max_train_prompts=20, max_new_tokens=24, shard_size=1, interactive=False)
+    # engine hf: sharded extraction workers each load an HF engine (SGLang with workers > 1 is refused)
+    p = RunParams(outputs_dir=str(out), run_name="one", max_train_prompts=20, max_new_tokens=24, shard_size=1, interactive=False, engine="hf")
     steps.generate_step(p, progress=False)
     return p
 
