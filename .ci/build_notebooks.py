@@ -118,7 +118,8 @@ nproc_per_node = 1  # training processes on this node (one per GPU); 1 trains in
 nnodes = 1  # nodes; above 1 every other node runs torchrun itself (README, Scale out)
 node_rank = 0  # index of this node when nnodes is above 1
 rdzv_endpoint = "localhost:29500"  # host:port of node 0 for the rendezvous of several nodes
-fsdp = "auto"  # under torchrun: on shards the drafter (FSDP), off replicates it (DDP), auto shards large drafters'''),
+fsdp = "auto"  # under torchrun: on shards the drafter (FSDP), off replicates it (DDP), auto shards large drafters
+attention = "eager"  # TTT attention: eager (reference) or flex (flex attention, compiled on GPU: the fast path of bench/mfu.py)'''),
         ("code", "from eagle3nb import params, steps, plots\nfrom eagle3nb.export import load_drafter\n\nP = params.collect(globals())\nout = steps.train_step(P, progress=interactive)\ns = out[\"stats\"]"),
         ("check", '# NBVAL_CHECK_OUTPUT\nprint("training mode:", s["training_mode"], "| aux states from:", "the stored dataset (02)" if s["training_mode"] == "offline" else "the target, inside the training loop")\nprint("optimizer steps:", s["steps"], "| train samples:", s["n_train_samples"], "| tokens (incl. prompts):", s["n_train_tokens_incl_prompts"], "| loss-bearing:", s["vocab"]["loss_tokens"])\nprint("draft vocab:", s["draft_vocab_size"], "| distinct loss-bearing tokens:", s["vocab"]["distinct_loss_tokens"], "| coverage:", round(s["vocab"]["coverage"], 3))\nprint("exported:", sorted(p.name for p in out["export_dir"].iterdir()))'),
         ("code", 'fig = plots.training_figure(out["history"])\nplots.save_html(fig, params.RunDir(P).figures / "training.html")\nfig'),

@@ -81,6 +81,7 @@ class RunParams(BaseModel):
     node_rank: int = Field(0, ge=0)
     rdzv_endpoint: str = Field("localhost:29500", pattern=r"^[A-Za-z0-9._\[\]:-]+:[0-9]+$")
     fsdp: Literal["auto", "on", "off"] = "auto"
+    attention: Literal["eager", "flex"] = "eager"
     # 04_eval_acceptance
     k: int = Field(5, ge=1)
     eval_max_new_tokens: int = Field(32, ge=1)

@@ -426,7 +426,7 @@ def train_step(p: RunParams, progress=True) -> dict:
         )
     if p.draft_vocab_size > model.config.vocab_size:
         raise ValueError(f"draft_vocab_size={p.draft_vocab_size} exceeds the target vocab ({model.config.vocab_size}); lower it")
-    cfg = TrainConfig(draft_vocab_size=p.draft_vocab_size, draft_num_heads=p.draft_num_heads, draft_num_kv_heads=p.draft_num_kv_heads, draft_intermediate_size=p.draft_intermediate_size, ttt_steps=p.ttt_steps, loss_decay=p.loss_decay, batch_size=p.batch_size, max_steps=p.max_steps, lr=p.lr, warmup_steps=p.warmup_steps, weight_decay=p.weight_decay, aux_noise=p.aux_noise, init_head_from_target=p.init_head_from_target, seed=p.seed, checkpoint_every=p.checkpoint_every, bucket_by_length=p.bucket_by_length, loader_workers=p.loader_workers, fsdp=p.fsdp)
+    cfg = TrainConfig(draft_vocab_size=p.draft_vocab_size, draft_num_heads=p.draft_num_heads, draft_num_kv_heads=p.draft_num_kv_heads, draft_intermediate_size=p.draft_intermediate_size, ttt_steps=p.ttt_steps, loss_decay=p.loss_decay, batch_size=p.batch_size, max_steps=p.max_steps, lr=p.lr, warmup_steps=p.warmup_steps, weight_decay=p.weight_decay, aux_noise=p.aux_noise, init_head_from_target=p.init_head_from_target, seed=p.seed, checkpoint_every=p.checkpoint_every, bucket_by_length=p.bucket_by_length, loader_workers=p.loader_workers, fsdp=p.fsdp, attention=p.attention)
     drafter, rep = train_drafter(ds, model, cfg, rd.train, _progress() if progress else None)
     if not ctx.is_main:
         return {"history": rep["history"], "stats": None, "export_dir": rd.drafter}

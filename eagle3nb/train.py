@@ -64,6 +64,7 @@ class TrainConfig:
     bucket_window: int = 16  # global batches per length-sorting window
     loader_workers: int = 0  # DataLoader worker processes (0 = load in the training process)
     fsdp: str = "auto"  # under torchrun: on, off, or auto (FSDP when the drafter is large)
+    attention: str = "eager"  # TTT attention: eager (reference) or flex (same function; fast on GPU, see bench/mfu.py)
 
     def __post_init__(self):
         for name in ("ttt_steps", "batch_size", "max_steps", "checkpoint_every", "log_every", "bucket_window"):
@@ -71,13 +72,15 @@ class TrainConfig:
                 raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
         if self.lr <= 0:
             raise ValueError(f"lr={self.lr}: must be > 0")
+        if self.attention not in ("eager", "flex"):
+            raise ValueError(f"attention={self.attention!r}: use eager or flex")
         if self.fsdp not in ("auto", "on", "off"):
             raise ValueError(f"fsdp={self.fsdp!r}: use auto, on or off")
 
     def identity(self) -> dict:
-        """The settings a checkpoint must share to be resumed (all but loader workers and FSDP,
+        """The settings a checkpoint must share to be resumed (all but loader workers, FSDP and attention,
         which change how, not what, is computed)."""
-        return {k: v for k, v in asdict(self).items() if k not in ("loader_workers", "fsdp")}
+        return {k: v for k, v in asdict(self).items() if k not in ("loader_workers", "fsdp", "attention")}
 
 
 class BatchSource(Protocol):
@@ -216,6 +219,7 @@ def train_drafter(data, target, cfg: TrainConfig, out_dir: str | os.PathLike, pr
     if ctx.is_main:
         ckdir.mkdir(parents=True, exist_ok=True)
     drafter, vocab = build_drafter(source, target, cfg)
+    drafter.set_attention(cfg.attention)  # same function either way (tests/test_drafter_attention.py)
     dev = next(target.parameters()).device  # train where the target lives (its norm/lm_head give the labels)
     objective = TTTObjective(drafter, target.model.norm, target.lm_head, cfg.ttt_steps, cfg.loss_decay).to(dev)
     n_trainable = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
