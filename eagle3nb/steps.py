@@ -165,6 +165,20 @@ def _other_engine_datasets(rd: RunDir, engine_name: str, sample_ids: list[int]) 
     return out
 
 
+def _extraction_inputs(p: RunParams):
+    """What 02a and 02b both start from: the run folder, 01's manifest (checked against this target
+    and template), the target in ``p.dtype`` on its device, its manifest block, and the run's aux
+    ids and boundaries. Returns ``(rd, gman, device, model, tok, path, tinfo, ids, bnds)``."""
+    rd = RunDir(p)
+    gman = read_json(rd.generation_manifest, "generation manifest (from 01_generate)")
+    device = resolve_device(p)
+    model, tok, path = models.load_target(p.model, p.dtype, device)
+    tinfo = target_info(path, model, rd.root)
+    check_compatible(gman, {"target": tinfo, "template": {"mode": p.mode, "sha256": chat.template_hash(_template(p, tok))}}, ["target.sha256", "template"], "generation output", "(delete the run folder)")
+    ids, bnds = resolve_aux(p, tinfo["n_layers"])
+    return rd, gman, device, model, tok, path, tinfo, ids, bnds
+
+
 def extract_step(p: RunParams, progress=True) -> dict:
     """02b: capture aux states into shards through SGLang's own model path (``engine="sglang"``,
     the SGLang worker in its venv, loopback-only) or with HF at SGLang's capture point
@@ -172,14 +186,8 @@ def extract_step(p: RunParams, progress=True) -> dict:
     :mod:`eagle3nb.engines.sglang_backend`); the manifest names both engines."""
     from .sglang_engine import final_logprob_check, hf_final, namespace_report, start_sglang
 
-    rd = RunDir(p)
-    gman = read_json(rd.generation_manifest, "generation manifest (from 01_generate)")
-    device = resolve_device(p)
-    model, tok, path = models.load_target(p.model, p.dtype, device)
-    tinfo = target_info(path, model, rd.root)
-    check_compatible(gman, {"target": tinfo, "template": {"mode": p.mode, "sha256": chat.template_hash(_template(p, tok))}}, ["target.sha256", "template"], "generation output", "(delete the run folder)")
+    rd, gman, device, model, tok, path, tinfo, ids, bnds = _extraction_inputs(p)
     n = tinfo["n_layers"]
-    ids, bnds = resolve_aux(p, n)
     recs = [r for r in read_jsonl(rd.generated) if r["split"] == "train"]
     # both modes: the served prompt (chat: the template's prefix rendering) + exactly the generated ids
     samples = extract.train_samples(rd)  # the same list each extraction worker rebuilds
@@ -301,17 +309,11 @@ def extract_vllm_step(p: RunParams, progress=True) -> dict:
     """
     from .engines.adapter import EngineCaptureEngine
 
-    rd = RunDir(p)
-    gman = read_json(rd.generation_manifest, "generation manifest (from 01_generate)")
-    device = resolve_device(p)
-    model, tok, path = models.load_target(p.model, p.dtype, device)
-    tinfo = target_info(path, model, rd.root)
-    check_compatible(gman, {"target": tinfo, "template": {"mode": p.mode, "sha256": chat.template_hash(_template(p, tok))}}, ["target.sha256", "template"], "generation output", "(delete the run folder)")
+    rd, gman, device, model, tok, path, tinfo, ids, bnds = _extraction_inputs(p)
     n = tinfo["n_layers"]
-    ids, bnds = resolve_aux(p, n)
     vids = conventions.get_convention("vllm").boundaries_to_ids(bnds, n)  # vLLM's ids for the run's boundaries
     recs = [r for r in read_jsonl(rd.generated) if r["split"] == "train"]
-    samples = [(r["id"], *chat.generated_sample(r["prompt_ids"], r["output_ids"])) for r in recs if r["output_ids"]]
+    samples = extract.train_samples(rd)
     if not samples:
         raise ValueError("no train sample with generated tokens: 01_generate produced nothing to extract; check prompts_file and max_new_tokens")
     n_tok = sum(len(s[1]) for s in samples)
