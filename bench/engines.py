@@ -9,7 +9,7 @@ Workload: the first ``n_prompts`` train prompts of the default prompts file (com
 02a/02b capture), at the default boundaries of the model (+ boundary N). Each number is the median
 of ``repeats`` timed calls after one untimed warm-up call (engine start excluded; reported apart).
 Engines: ``hf`` (transformers, in this process, one batch), ``vllm`` (through the engine worker in its
-venv), ``sglang`` when ``eagle3nb.sglang_engine`` is present (its loopback-only start). CPU threads
+venv), ``sglang`` when ``eagle3nb.engines.sglang_helpers`` is present (its loopback-only start). CPU threads
 are whatever the machine gives; the load average is recorded because a shared machine skews them.
 """
 
@@ -29,12 +29,14 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from eagle3nb import chat, conventions, models  # noqa: E402
-from eagle3nb.capture import HFCaptureEngine  # noqa: E402
-from eagle3nb.generate import generate_batch  # noqa: E402
-from eagle3nb.manifest import atomic_write_json  # noqa: E402
-from eagle3nb.params import RunParams, resolve_path  # noqa: E402
-from eagle3nb.prompts import load_prompts, split_prompts  # noqa: E402
+from eagle3nb.text import chat
+from eagle3nb.target import conventions, models
+from eagle3nb.target.capture import HFCaptureEngine
+from eagle3nb.text.generation import generate_batch
+from eagle3nb.manifest import atomic_write_json
+from eagle3nb.params import RunParams
+from eagle3nb.rundir import resolve_path
+from eagle3nb.text.prompts import load_prompts, split_prompts
 
 
 def _median_time(fn, repeats: int) -> tuple[float, object]:
@@ -108,14 +110,14 @@ def main(argv=None) -> dict:
         if eng == "hf":
             res["engines"]["hf-transformers"] = bench_hf(model, prompts, samples, conventions.get_convention("vllm").boundaries_to_ids(bnds, n), eos, a.max_new_tokens, a.repeats)
         elif eng == "vllm":
-            from eagle3nb.vllm_engine import start_vllm
+            from eagle3nb.engines.vllm_helpers import start_vllm
 
             with start_vllm(p, path, a.dtype, REPO / "bench" / "results") as c:
                 t_start = time.perf_counter() - t0
                 r = bench_client(c, prompts, samples, conventions.get_convention("vllm").boundaries_to_ids(bnds, n), eos, a.max_new_tokens, a.repeats)
             res["engines"]["vllm"] = dict(r, worker_start_seconds=round(t_start, 1))
         elif eng == "sglang":
-            from eagle3nb.sglang_engine import start_sglang  # the SGLang backend's loopback-only start
+            from eagle3nb.engines.sglang_helpers import start_sglang
 
             with start_sglang(path, a.dtype, "cpu", 0, None, REPO / "bench" / "results", model.config.max_position_embeddings) as c:
                 r = bench_client(c, prompts, samples, conventions.get_convention("sglang").boundaries_to_ids(bnds, n), eos, a.max_new_tokens, a.repeats)

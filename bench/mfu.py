@@ -2,8 +2,8 @@
 
 A drafter for Llama-3.1-8B shapes (H 4096, 32 heads / 8 kv heads of 128, intermediate 14336,
 target vocab 128256, draft vocab 32000, 3 aux boundaries), TTT k = 7, sequences of T = 2048, built
-and trained with eagle3nb's own :class:`~eagle3nb.drafter.Eagle3Drafter` and
-:func:`~eagle3nb.objective.ttt_loss` (the code users train with), bf16 weights, fused AdamW, grad
+and trained with eagle3nb's own :class:`~eagle3nb.drafter.model.Eagle3Drafter` and
+:func:`~eagle3nb.training.objective.ttt_loss` (the code users train with), bf16 weights, fused AdamW, grad
 clipping. All weights and data are random, created on the GPU from a seed (no downloads).
 
 Modes:
@@ -61,8 +61,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from eagle3nb.drafter import DrafterConfig, Eagle3Drafter, RMSNorm  # noqa: E402
-from eagle3nb.objective import ttt_loss  # noqa: E402
+from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter, RMSNorm
+from eagle3nb.training.objective import ttt_loss
 
 RESULTS = ROOT / "bench" / "results"
 LLAMA_31_8B = dict(hidden_size=4096, intermediate_size=14336, num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256, num_hidden_layers=32, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072)
@@ -156,11 +156,11 @@ def build_target(seed: int = 0):
 
 def train_bench(args) -> dict:
     """One training configuration; under torchrun (``--nproc N`` in ``all``) data parallel through
-    eagle3nb's own DDP wrapping (:mod:`eagle3nb.distributed`, :class:`eagle3nb.train.TTTObjective`),
+    eagle3nb's own DDP wrapping (:mod:`eagle3nb.training.distributed`, :class:`eagle3nb.training.objective.TTTObjective`),
     ``--batch`` per rank, tokens/s over all ranks, MFU per GPU."""
     ctx = None
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        from eagle3nb import distributed
+        from eagle3nb.training import distributed
 
         ctx = distributed.init_from_env("cuda")  # nccl; this process takes GPU LOCAL_RANK
     rank, world = (ctx.rank, ctx.world) if ctx else (0, 1)
@@ -175,8 +175,8 @@ def train_bench(args) -> dict:
     fl = flops_per_token(c, T, k)
     target = None
     if args.mode == "online":
-        from eagle3nb.capture import capture_boundaries
-        from eagle3nb.conventions import aux_ids_and_boundaries
+        from eagle3nb.target.capture import capture_boundaries
+        from eagle3nb.target.conventions import aux_ids_and_boundaries
 
         target = build_target()
         L = LLAMA_31_8B["num_hidden_layers"]
@@ -190,7 +190,7 @@ def train_bench(args) -> dict:
     batches = [make_batch(c, B, T, seed=s + 100 * rank) for s in range(2)]  # two, alternated: no reuse effects
     model = None
     if ctx is not None:
-        from eagle3nb.train import TTTObjective
+        from eagle3nb.training.objective import TTTObjective
 
         model, _ = distributed.wrap(TTTObjective(d, norm, head, k, 0.8), False, ctx)
 

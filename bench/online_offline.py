@@ -21,9 +21,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eagle3nb import steps  # noqa: E402
-from eagle3nb.params import RunDir, load_params  # noqa: E402
-from eagle3nb.params import update_metrics  # noqa: E402
+from eagle3nb.steps.evaluate import eval_step
+from eagle3nb.steps.extract_sglang import extract_sglang_step
+from eagle3nb.steps.generate import generate_step
+from eagle3nb.steps.train import train_step
+from eagle3nb.rundir import RunDir
+from eagle3nb.params import load_params
+from eagle3nb.rundir import update_metrics
 
 
 def _run(params_file, only, overrides, direct: bool) -> Path:
@@ -34,7 +38,7 @@ def _run(params_file, only, overrides, direct: bool) -> Path:
 
         return run_notebooks(params_file, only=only, overrides=overrides)
     p = load_params(params_file, interactive=False, **overrides)
-    fns = {"01_generate": steps.generate_step, "02b_extract_sglang": steps.extract_step, "03_train": steps.train_step, "04_eval_acceptance": steps.eval_step}
+    fns = {"01_generate": generate_step, "02b_extract_sglang": extract_sglang_step, "03_train": train_step, "04_eval_acceptance": eval_step}
     times = {}
     for name in only or ["01_generate", "02b_extract_sglang", "03_train", "04_eval_acceptance"]:
         t0 = time.time()
@@ -93,7 +97,7 @@ def main(params_file: str, outputs_dir: str, device: str = "cpu", direct: bool =
             shutil.copy(f, root / "data" / f.name)
         p = load_params(params_file, interactive=False, **dict(ov, run_name=f"bench-{name}", **extra))
         t0 = time.time()
-        r = steps.extract_step(p, progress=False)
+        r = extract_sglang_step(p, progress=False)
         res[f"extract_{name}"] = {"seconds": round(time.time() - t0, 2), "tokens_per_s": r["stats"]["tokens_per_s"], "shard_bytes": _shard_bytes(RunDir(p).dataset), "estimated_shard_bytes": r["stats"]["disk"]["shard_bytes"], "aux_quantization": r["manifest"].get("aux_quantization")}
     res["int8_size_ratio"] = round(res["extract_int8"]["shard_bytes"] / res["disk"]["written_shard_bytes"], 4)
     res["load_average_at_end"] = os.getloadavg()

@@ -21,9 +21,10 @@ import typer
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eagle3nb.manifest import atomic_write_json  # noqa: E402
-from eagle3nb.params import RunDir, load_params  # noqa: E402
-from eagle3nb.run import run_notebooks  # noqa: E402
+from eagle3nb.manifest import atomic_write_json
+from eagle3nb.rundir import RunDir
+from eagle3nb.params import load_params
+from eagle3nb.run import run_notebooks
 
 FLOOR = 3.5
 

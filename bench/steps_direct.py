@@ -16,14 +16,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eagle3nb import steps  # noqa: E402
-from eagle3nb.params import RunDir, load_params, resolve_device, update_metrics  # noqa: E402
+from eagle3nb.steps.evaluate import eval_step
+from eagle3nb.steps.extract_sglang import extract_sglang_step
+from eagle3nb.steps.extract_vllm import extract_vllm_step
+from eagle3nb.steps.generate import generate_step
+from eagle3nb.steps.train import train_step
+from eagle3nb.rundir import RunDir, update_metrics
+from eagle3nb.params import load_params, resolve_device
 
 
 def main(params_file: str, device: str = "cpu", **overrides) -> dict:
     p = load_params(params_file, device=device, interactive=False, **overrides)
     times = {}
-    for name, fn in [("01_generate", steps.generate_step), ("02a_extract_vllm", steps.extract_vllm_step), ("02b_extract_sglang", steps.extract_step), ("03_train", steps.train_step), ("04_eval_acceptance", steps.eval_step)]:
+    for name, fn in [("01_generate", generate_step), ("02a_extract_vllm", extract_vllm_step), ("02b_extract_sglang", extract_sglang_step), ("03_train", train_step), ("04_eval_acceptance", eval_step)]:
         if name == "02a_extract_vllm" and not p.vllm_extract:
             continue
         t0 = time.time()

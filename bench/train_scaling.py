@@ -5,7 +5,7 @@
 
 Uses the run of ``--params`` (default: params/default.yaml, run_name ``bench-scaling``): generates
 and extracts its data once (01, 02b), then trains ``--steps`` steps per process count with
-``steps.train_step`` (03's own function; N > 1 launches torchrun as the notebook does) and writes
+``train_step`` (03's own function; N > 1 launches torchrun as the notebook does) and writes
 ``bench/results/train_scaling[_<device>].json``:
 
 - ``tokens_per_s``: loss-bearing tokens x TTT steps per second over all ranks, whole run (incl. the
@@ -40,15 +40,18 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from eagle3nb import steps  # noqa: E402
-from eagle3nb.params import RunDir, load_params, read_metrics  # noqa: E402
+from eagle3nb.steps.extract_sglang import extract_sglang_step
+from eagle3nb.steps.generate import generate_step
+from eagle3nb.steps.train import train_step
+from eagle3nb.rundir import RunDir, read_metrics
+from eagle3nb.params import load_params
 
 
 def _prepare(p) -> None:
     rd = RunDir(p)
     if not (rd.dataset / "manifest.json").exists() or not json.loads((rd.dataset / "manifest.json").read_text()).get("complete"):
-        steps.generate_step(p, progress=False)
-        steps.extract_step(p, progress=False)
+        generate_step(p, progress=False)
+        extract_sglang_step(p, progress=False)
 
 
 def _fresh_copy(p, n: int):
@@ -79,7 +82,7 @@ def main(params_file: str, device: str, nprocs: list[int], steps_n: int, warmup:
     for n in nprocs:
         q = _fresh_copy(p, n)
         t0 = time.time()
-        res = steps.train_step(q, progress=False)
+        res = train_step(q, progress=False)
         wall = time.time() - t0
         s = res["stats"]
         st = json.loads((RunDir(q).train / "step_times.json").read_text())

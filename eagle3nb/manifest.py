@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
-from . import __version__
+from eagle3nb import __version__
 
 __all__ = ["publish_permissions", "sha256_file", "git_commit", "atomic_write_json", "read_json", "provenance", "check_compatible", "ManifestMismatch"]
 

@@ -14,9 +14,7 @@ from typing import Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-__all__ = ["resolve_device", "RunParams", "load_params", "collect", "check_against_model", "RunDir", "REPO_ROOT", "update_metrics", "read_metrics"]
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from eagle3nb.rundir import resolve_path
 
 
 class RunParams(BaseModel):
@@ -43,7 +41,7 @@ class RunParams(BaseModel):
     mode: Literal["completion", "chat"] = "completion"
     chat_template: Optional[str] = None
     # 02b_extract_sglang
-    engine: Literal["sglang", "hf"] = "sglang"
+    extract_engine: Literal["sglang", "hf"] = "sglang"
     sglang_python: Optional[str] = None
     measure_engine_speed: bool = False
     drift_samples: int = Field(4, ge=0)
@@ -89,17 +87,17 @@ class RunParams(BaseModel):
     baselines: bool = True
     allow_template_mismatch: bool = False
     # vLLM (01 generation, 02a extraction, 04 serving); its venv from `bash .ci/setup_engines.sh`
-    gen_engine: Literal["hf", "vllm"] = "hf"
+    generate_engine: Literal["hf", "vllm"] = "hf"
     vllm_extract: bool = True
     vllm_eval: bool = True
     vllm_python: Optional[str] = None
     vllm_options: dict = Field(default_factory=dict)
-    train_from: Literal["02b", "02a"] = "02b"
+    train_on: Literal["sglang", "vllm"] = "sglang"
 
     @field_validator("convention")
     @classmethod
     def _known_convention(cls, v):
-        from .conventions import CONVENTIONS
+        from eagle3nb.target.conventions import CONVENTIONS
 
         if v not in CONVENTIONS:
             raise ValueError(f"convention={v!r} is unknown; use one of {sorted(CONVENTIONS)}")
@@ -135,11 +133,12 @@ class RunParams(BaseModel):
         return self
 
 
-def resolve_path(p: str | os.PathLike) -> Path:
-    """Relative paths are relative to the repository root (so notebooks and CLI agree)."""
-    p = Path(p).expanduser()
-    return p if p.is_absolute() else REPO_ROOT / p
-
+# keys renamed when engine choice got one spelling per notebook: old key -> what to write instead
+RENAMED = {
+    "gen_engine": "generate_engine (hf or vllm)",
+    "engine": "extract_engine (sglang or hf; 02b's capture engine)",
+    "train_from": "train_on (sglang for 02b's dataset, vllm for 02a's; was 02b / 02a)",
+}
 
 _HINTS = {
     "rdzv_endpoint": "host:port of node 0, e.g. 10.0.0.1:29500",
@@ -154,6 +153,9 @@ def _format_error(e: ValidationError, source: str) -> str:
         val = err.get("input")
         if err["type"] == "value_error":  # our validators' messages already name key, value and fix
             lines.append(f"  {err['ctx']['error']}")
+            continue
+        if err["type"] == "extra_forbidden" and str(err["loc"][0]) in RENAMED:
+            lines.append(f"  {key}={val!r}: renamed; write {RENAMED[str(err['loc'][0])]}")
             continue
         if err["type"] == "extra_forbidden":
             near = difflib.get_close_matches(str(err["loc"][0]), list(RunParams.model_fields), n=1)
@@ -198,66 +200,6 @@ def collect(namespace: dict) -> RunParams:
         raise ValueError(_format_error(e, "the notebook's parameters")) from None
 
 
-def check_against_model(p: RunParams) -> dict:
-    """Upfront checks of ``p`` against the target's ``config.json`` (no weights are loaded), so that
-    a run fails before any notebook executes.
-
-    Returns:
-        ``{"path", "n_layers", "vocab_size", "layer_ids", "boundaries"}``: the model folder, its
-        num_hidden_layers and vocab_size, and the aux ids (in ``p.convention``) and boundaries the
-        run will capture.
-
-    Raises:
-        FileNotFoundError: the model is not found (the message lists every place looked at).
-        ValueError: naming the parameter, its value and the fix, for: an unsupported architecture or
-            a folder without tokenizer; ``draft_vocab_size`` > the target's vocab; ``layer_ids`` the
-            convention cannot capture for this many layers, or giving non-increasing boundaries;
-            ``layer_ids: null`` on a target too small for the default picker; ``draft_num_heads``
-            not a multiple of ``draft_num_kv_heads``; vLLM parameters (see
-            :func:`eagle3nb.vllm_engine.check_vllm_params`).
-        FileNotFoundError: also when a step uses vLLM and ``vllm_python`` does not exist.
-    """
-    from . import conventions, models
-
-    path = models.resolve_model(p.model)
-    cfg = models.check_model_folder(path)
-    n, V = cfg.get("num_hidden_layers"), cfg.get("vocab_size")
-    for k, v in (("num_hidden_layers", n), ("vocab_size", V)):
-        if not isinstance(v, int) or v < 1:
-            raise ValueError(f"model={p.model!r}: {path}/config.json has {k}={v!r}; eagle3nb needs a positive int there (restore the original config.json)")
-    if p.draft_vocab_size > V:
-        raise ValueError(f"draft_vocab_size={p.draft_vocab_size} exceeds the target vocab_size={V} of model={p.model!r}; set draft_vocab_size to at most {V}")
-    try:
-        ids, b = conventions.aux_ids_and_boundaries(p.convention, p.layer_ids, n)
-    except ValueError as e:
-        if p.layer_ids is None:
-            raise ValueError(
-                f"layer_ids=None: no default aux layers for model={p.model!r} (num_hidden_layers={n}) in convention "
-                f"{p.convention!r}: {e}; set layer_ids explicitly or use a target with more layers"
-            ) from None
-        raise ValueError(
-            f"layer_ids={p.layer_ids} (convention {p.convention!r}) do not fit model={p.model!r} with "
-            f"num_hidden_layers={n}: {e}"
-        ) from None
-    if p.engine == "sglang":
-        try:
-            conventions.get_convention("sglang").boundaries_to_ids(b, n)
-        except ValueError as e:
-            raise ValueError(f"engine='sglang' cannot capture boundaries {b} (layer_ids={p.layer_ids}, convention {p.convention!r}) on model={p.model!r}: {e}; SGLang never captures boundary N={n} (its hooks take layer inputs only): pick lower boundaries, or set engine: hf") from None
-    nh = p.draft_num_heads or cfg.get("num_attention_heads")
-    nkv = p.draft_num_kv_heads or (min(nh, cfg.get("num_key_value_heads") or nh) if nh else None)
-    if nh and nkv and nh % nkv:
-        raise ValueError(
-            f"draft_num_heads={p.draft_num_heads} ({nh} heads) is not a multiple of draft_num_kv_heads="
-            f"{p.draft_num_kv_heads} ({nkv} kv heads; 0 = from the target); pick divisible head counts, "
-            f"e.g. draft_num_kv_heads: {nh}"
-        )
-    from .vllm_engine import check_vllm_params
-
-    check_vllm_params(p, cfg)  # vLLM venv present, options known, head_dim it accepts
-    return {"path": str(path), "n_layers": n, "vocab_size": V, "layer_ids": ids, "boundaries": b}
-
-
 def resolve_device(p: RunParams) -> str:
     """``device`` as torch understands it: ``auto`` is ``cuda`` when a GPU is visible, else ``cpu``.
 
@@ -271,43 +213,3 @@ def resolve_device(p: RunParams) -> str:
     if p.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device={p.device!r} but torch sees no GPU (torch {torch.__version__}); use device: cpu or auto")
     return p.device
-
-
-class RunDir:
-    """Paths of one run's artefacts under ``outputs_dir/run_name`` (the only state between notebooks)."""
-
-    def __init__(self, p: RunParams):
-        self.root = resolve_path(p.outputs_dir) / p.run_name
-        self.generated = self.root / "data" / "generated.jsonl"
-        self.generation_manifest = self.root / "data" / "generation_manifest.json"
-        self.dataset = self.root / "dataset"
-        self.dataset_vllm = self.root / "dataset_vllm"  # 02a: captured by vLLM itself
-        self.train = self.root / "train"
-        self.drafter = self.root / "drafter"
-        self.figures = self.root / "figures"
-        self.metrics = self.root / "metrics.json"
-        self.notebooks = self.root / "notebooks"
-
-    def make(self) -> "RunDir":
-        """Create the run folder and its data/figures subfolders; returns self."""
-        for d in (self.root, self.generated.parent, self.figures):
-            d.mkdir(parents=True, exist_ok=True)
-        return self
-
-
-def read_metrics(path: str | os.PathLike) -> dict:
-    """metrics.json as a dict ({} when the run has none yet)."""
-    from .manifest import read_json
-
-    path = Path(path)
-    return read_json(path, "metrics") if path.exists() else {}
-
-
-def update_metrics(path: str | os.PathLike, section: str, values: dict) -> dict:
-    """Merge ``values`` into ``metrics.json[section]`` (atomic rewrite). Returns the whole file."""
-    from .manifest import atomic_write_json
-
-    m = read_metrics(path)
-    m.setdefault(section, {}).update(values)
-    atomic_write_json(path, m)
-    return m

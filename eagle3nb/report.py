@@ -12,7 +12,7 @@ from typing import Optional
 
 import typer
 
-from .params import resolve_path
+from eagle3nb.rundir import resolve_path
 
 __all__ = ["list_runs", "compare_runs", "KEY_METRICS"]
 

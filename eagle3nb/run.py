@@ -1,7 +1,7 @@
 """Run the ordered notebooks headless with papermill: ``python -m eagle3nb.run params/default.yaml``.
 
 Validates the whole params file first (unknown keys, types, ranges) and checks it against the
-model's config.json (:func:`eagle3nb.params.check_against_model`), then executes each notebook
+model's config.json (:func:`eagle3nb.preflight.check_against_model`), then executes each notebook
 with the parameters it declares, writes the executed copies to ``outputs/<run>/notebooks/`` and
 records each notebook's wall time in ``metrics.json``.
 """
@@ -15,8 +15,10 @@ from typing import Optional
 import typer
 import yaml
 
-from .params import REPO_ROOT, RunDir, check_against_model, load_params, resolve_path, update_metrics
-from .prompts import load_prompts
+from eagle3nb.rundir import REPO_ROOT, RunDir, resolve_path, update_metrics
+from eagle3nb.preflight import check_against_model
+from eagle3nb.params import load_params
+from eagle3nb.text.prompts import load_prompts
 
 __all__ = ["NOTEBOOKS", "run_notebooks", "main"]
 

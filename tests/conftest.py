@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from eagle3nb import models
+from eagle3nb.target import models
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,9 @@
 import torch
 
-from eagle3nb.acceptance import AcceptanceStats, draft_chain, evaluate_acceptance, greedy_generate, speculative_generate
-from eagle3nb.capture import capture_boundaries
-from eagle3nb.drafter import DrafterConfig, Eagle3Drafter
-from eagle3nb.objective import shift_left
+from eagle3nb.drafter.acceptance import AcceptanceStats, draft_chain, evaluate_acceptance, greedy_generate, speculative_generate
+from eagle3nb.target.capture import capture_boundaries
+from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
+from eagle3nb.training.objective import shift_left
 
 
 def drafter_for(model, seed=0, dv=512):
@@ -68,7 +68,7 @@ def test_evaluate_reports_consistent_numbers(target):
 def test_verifier_bookkeeping_with_fake_oracle_drafts(target, monkeypatch):
     """A fake draft chain (tests only) that proposes the target's true greedy tokens for the first
     ``right`` positions and a wrong token after: every full cycle must accept exactly ``right``."""
-    import eagle3nb.acceptance as acc
+    import eagle3nb.drafter.acceptance as acc
 
     model, tok, _ = target
     p = tok("Once upon a time, there was a little girl named Lily.").input_ids

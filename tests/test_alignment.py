@@ -1,7 +1,8 @@
 import torch
 
-from eagle3nb.alignment import alignment_figure, alignment_matrix, alignment_verdict, reference_states
-from eagle3nb.capture import HFCaptureEngine
+from eagle3nb.viz.plots import alignment_figure
+from eagle3nb.target.alignment import alignment_matrix, alignment_verdict, reference_states
+from eagle3nb.target.capture import HFCaptureEngine
 
 
 def test_sglang_ids_measured_at_their_boundaries(target):

@@ -14,12 +14,14 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3nb import models
-from eagle3nb.dataset import AuxDataset
-from eagle3nb.drafter import DrafterConfig, Eagle3Drafter
-from eagle3nb.export import export_drafter, load_drafter
-from eagle3nb.params import REPO_ROOT, RunParams, check_against_model, load_params
-from eagle3nb.vocab import build_draft_vocab
+from eagle3nb.target import models
+from eagle3nb.dataset.read import AuxDataset
+from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
+from eagle3nb.drafter.export import export_drafter, load_drafter
+from eagle3nb.rundir import REPO_ROOT
+from eagle3nb.params import RunParams, load_params
+from eagle3nb.preflight import check_against_model
+from eagle3nb.drafter.vocab import build_draft_vocab
 
 BAD = Path(__file__).parent / "bad_inputs"
 PARAM_FILES = sorted((BAD / "params").glob("*.yaml"))
@@ -54,7 +56,7 @@ def test_shipped_params_pass_model_checks(path):
 def test_model_checks_return_what_the_run_captures():
     info = check_against_model(RunParams())
     assert info["boundaries"] == [1, 2, 4] and info["layer_ids"] == [0, 1, 3]  # sglang: id = boundary - 1
-    info = check_against_model(RunParams(convention="vllm", layer_ids=[1, 3, 5], engine="hf"))  # boundary N: HF only
+    info = check_against_model(RunParams(convention="vllm", layer_ids=[1, 3, 5], extract_engine="hf"))  # boundary N: HF only
     assert info["boundaries"] == [1, 3, 5]
 
 
@@ -99,7 +101,7 @@ def test_too_few_layers_for_the_default_picker(tmp_path):
     m = _tiny_model(tmp_path, 2)
     with pytest.raises(ValueError, match=r"layer_ids=None: no default aux layers for model=.* \(num_hidden_layers=2\).*>= 3 layers.*set layer_ids explicitly"):
         check_against_model(RunParams(model=m))
-    assert check_against_model(RunParams(model=m, convention="vllm", layer_ids=[1, 2], engine="hf"))["boundaries"] == [1, 2]
+    assert check_against_model(RunParams(model=m, convention="vllm", layer_ids=[1, 2], extract_engine="hf"))["boundaries"] == [1, 2]
 
 
 def test_default_boundaries_the_convention_cannot_capture(tmp_path):

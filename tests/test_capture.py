@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from eagle3nb.capture import HFCaptureEngine, capture_boundaries
+from eagle3nb.target.capture import HFCaptureEngine, capture_boundaries
 
 
 def test_boundaries_equal_hf_hidden_states(target):

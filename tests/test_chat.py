@@ -1,4 +1,4 @@
-"""Tests for eagle3nb.chat with the tiny local stories260K tokenizer (+ ChatML special tokens)."""
+"""Tests for eagle3nb.text.chat with the tiny local stories260K tokenizer (+ ChatML special tokens)."""
 import sys
 from pathlib import Path
 
@@ -8,16 +8,7 @@ from transformers import AutoTokenizer
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from eagle3nb.chat import (  # noqa: E402
-    CHATML_TEMPLATE,
-    CHATML_TEMPLATE_WITH_GENERATION,
-    chat_sample,
-    chat_turns_from_generation,
-    completion_sample,
-    encode_prompt,
-    template_hash,
-    template_text,
-)
+from eagle3nb.text.chat import CHATML_TEMPLATE, CHATML_TEMPLATE_WITH_GENERATION, chat_sample, chat_turns_from_generation, completion_sample, encode_prompt, template_hash, template_text
 
 TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "shared/models/stories260K-hd32"
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"

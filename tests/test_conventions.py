@@ -1,6 +1,6 @@
 import pytest
 
-from eagle3nb.conventions import CONVENTIONS, boundary_table, check_boundaries, get_convention, pick_default_boundaries
+from eagle3nb.target.conventions import CONVENTIONS, boundary_table, check_boundaries, get_convention, pick_default_boundaries
 
 
 @pytest.mark.parametrize("n", [3, 4, 5, 6, 7, 8, 12, 32, 61, 80])

@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from eagle3nb.capture import Captured, HFCaptureEngine
-from eagle3nb.dataset import AuxDataset, collate, write_dataset
+from eagle3nb.target.capture import Captured, HFCaptureEngine
+from eagle3nb.dataset.read import AuxDataset, collate
+from eagle3nb.dataset.write import write_dataset
 from eagle3nb.manifest import ManifestMismatch
 
 

@@ -17,8 +17,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from eagle3nb import params, steps
-from eagle3nb.train import FAULT_ENV
+from eagle3nb import params
+from eagle3nb.steps.extract_sglang import extract_sglang_step
+from eagle3nb.steps.generate import generate_step
+from eagle3nb.steps.train import train_step
+from eagle3nb.training.loop import FAULT_ENV
 
 BASE = dict(max_train_prompts=11, max_new_tokens=12, batch_size=5, max_steps=9, warmup_steps=2, ttt_steps=3, checkpoint_every=3, interactive=False, draft_intermediate_size=64)
 
@@ -28,8 +31,8 @@ def run(tmp_path_factory):
     """A tiny generated + extracted run; each test copies it under another run_name."""
     out = tmp_path_factory.mktemp("runs")
     p = params.RunParams(outputs_dir=str(out), run_name="base", **BASE)
-    steps.generate_step(p, progress=False)
-    steps.extract_step(p, progress=False)
+    generate_step(p, progress=False)
+    extract_sglang_step(p, progress=False)
     return p
 
 
@@ -56,9 +59,9 @@ def _history(q):
 @pytest.fixture(scope="module")
 def one_and_two(run):
     one = _copy(run, "one")
-    steps.train_step(one, progress=False)  # in this process, as 03 with nproc_per_node 1
+    train_step(one, progress=False)  # in this process, as 03 with nproc_per_node 1
     two = _copy(run, "two", nproc_per_node=2)
-    out = steps.train_step(two, progress=False)  # launches torchrun, as 03 with nproc_per_node 2
+    out = train_step(two, progress=False)  # launches torchrun, as 03 with nproc_per_node 2
     return one, two, out
 
 
@@ -81,7 +84,7 @@ def test_two_processes_train_the_weights_of_one(one_and_two, target):
 def test_fsdp_two_processes_train_the_weights_of_one(run, one_and_two):
     one = one_and_two[0]
     q = _copy(run, "fsdp", nproc_per_node=2, fsdp="on")
-    out = steps.train_step(q, progress=False)
+    out = train_step(q, progress=False)
     assert out["stats"]["parallel"] == "fsdp"
     w1, w2 = _weights(one), _weights(q)
     for k in w1:
@@ -94,7 +97,7 @@ def test_rank_killed_mid_epoch_resumes_to_the_uninterrupted_weights(run, one_and
     os.environ[FAULT_ENV] = "1:7"  # rank 1 SIGKILLs itself after step 7 (last checkpoint: step 6)
     try:
         with pytest.raises(RuntimeError, match="torchrun training failed"):
-            steps.train_step(q, progress=False)
+            train_step(q, progress=False)
     finally:
         del os.environ[FAULT_ENV]
     ck = params.RunDir(q).train / "checkpoints"
@@ -103,7 +106,7 @@ def test_rank_killed_mid_epoch_resumes_to_the_uninterrupted_weights(run, one_and
     st = torch.load(ck / "step-00000006" / "rank-00001.pt", weights_only=False)
     n = json.loads((params.RunDir(q).dataset / "manifest.json").read_text())["n_samples"]
     assert st["step"] == 6 and st["position"] == divmod(6, -(-n // 5))  # (epoch, batch) = mid-epoch data position
-    out = steps.train_step(q, progress=False)  # rerun: resumes at step 6
+    out = train_step(q, progress=False)  # rerun: resumes at step 6
     assert out["stats"]["steps"] == 9
     w_res, w_full = _weights(q), _weights(two)
     for k in w_full:
@@ -112,9 +115,9 @@ def test_rank_killed_mid_epoch_resumes_to_the_uninterrupted_weights(run, one_and
 
 
 def test_cli_refuses_bad_input_before_work(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "eagle3nb.train", str(tmp_path / "nope.yaml")], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    r = subprocess.run([sys.executable, "-m", "eagle3nb.steps.train", str(tmp_path / "nope.yaml")], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.getcwd()))
     assert r.returncode == 2 and "params file" in r.stderr and "does not exist" in r.stderr
     f = tmp_path / "p.yaml"
     f.write_text("nproc_per_node: 2\nnode_rank: 1\n")
-    r = subprocess.run([sys.executable, "-m", "eagle3nb.train", str(f)], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    r = subprocess.run([sys.executable, "-m", "eagle3nb.steps.train", str(f)], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.getcwd()))
     assert r.returncode == 2 and "node_rank=1 must be below nnodes=1" in r.stderr

@@ -8,8 +8,8 @@ on CPU). On CUDA in float32 (run on the H200 with bench/mfu.py's checks): also e
 import pytest
 import torch
 
-from eagle3nb.drafter import DrafterConfig, Eagle3Drafter
-from eagle3nb.objective import ttt_loss
+from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
+from eagle3nb.training.objective import ttt_loss
 
 pytest.importorskip("torch.nn.attention.flex_attention")
 

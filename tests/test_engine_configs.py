@@ -1,10 +1,9 @@
 import json
 
-import torch
 
-from eagle3nb.drafter import DrafterConfig, Eagle3Drafter
-from eagle3nb.engine_configs import engine_report, read_as_engine
-from eagle3nb.export import export_drafter
+from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
+from eagle3nb.drafter.engine_read import engine_report, read_as_engine
+from eagle3nb.drafter.export import export_drafter
 
 
 def exported_config(tmp_path, model, norm_before_residual=False):

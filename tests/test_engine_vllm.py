@@ -11,12 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3nb import models, params, steps
-from eagle3nb.acceptance import evaluate_acceptance, greedy_generate
-from eagle3nb.alignment import alignment_matrix, reference_states
-from eagle3nb.capture import capture_boundaries
+from eagle3nb.target import models
+from eagle3nb import params
+from eagle3nb.steps.extract_sglang import extract_sglang_step
+from eagle3nb.steps.generate import generate_step
+from eagle3nb.text.generation import read_jsonl
+from eagle3nb.steps.train import train_step
+from eagle3nb.drafter.acceptance import evaluate_acceptance, greedy_generate
+from eagle3nb.target.alignment import alignment_matrix, reference_states
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient
-from eagle3nb.export import load_drafter
+from eagle3nb.drafter.export import load_drafter
 
 VLLM_PY = DEFAULT_ENGINE_PYTHONS["vllm"]
 pytestmark = pytest.mark.skipif(not Path(VLLM_PY).is_file(), reason=f"vLLM engine venv absent ({VLLM_PY}); create it with `bash .ci/setup_engines.sh`")
@@ -97,9 +101,9 @@ def trained_run(tmp_path_factory):
     exported with vLLM ids at the top level: the cross-engine case of the issue."""
     out = tmp_path_factory.mktemp("runs")
     p = params.RunParams(outputs_dir=str(out), run_name="vllm-accept", max_train_prompts=96, max_new_tokens=48, draft_intermediate_size=344, batch_size=16, max_steps=150, warmup_steps=10, max_eval_prompts=12, eval_max_new_tokens=48, interactive=False)
-    steps.generate_step(p, progress=False)
-    steps.extract_step(p, progress=False)
-    steps.train_step(p, progress=False)
+    generate_step(p, progress=False)
+    extract_sglang_step(p, progress=False)
+    train_step(p, progress=False)
     return p
 
 
@@ -110,7 +114,7 @@ def test_vllm_served_acceptance_matches_simulator(vllm, target, trained_run):
     p = trained_run
     rd = params.RunDir(p)
     eos = models.stop_token_ids(model, tok)
-    held = [r["prompt_ids"] for r in steps.read_jsonl(rd.generated) if r["split"] == "heldout"][: p.max_eval_prompts]
+    held = [r["prompt_ids"] for r in read_jsonl(rd.generated) if r["split"] == "heldout"][: p.max_eval_prompts]
     drafter, cfg = load_drafter(rd.drafter, model.get_input_embeddings().weight.detach().float())
     sim = evaluate_acceptance(model, drafter, held, cfg["eagle3nb"]["aux_boundaries"], p.k, p.eval_max_new_tokens, eos, check_greedy=False)
     got = vllm.serve_acceptance(rd.drafter, held, p.k, p.eval_max_new_tokens, eos)
@@ -154,7 +158,7 @@ def test_sglang_ids_in_vllms_key_show_the_drop_in_vllm_and_simulator(vllm, targe
     cfg["eagle_aux_hidden_state_layer_ids"] = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]  # [0, 1, 3]
     (wrong / "config.json").write_text(json.dumps(cfg))
     eos = models.stop_token_ids(model, tok)
-    held = [r["prompt_ids"] for r in steps.read_jsonl(rd.generated) if r["split"] == "heldout"][: p.max_eval_prompts]
+    held = [r["prompt_ids"] for r in read_jsonl(rd.generated) if r["split"] == "heldout"][: p.max_eval_prompts]
     drafter, _ = load_drafter(rd.drafter, model.get_input_embeddings().weight.detach().float())
     right = vllm.serve_acceptance(rd.drafter, held, p.k, p.eval_max_new_tokens, eos)
     got = vllm.serve_acceptance(wrong, held, p.k, p.eval_max_new_tokens, eos)

@@ -4,9 +4,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3nb.drafter import DrafterConfig, Eagle3Drafter
-from eagle3nb.export import REQUIRED_TENSORS, export_drafter, load_drafter
-from eagle3nb.vocab import build_draft_vocab
+from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
+from eagle3nb.drafter.export import REQUIRED_TENSORS, export_drafter, load_drafter
+from eagle3nb.drafter.vocab import build_draft_vocab
 
 
 def make_drafter(model, dv=256):

@@ -12,9 +12,10 @@ import time
 import pytest
 import torch
 
-import eagle3nb.dataset as dsmod
-from eagle3nb.capture import Captured
-from eagle3nb.dataset import AuxDataset, DiskFullError, write_dataset
+import eagle3nb.dataset.write as dsmod
+from eagle3nb.target.capture import Captured
+from eagle3nb.dataset.read import AuxDataset
+from eagle3nb.dataset.write import DiskFullError, write_dataset
 
 MAN = {"target": {"name": "fake"}, "engine": {"name": "fake-engine-for-tests"}, "convention": "sglang", "layer_ids": [0], "aux_boundaries": [1], "final_boundary": 2, "dtype": "float32", "template": {"mode": "completion"}}
 SAMPLES = [(i, list(range(1, 4 + i % 5)), [0] + [1] * (2 + i % 5)) for i in range(12)]
@@ -30,7 +31,7 @@ CHILD = textwrap.dedent(
     import sys, time, json
     sys.path.insert(0, {tests!r})
     from test_integrity import SAMPLES, MAN, fake_engine_capture
-    from eagle3nb.dataset import write_dataset
+    from eagle3nb.dataset.write import write_dataset
     def slow(xs):
         time.sleep(0.4)
         return fake_engine_capture(xs)

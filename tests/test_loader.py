@@ -4,9 +4,11 @@ disjoint across ranks, covers every sample once per epoch, and bucketing cuts pa
 import pytest
 import torch
 
-from eagle3nb.capture import HFCaptureEngine
-from eagle3nb.dataset import AuxDataset, write_dataset
-from eagle3nb.loader import BatchPlan, OfflineSource, ShardStore, padding_stats
+from eagle3nb.target.capture import HFCaptureEngine
+from eagle3nb.dataset.read import AuxDataset
+from eagle3nb.dataset.write import write_dataset
+from eagle3nb.training.batches import BatchPlan, OfflineSource, padding_stats
+from eagle3nb.dataset.read import ShardStore
 
 TEXTS = ["Once upon a time there was a cat.", "Tom had a big red ball and a dog. The dog ran after it all day long.", "The sun was warm.", "Mia liked to sing songs with her mom and dad every night.", "Ben ran.", "A bird sat on a tree and sang a happy song."]
 

@@ -9,9 +9,13 @@ import json
 
 import pytest
 
-from eagle3nb import steps
-from eagle3nb.engine_configs import read_as_engine
-from eagle3nb.params import REPO_ROOT, RunDir, load_params
+from eagle3nb.steps.evaluate import eval_step
+from eagle3nb.steps.extract_sglang import extract_sglang_step
+from eagle3nb.steps.generate import generate_step
+from eagle3nb.steps.train import train_step
+from eagle3nb.drafter.engine_read import read_as_engine
+from eagle3nb.rundir import REPO_ROOT, RunDir
+from eagle3nb.params import load_params
 
 # the real params file, shrunk so the test takes about a minute (same convention, ids and export)
 SMALL = {"max_train_prompts": 96, "max_new_tokens": 48, "max_steps": 250, "warmup_steps": 20, "batch_size": 16, "max_eval_prompts": 16, "eval_max_new_tokens": 48, "interactive": False}
@@ -21,8 +25,8 @@ SMALL = {"max_train_prompts": 96, "max_new_tokens": 48, "max_steps": 250, "warmu
 def data_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("mismatch")
     p = load_params(REPO_ROOT / "params" / "mismatch.yaml", outputs_dir=str(out), allow_manifest_mismatch=False, **SMALL)
-    steps.generate_step(p, progress=False)
-    steps.extract_step(p, progress=False)
+    generate_step(p, progress=False)
+    extract_sglang_step(p, progress=False)
     return p
 
 
@@ -30,13 +34,13 @@ def test_refused_before_training(data_run):
     rd = RunDir(data_run)
     assert json.loads((rd.dataset / "manifest.json").read_text())["aux_boundaries"] == [2, 3, 5]
     with pytest.raises(ValueError, match=r"export_layer_ids='engine_default'.*boundaries \[1, 2, 4\].*\[2, 3, 5\].*allow_manifest_mismatch"):
-        steps.train_step(data_run, progress=False)
+        train_step(data_run, progress=False)
     assert not rd.drafter.exists() and not any(rd.train.glob("*")) if rd.train.exists() else True
 
 
 def test_forced_run_shows_the_drop(data_run):
     p = data_run.model_copy(update={"allow_manifest_mismatch": True})
-    steps.train_step(p, progress=False)
+    train_step(p, progress=False)
     rd = RunDir(p)
     cfg = json.loads((rd.drafter / "config.json").read_text())
     # the ids users copy: SGLang nested [0, 1, 3], vLLM top level [1, 2, 4] -- the same numbers the
@@ -48,7 +52,7 @@ def test_forced_run_shows_the_drop(data_run):
         assert read_as_engine(cfg, e, 5)["boundaries"] == [1, 2, 4]
     m = json.loads(rd.metrics.read_text())
     assert m["export"]["serve_mismatch"] is True and not m["export"]["engines"]["vllm"]["ok"]
-    out = steps.eval_step(p, progress=False)
+    out = eval_step(p, progress=False)
     served = "trained, as served (ids -> [1, 2, 4])"
     a_match = out["stats"]["per_position_acceptance"]["trained"]
     a_served = out["stats"]["per_position_acceptance"][served]

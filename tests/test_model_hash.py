@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from eagle3nb import models
+from eagle3nb.target import models
 
 
 def _by_hand(folder):

@@ -2,8 +2,8 @@ import math
 
 import torch
 
-from eagle3nb.drafter import DrafterConfig, Eagle3Drafter
-from eagle3nb.objective import shift_left, target_probs, ttt_inputs, ttt_loss
+from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
+from eagle3nb.training.objective import shift_left, target_probs, ttt_inputs, ttt_loss
 
 
 def tiny_drafter(seed=0, vocab=11, dv=11):

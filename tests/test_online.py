@@ -3,10 +3,11 @@
 import pytest
 import torch
 
-from eagle3nb.capture import HFCaptureEngine
-from eagle3nb.dataset import AuxDataset, write_dataset
-from eagle3nb.online import OnlineSource
-from eagle3nb.train import TrainConfig, train_drafter
+from eagle3nb.target.capture import HFCaptureEngine
+from eagle3nb.dataset.read import AuxDataset
+from eagle3nb.dataset.write import write_dataset
+from eagle3nb.training.online import OnlineSource
+from eagle3nb.training.loop import TrainConfig, train_drafter
 
 TEXTS = ["Once upon a time there was a cat. The cat liked to play.", "Tom had a big red ball and a dog.", "The sun was warm and the sky was blue.", "Mia liked to sing songs with her mom.", "Ben ran to the park to see his friend.", "Lily saw a bird in the tree and she smiled.", "The little dog barked at the big truck.", "Hi."]
 MAN = {"target": {}, "engine": {}, "convention": "sglang", "layer_ids": [0, 1, 3], "aux_boundaries": [1, 2, 4], "final_boundary": 5, "dtype": "float32", "template": {}}
@@ -52,7 +53,7 @@ def test_online_training_equals_offline(target, tmp_path, capture_batch):
 
 def test_online_batch_equals_stored_collate(target, tmp_path):
     """One online batch against the stored dataset collated: the same tensors (padding zeroed)."""
-    from eagle3nb.dataset import collate
+    from eagle3nb.dataset.read import collate
 
     model, tok, _ = target
     s = _samples(tok)
@@ -74,7 +75,7 @@ def test_run_online_skips_extraction_and_trains(tmp_path):
     """The CLI driver with training_mode online: 01, 03, 04 run, no dataset is written."""
     import json
 
-    from eagle3nb.params import REPO_ROOT
+    from eagle3nb.rundir import REPO_ROOT
     from eagle3nb.run import run_notebooks
 
     root = run_notebooks(REPO_ROOT / "params" / "smoke.yaml", overrides={"outputs_dir": str(tmp_path), "run_name": "online", "training_mode": "online"})

@@ -1,6 +1,7 @@
 import pytest
 
-from eagle3nb.params import REPO_ROOT, load_params
+from eagle3nb.rundir import REPO_ROOT
+from eagle3nb.params import load_params
 
 
 def test_shipped_params_files_validate():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from eagle3nb.engines import sglang_backend as sb
-from eagle3nb.plots import engine_drift_figure
+from eagle3nb.viz.plots import engine_drift_figure
 
 
 def test_launch_env_cpu_has_switch_and_shim(tmp_path):

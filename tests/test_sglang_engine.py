@@ -12,9 +12,9 @@ import subprocess
 import pytest
 import torch
 
-from eagle3nb import models
+from eagle3nb.target import models
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
-from eagle3nb.generate import generate_batch
+from eagle3nb.text.generation import generate_batch
 
 PY = DEFAULT_ENGINE_PYTHONS["sglang"]
 pytestmark = pytest.mark.skipif(not os.path.isfile(PY), reason=f"SGLang venv absent ({PY}); create it with `bash .ci/setup_engines.sh`")
@@ -25,7 +25,7 @@ SAMPLES = [[1, 20, 30, 40, 50, 60, 70], [1, 7, 8], [1, 20, 30, 40, 50, 60, 70], 
 
 @pytest.fixture(scope="module")
 def sgl(tmp_path_factory):
-    from eagle3nb.sglang_engine import start_sglang
+    from eagle3nb.engines.sglang_helpers import start_sglang
 
     path = models.resolve_model("stories260K-hd32")
     client = start_sglang(path, "float32", "cpu", 0, None, tmp_path_factory.mktemp("sglang"))
@@ -96,7 +96,7 @@ def test_a_call_larger_than_a_prefill_chunk_keeps_every_row(sgl, hf):
 
 
 def test_final_from_hf_gives_sglangs_own_next_token_logprobs(sgl, hf):
-    from eagle3nb.sglang_engine import hf_final
+    from eagle3nb.engines.sglang_helpers import hf_final
 
     model = hf[0]
     for s, r in zip(SAMPLES, sgl[2]):

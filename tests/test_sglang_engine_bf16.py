@@ -16,7 +16,7 @@ import os
 import pytest
 import torch
 
-from eagle3nb import models
+from eagle3nb.target import models
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
 
 PY = DEFAULT_ENGINE_PYTHONS["sglang"]
@@ -29,7 +29,7 @@ BF16_REL_TOL = 2e-2
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory):
-    from eagle3nb.sglang_engine import start_sglang
+    from eagle3nb.engines.sglang_helpers import start_sglang
 
     path = models.resolve_model("stories260K-hd32")
     with start_sglang(path, "bfloat16", "cpu", 0, None, tmp_path_factory.mktemp("sglang")) as c:

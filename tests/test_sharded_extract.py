@@ -9,17 +9,20 @@ import time
 import pytest
 import torch
 
-from eagle3nb import extract, steps
-from eagle3nb.dataset import AuxDataset
-from eagle3nb.params import RunDir, RunParams
+from eagle3nb.steps import extract
+from eagle3nb.steps.extract_sglang import extract_sglang_step
+from eagle3nb.steps.generate import generate_step
+from eagle3nb.dataset.read import AuxDataset
+from eagle3nb.rundir import RunDir
+from eagle3nb.params import RunParams
 
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory):
     out = tmp_path_factory.mktemp("outputs")
     # engine hf: sharded extraction workers each load an HF engine (SGLang with workers > 1 is refused)
-    p = RunParams(outputs_dir=str(out), run_name="one", max_train_prompts=20, max_new_tokens=24, shard_size=1, interactive=False, engine="hf")
-    steps.generate_step(p, progress=False)
+    p = RunParams(outputs_dir=str(out), run_name="one", max_train_prompts=20, max_new_tokens=24, shard_size=1, interactive=False, extract_engine="hf")
+    generate_step(p, progress=False)
     return p
 
 
@@ -30,7 +33,7 @@ def _copy_run(p, name):
 
 
 def test_two_workers_equal_one_and_lost_worker_redone(generated, monkeypatch):
-    r1 = steps.extract_step(generated, progress=False)
+    r1 = extract_sglang_step(generated, progress=False)
     one = r1["manifest"]
     written = sum(f.stat().st_size for f in RunDir(generated).dataset.glob("shard-*.safetensors"))
     assert r1["stats"]["disk"]["shard_bytes"] == written  # the estimate shown before capture, exact
@@ -55,7 +58,7 @@ def test_two_workers_equal_one_and_lost_worker_redone(generated, monkeypatch):
 
     monkeypatch.setattr(extract, "launch_workers", launch_then_kill_worker_1)
     with pytest.raises(RuntimeError, match=r"missing .* from worker\(s\) \[1\] of 2.*worker 1 exit code -9 \(killed\)"):
-        steps.extract_step(p2, progress=False)
+        extract_sglang_step(p2, progress=False)
     n_shards = len(one["shards"])
     assert 1 <= killed["done"] < n_shards // 2  # the kill really cut worker 1's slice short
     m = json.loads((rd2.dataset / "manifest.json").read_text())
@@ -65,7 +68,7 @@ def test_two_workers_equal_one_and_lost_worker_redone(generated, monkeypatch):
     before = {f.name: f.stat().st_mtime_ns for f in rd2.dataset.glob("shard-*.safetensors")}
 
     monkeypatch.setattr(extract, "launch_workers", real_launch)
-    two = steps.extract_step(p2, progress=False)["manifest"]
+    two = extract_sglang_step(p2, progress=False)["manifest"]
     after = {f.name: f.stat().st_mtime_ns for f in rd2.dataset.glob("shard-*.safetensors")}
     assert all(after[k] == v for k, v in before.items())  # finished shards were not rewritten
     assert not (rd2.dataset / "workers").exists() and not list(rd2.dataset.glob("*.tmp"))

@@ -1,4 +1,4 @@
-"""vLLM in the workbook's steps (real vLLM in its venv): 01 with gen_engine vllm, 02a's dataset
+"""vLLM in the workbook's steps (real vLLM in its venv): 01 with generate_engine vllm, 02a's dataset
 against HF's (02b, engine hf) on the same tokens, 02a stopping on a measured boundary mismatch,
 03 from the 02a dataset, 04's vLLM-served counters next to the simulator, metrics per engine."""
 
@@ -8,8 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3nb import conventions, params, steps
-from eagle3nb.dataset import AuxDataset
+from eagle3nb.target import conventions
+from eagle3nb import params
+from eagle3nb.steps.evaluate import eval_step
+from eagle3nb.steps.extract_sglang import extract_sglang_step
+from eagle3nb.steps.extract_vllm import extract_vllm_step
+from eagle3nb.steps.generate import generate_step
+from eagle3nb.steps.train import train_step
+from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
 
 pytestmark = pytest.mark.skipif(not Path(DEFAULT_ENGINE_PYTHONS["vllm"]).is_file(), reason=f"vLLM engine venv absent ({DEFAULT_ENGINE_PYTHONS['vllm']}); create it with `bash .ci/setup_engines.sh`")
@@ -17,10 +23,10 @@ pytestmark = pytest.mark.skipif(not Path(DEFAULT_ENGINE_PYTHONS["vllm"]).is_file
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    p = params.RunParams(outputs_dir=str(tmp_path_factory.mktemp("out")), run_name="v", max_train_prompts=8, max_new_tokens=16, max_steps=10, max_eval_prompts=4, eval_max_new_tokens=16, gen_engine="vllm", interactive=False)
-    p = p.model_copy(update={k: v for k, v in {"engine": "hf"}.items() if k in params.RunParams.model_fields})  # 02b on HF: the independent reference
+    p = params.RunParams(outputs_dir=str(tmp_path_factory.mktemp("out")), run_name="v", max_train_prompts=8, max_new_tokens=16, max_steps=10, max_eval_prompts=4, eval_max_new_tokens=16, generate_engine="vllm", interactive=False)
+    p = p.model_copy(update={k: v for k, v in {"extract_engine": "hf"}.items() if k in params.RunParams.model_fields})  # 02b on HF: the independent reference
     params.check_against_model(p)
-    out = {"01": steps.generate_step(p, progress=False), "02a": steps.extract_vllm_step(p, progress=False), "02b": steps.extract_step(p, progress=False)}
+    out = {"01": generate_step(p, progress=False), "02a": extract_vllm_step(p, progress=False), "02b": extract_sglang_step(p, progress=False)}
     return p, out
 
 
@@ -66,16 +72,16 @@ def test_02a_stops_when_vllm_captures_other_boundaries(run, monkeypatch):
     wrong = conventions.Convention(**{**conventions.CONVENTIONS["vllm"].__dict__, "offset": 1})
     monkeypatch.setitem(conventions.CONVENTIONS, "vllm", wrong)
     with pytest.raises(ValueError, match=r"vllm captured boundaries \[0, 1, 3\] for vllm ids \[0, 1, 3\], declared \[1, 2, 4\].*allow_boundary_mismatch=True"):
-        steps.extract_vllm_step(p2, progress=False)
+        extract_vllm_step(p2, progress=False)
     assert not (dst.dataset_vllm / "manifest.json").exists()
 
 
 def test_train_from_02a_and_vllm_served_acceptance(run):
     p, _ = run
-    p3 = p.model_copy(update={"train_from": "02a"})
-    tr = steps.train_step(p3, progress=False)
+    p3 = p.model_copy(update={"train_on": "vllm"})
+    tr = train_step(p3, progress=False)
     assert json.loads((tr["export_dir"] / "manifest.json").read_text())["dataset_engine"]["name"] == "vllm"
-    ev = steps.eval_step(p3, progress=False)
+    ev = eval_step(p3, progress=False)
     v = ev["stats"]["vllm_served"]
     assert v["greedy_mismatches_vs_vllm_plain"] == 0 and v["mismatches_vs_hf_greedy"] == 0
     assert v["counters"]["num_drafts"] > 0 and sum(v["counters"]["accepted_per_pos"]) == v["counters"]["num_accepted_tokens"]

@@ -2,9 +2,9 @@
 
 import copy
 
-from eagle3nb.acceptance import greedy_generate
-from eagle3nb.generate import generate_batch
-from eagle3nb.models import stop_token_ids
+from eagle3nb.drafter.acceptance import greedy_generate
+from eagle3nb.text.generation import generate_batch
+from eagle3nb.target.models import stop_token_ids
 
 
 def test_stop_ids_merge_tokenizer_and_generation_config(target):

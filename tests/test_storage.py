@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from eagle3nb.capture import HFCaptureEngine
-from eagle3nb.dataset import AuxDataset, shard_plan, write_dataset
-from eagle3nb.storage import dequantize_aux, estimate_dataset_bytes, quantize_aux, shard_file_bytes, shard_layout
+from eagle3nb.target.capture import HFCaptureEngine
+from eagle3nb.dataset.read import AuxDataset
+from eagle3nb.dataset.write import shard_plan, write_dataset
+from eagle3nb.dataset.layout import dequantize_aux, estimate_dataset_bytes, quantize_aux, shard_file_bytes, shard_layout
 
 TEXTS = ["Once upon a time there was a cat.", "Tom had a big red ball and a dog.", "The sun was warm.", "Mia liked to sing songs with her mom.", "Ben ran to the park.", "Lily saw a bird in the tree and she smiled."]
 MAN = {"target": {"name": "stories260K-hd32"}, "engine": {"name": "hf-transformers"}, "convention": "sglang", "layer_ids": [0, 1, 3], "aux_boundaries": [1, 2, 4], "final_boundary": 5, "template": {"mode": "completion"}}

@@ -2,9 +2,10 @@
 
 import pytest
 
-from eagle3nb.params import REPO_ROOT, RunParams
-from eagle3nb.prompts import load_prompts, split_prompts
-from eagle3nb.steps import generate_step
+from eagle3nb.rundir import REPO_ROOT
+from eagle3nb.params import RunParams
+from eagle3nb.text.prompts import load_prompts, split_prompts
+from eagle3nb.steps.common import generate_step
 
 BAD = REPO_ROOT / "tests" / "bad_inputs" / "prompts"
 

@@ -3,9 +3,10 @@ import json
 import pytest
 import torch
 
-from eagle3nb.capture import HFCaptureEngine
-from eagle3nb.dataset import AuxDataset, write_dataset
-from eagle3nb.train import TrainConfig, lr_lambda, train_drafter
+from eagle3nb.target.capture import HFCaptureEngine
+from eagle3nb.dataset.read import AuxDataset
+from eagle3nb.dataset.write import write_dataset
+from eagle3nb.training.loop import TrainConfig, lr_lambda, train_drafter
 
 TEXTS = ["Once upon a time there was a cat. The cat liked to play.", "Tom had a big red ball and a dog.", "The sun was warm and the sky was blue.", "Mia liked to sing songs with her mom.", "Ben ran to the park to see his friend."]
 
@@ -72,7 +73,7 @@ def test_batches_without_loss_tokens_are_counted_not_applied(target, tiny_ds, tm
     torch.manual_seed(0)
     d, rep = train_drafter(ds, model, cfg, tmp_path / "e")
     assert rep["empty_batches"] == 3 and all(h["loss"] == 0.0 for h in rep["history"])
-    d0, _ = __import__("eagle3nb.train", fromlist=["build_drafter"]).build_drafter(ds, model, cfg)
+    d0, _ = __import__("eagle3nb.training.loop", fromlist=["build_drafter"]).build_drafter(ds, model, cfg)
     for (k, a), b in zip(d.state_dict().items(), d0.state_dict().values()):
         assert torch.equal(a, b), k  # no update, no weight drift
 
@@ -81,7 +82,7 @@ def test_attention_setting_reaches_the_drafter_and_is_validated(target, tiny_ds,
     """``attention: flex`` reaches the trained drafter and trains the same weights as eager on CPU
     (no flex backward there: the eager path runs; on GPU the two agree as tests/test_drafter_attention.py
     shows); an unknown name fails naming the key."""
-    from eagle3nb.train import TrainConfig
+    from eagle3nb.training.loop import TrainConfig
 
     model = target[0]
     cfg = TrainConfig(draft_vocab_size=64, batch_size=4, max_steps=3, warmup_steps=1, checkpoint_every=100)

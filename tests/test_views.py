@@ -2,7 +2,7 @@
 
 import torch
 
-from eagle3nb.views import acceptance_explorer, hidden_state_explorer, token_acceptance_view
+from eagle3nb.viz.views import acceptance_explorer, hidden_state_explorer, token_acceptance_view
 
 
 def test_hidden_state_explorer_overlays_selected_sources():

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from eagle3nb.vocab import build_draft_vocab, check_draft_vocab, count_loss_tokens, coverage
+from eagle3nb.drafter.vocab import build_draft_vocab, check_draft_vocab, count_loss_tokens, coverage
 
 
 def test_counts_only_loss_bearing_tokens():

@@ -1,4 +1,4 @@
-"""An :class:`~eagle3nb.engines.client.EngineClient` seen as a :class:`eagle3nb.capture.CaptureEngine`.
+"""An :class:`~eagle3nb.engines.client.EngineClient` seen as a :class:`eagle3nb.target.capture.CaptureEngine`.
 
 ``steps.py`` writes datasets through the ``CaptureEngine`` interface; this adapter makes a real
 engine plug in there. ``engine_name`` / ``engine_version`` are what the engine reported about
@@ -12,8 +12,8 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from ..capture import Captured
-from ..conventions import check_boundaries, get_convention
+from eagle3nb.target.capture import Captured
+from eagle3nb.target.conventions import check_boundaries, get_convention
 
 __all__ = ["EngineCaptureEngine"]
 
@@ -31,7 +31,7 @@ class EngineCaptureEngine:
             must return ``final``.
 
     Raises:
-        ValueError: the engine's convention is unknown to :mod:`eagle3nb.conventions`.
+        ValueError: the engine's convention is unknown to :mod:`eagle3nb.target.conventions`.
     """
 
     def __init__(self, client, n_layers: int, batch_size: int = 32, final_from: Optional[Callable] = None):

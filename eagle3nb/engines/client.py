@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from .worker import ENGINE_PACKAGES, backend_module
+from eagle3nb.engines.worker import ENGINE_PACKAGES, backend_module
 
 __all__ = ["EngineClient", "EngineError", "DEFAULT_ENGINE_PYTHONS", "check_engine_python"]
 

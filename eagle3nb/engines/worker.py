@@ -27,7 +27,7 @@ Backend contract (every module in :data:`REGISTRY` defines ``Backend`` with thes
 
 - ``Backend(model_path: str, dtype: str, options: dict)``
 - ``info() -> dict``: ``engine_name`` (e.g. ``"vllm"``), ``engine_version``, ``torch_version``,
-  ``convention`` (name in :data:`eagle3nb.conventions.CONVENTIONS` of the ids ``capture`` takes).
+  ``convention`` (name in :data:`eagle3nb.target.conventions.CONVENTIONS` of the ids ``capture`` takes).
 - ``generate(prompts: list[list[int]], max_new_tokens, stop_token_ids, temperature, top_p, seed)
   -> list[list[int]]``: new ids per prompt, cut after the first stop id (kept).
 - ``capture(samples: list[list[int]], layer_ids: list[int]) -> list[dict]``: per sample ``aux``

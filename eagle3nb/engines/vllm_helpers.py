@@ -2,7 +2,7 @@
 
 The engine itself runs behind :class:`eagle3nb.engines.client.EngineClient` (its own venv, or this
 process when ``vllm_python: ""``); the backend is :mod:`eagle3nb.engines.vllm_backend`. Used by
-01 (``gen_engine: vllm``), 02a (``vllm_extract``) and 04 (``vllm_eval``).
+01 (``generate_engine: vllm``), 02a (``vllm_extract``) and 04 (``vllm_eval``).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
-from .engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient, check_engine_python
+from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient, check_engine_python
 
 __all__ = ["VLLM_OPTION_KEYS", "vllm_steps", "vllm_python", "check_vllm_params", "start_vllm", "TimedCapture", "measure_speed", "served_acceptance"]
 
@@ -20,7 +20,7 @@ VLLM_OPTION_KEYS = {"max_model_len", "kv_cache_gib", "enforce_eager", "llm_kwarg
 
 def vllm_steps(p) -> list[str]:
     """The notebooks of run ``p`` that start vLLM."""
-    return [nb for nb, on in (("01_generate", p.gen_engine == "vllm"), ("02a_extract_vllm", p.vllm_extract), ("04_eval_acceptance", p.vllm_eval)) if on]
+    return [nb for nb, on in (("01_generate", p.generate_engine == "vllm"), ("02a_extract_vllm", p.vllm_extract), ("04_eval_acceptance", p.vllm_eval)) if on]
 
 
 def vllm_python(p) -> str:
@@ -46,7 +46,7 @@ def check_vllm_params(p, model_cfg: dict) -> None:
     check_engine_python("vllm", vllm_python(p), "vllm_python")
     hd = model_cfg.get("head_dim") or (model_cfg.get("hidden_size", 0) // max(model_cfg.get("num_attention_heads", 1), 1))
     if p.device == "cpu" and hd < 32:
-        raise ValueError(f"model={p.model!r} has head_dim={hd}; vLLM's CPU attention needs head_dim >= 32 (used by {used}); use a target with head_dim >= 32 (e.g. stories260K-hd32), or turn vLLM off: gen_engine: hf, vllm_extract: false, vllm_eval: false")
+        raise ValueError(f"model={p.model!r} has head_dim={hd}; vLLM's CPU attention needs head_dim >= 32 (used by {used}); use a target with head_dim >= 32 (e.g. stories260K-hd32), or turn vLLM off: generate_engine: hf, vllm_extract: false, vllm_eval: false")
 
 
 def start_vllm(p, model_path, dtype: str, workdir_parent) -> EngineClient:
@@ -105,7 +105,7 @@ def measure_speed(client, prompts: Sequence[Sequence[int]], samples: Sequence[Se
 
 def served_acceptance(client, drafter_dir, prompts, k: int, max_new_tokens: int, stop_token_ids, hf_greedy: Sequence[Sequence[int]] | None = None) -> dict:
     """Serve the exported drafter with vLLM (EAGLE-3, greedy) and summarise vLLM's own counters in
-    the simulator's format (:meth:`eagle3nb.acceptance.AcceptanceStats.summary` keys).
+    the simulator's format (:meth:`eagle3nb.drafter.acceptance.AcceptanceStats.summary` keys).
 
     Returns:
         ``tau``, ``per_position_acceptance``, ``draft_acceptance_rate``, ``cycles`` (= vLLM

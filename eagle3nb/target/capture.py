@@ -15,7 +15,7 @@ from typing import Protocol, Sequence
 
 import torch
 
-from .conventions import Convention, check_boundaries, get_convention
+from eagle3nb.target.conventions import Convention, check_boundaries, get_convention
 
 __all__ = ["capture_boundaries", "CaptureEngine", "HFCaptureEngine", "Captured", "n_layers_of"]
 

@@ -1,6 +1,6 @@
 """How aux states are laid out on disk: shard layout, exact byte counts, optional int8 storage.
 
-The dataset writer (:func:`eagle3nb.dataset.write_dataset`) builds every shard from
+The dataset writer (:func:`eagle3nb.dataset.write.write_dataset`) builds every shard from
 :func:`shard_layout` and checks it wrote exactly that layout, so :func:`estimate_dataset_bytes`,
 which sums :func:`shard_file_bytes` over the same layouts, is the size of the shard files that will
 be written (exact by construction; ``tests/test_storage.py`` compares it with the bytes on disk).

@@ -16,7 +16,7 @@ Versions change: when an engine is upgraded, re-read its source and update the t
 
 from __future__ import annotations
 
-from .conventions import get_convention
+from eagle3nb.target.conventions import get_convention
 
 __all__ = ["ENGINE_READS", "read_as_engine", "engine_report"]
 

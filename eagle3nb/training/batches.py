@@ -16,91 +16,18 @@ Three parts, each usable alone:
 
 :class:`OfflineSource` ties them to a ``torch.utils.data.DataLoader`` (optional worker processes
 prefetch and collate while the accelerator trains). It implements the batch-source interface of
-:mod:`eagle3nb.train` (the online path feeds the same loop through its own source).
+:mod:`eagle3nb.training.loop` (the online path feeds the same loop through its own source).
 
 Bucketing mirrors fairseq's / Hugging Face's "length-grouped" samplers (sort within mega-batches).
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-from typing import Iterator, Optional
+from typing import Iterator, Optional, Protocol
 
 import torch
-from safetensors import safe_open
 
-from .dataset import collate, fingerprint, open_manifest
-from .storage import dequantize_aux
-
-__all__ = ["ShardStore", "BatchPlan", "OfflineSource", "padding_stats"]
-
-_KEYS = ("input_ids", "loss_mask", "aux", "final")
-
-
-class ShardStore:
-    """Samples of a dataset folder, read on demand from memory-mapped shards.
-
-    ``store[i]`` -> dict ``input_ids [T] int64, loss_mask [T] uint8, aux [T, n_aux*H], final [T, H]``
-    (stored dtype) and ``sample_id`` (index into the generation JSONL). ``lengths[i]`` = T.
-
-    Args:
-        path: the dataset folder (``outputs/<run>/dataset``).
-        verify: check every shard's sha256 against the manifest first (reads each file once).
-
-    Raises:
-        FileNotFoundError / ValueError: as :func:`eagle3nb.dataset.open_manifest` (missing,
-            incomplete, corrupt shard named).
-    """
-
-    def __init__(self, path: str | os.PathLike, verify: bool = True):
-        self.path = Path(path)
-        self.manifest = open_manifest(self.path, verify)
-        self.files = [str(self.path / s["file"]) for s in self.manifest["shards"]]
-        self._index: list[tuple[int, int, int, int]] = []  # (shard, row start, row end, sample_id)
-        for si, f in enumerate(self.files):
-            with safe_open(f, framework="pt") as h:
-                off = h.get_tensor("offsets").tolist()
-                sid = h.get_tensor("sample_ids").tolist()
-            self._index += [(si, off[i], off[i + 1], int(sid[i])) for i in range(len(off) - 1)]
-        self.lengths = [b - a for _, a, b, _ in self._index]
-        self.int8 = self.manifest.get("aux_storage") == "int8"
-        self._open: dict[int, object] = {}
-
-    def __getstate__(self):  # safe_open handles do not pickle; each DataLoader worker reopens
-        return dict(self.__dict__, _open={})
-
-    def _handle(self, si: int):
-        h = self._open.get(si)
-        if h is None:
-            h = self._open[si] = safe_open(self.files[si], framework="pt")
-        return h
-
-    def __len__(self) -> int:
-        return len(self._index)
-
-    def __getitem__(self, i: int) -> dict:
-        si, a, b, sid = self._index[i]
-        h = self._handle(si)
-        x = {k: h.get_slice(k)[a:b] for k in _KEYS} | {"sample_id": sid}
-        if self.int8:  # int8 storage (eagle3nb.storage): dequantised per token and slot on read
-            x["aux"] = dequantize_aux(x["aux"], h.get_slice("aux_scale")[a:b])
-        return x
-
-    def fingerprint(self) -> str:
-        """sha256 over the shards' recorded hashes (same value as ``AuxDataset.fingerprint``)."""
-        return fingerprint(self.manifest)
-
-    def token_masks(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Yield ``(input_ids [T] int64, loss_mask [T] uint8)`` per sample, reading only those two
-        tensors of each shard (for the draft vocab)."""
-        cur = None
-        for si, a, b, _ in self._index:  # ordered by shard
-            if si != cur:
-                with safe_open(self.files[si], framework="pt") as h:
-                    ids, mask = h.get_tensor("input_ids"), h.get_tensor("loss_mask")
-                cur = si
-            yield ids[a:b], mask[a:b]
+from eagle3nb.dataset.read import collate
 
 
 def _epoch_seed(seed: int, epoch: int) -> int:
@@ -224,7 +151,7 @@ def _collate(items: list[dict]) -> dict:
 
 
 class OfflineSource:
-    """Batch source over stored shards (see :class:`eagle3nb.train.BatchSource`).
+    """Batch source over stored shards (see :class:`eagle3nb.training.batches.BatchSource`).
 
     Args:
         store: a :class:`ShardStore` (or an in-memory ``AuxDataset``: same interface).
@@ -261,3 +188,24 @@ class OfflineSource:
             num_workers=self.workers, prefetch_factor=4 if self.workers else None, pin_memory=pin_memory,
         )
         yield from dl
+
+
+class BatchSource(Protocol):
+    """What the training loop needs from its data (offline shards or an online target).
+
+    ``batches(start, stop, rank, world, pin_memory)`` yields, for each global step in
+    ``start..stop-1``, this rank's slice of the global batch as a dict of CPU tensors:
+    ``input_ids, loss_mask, attn_mask [b, T] int64`` (right padding), ``aux [b, T, n_aux*Ht]`` and
+    ``final [b, T, Ht]`` float32, ``sample_index [b] int64`` (a stable sample key, -1 for a
+    loss-free stand-in row). It must be a pure function of the step (resume restarts at ``start``)
+    and the slices of all ranks must partition the global batch (ranks without samples yield a
+    stand-in row with an all-zero loss_mask, so collectives line up).
+    """
+
+    n_aux: int
+
+    def fingerprint(self) -> str: ...
+
+    def token_masks(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
+
+    def batches(self, start: int, stop: int, rank: int = 0, world: int = 1, pin_memory: bool = False) -> Iterator[dict]: ...

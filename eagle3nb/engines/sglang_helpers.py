@@ -1,7 +1,7 @@
 """02b's real-SGLang path, notebook side: start the SGLang worker loopback-only, take boundary N from
 the HF reference (SGLang cannot give it, see :mod:`eagle3nb.engines.sglang_backend`), check that
 state against SGLang's own next-token log-probabilities. SGLang's speed with and without capture is measured with the same functions as
-vLLM's (:func:`eagle3nb.vllm_engine.measure_speed`, :class:`eagle3nb.vllm_engine.TimedCapture`).
+vLLM's (:func:`eagle3nb.engines.vllm_helpers.measure_speed`, :class:`eagle3nb.engines.vllm_helpers.TimedCapture`).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Sequence
 
 import torch
 
-from .capture import capture_boundaries
-from .engines import sglang_backend
-from .engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient
+from eagle3nb.target.capture import capture_boundaries
+from eagle3nb.engines import sglang_backend
+from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient
 
 __all__ = ["start_sglang", "hf_final", "final_logprob_check", "namespace_report", "FINAL_LOGPROB_TOL"]
 
@@ -78,7 +78,7 @@ def final_logprob_check(model, sample: Sequence[int], final: torch.Tensor, sglan
     """Does the stored ``final`` give the distribution SGLang itself computes?
 
     Compares log p(x_t | x_<t) from ``lm_head(norm(final))`` (the training objective's target, see
-    :func:`eagle3nb.objective.target_probs`) with SGLang's ``input_token_logprobs`` (its lm_head over
+    :func:`eagle3nb.training.objective.target_probs`) with SGLang's ``input_token_logprobs`` (its lm_head over
     its final-normed state) for t = 1..T-1.
 
     Returns:

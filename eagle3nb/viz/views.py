@@ -84,7 +84,7 @@ def token_acceptance_view(tokenizer, traces: list[dict], k: int) -> W.VBox:
     drafts were accepted (red 0 .. green k; grey: the prefill token). Hover shows the count.
 
     Args:
-        traces: from :func:`eagle3nb.acceptance.evaluate_acceptance` (``traces`` key).
+        traces: from :func:`eagle3nb.drafter.acceptance.evaluate_acceptance` (``traces`` key).
     """
     pick = W.Dropdown(options=list(range(len(traces))), value=0, description="sample")
     out = W.HTML()

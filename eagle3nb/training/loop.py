@@ -2,7 +2,7 @@
 torchrun (DDP, or FSDP for large drafters), CPU or GPU.
 
 AdamW with linear warmup then cosine decay, gradient clipping. Batches come from a batch source
-(:class:`BatchSource`): :class:`eagle3nb.loader.OfflineSource` streams stored shards; an online
+(:class:`BatchSource`): :class:`eagle3nb.training.batches.OfflineSource` streams stored shards; an online
 source may compute aux states with the target inside the loop. ``batch_size`` is the GLOBAL batch:
 every rank trains on its slice, each step's loss is normalised by the global count of scored
 positions, so N processes train the same weights as one (up to float summation order).
@@ -12,9 +12,9 @@ A checkpoint (model, optimizer, scheduler, RNG, step = data position; per rank) 
 
 Command line (one process, or one per GPU under torchrun)::
 
-    python -m eagle3nb.train outputs/<run>            # the run's params.yaml
-    python -m eagle3nb.train params/default.yaml --set max_steps=200
-    torchrun --nproc_per_node 2 -m eagle3nb.train params/default.yaml
+    python -m eagle3nb.steps.train outputs/<run>            # the run's params.yaml
+    python -m eagle3nb.steps.train params/default.yaml --set max_steps=200
+    torchrun --nproc_per_node 2 -m eagle3nb.steps.train params/default.yaml
 """
 
 from __future__ import annotations
@@ -26,16 +26,13 @@ import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Protocol
 
 import torch
 
-from . import distributed
-from .drafter import DrafterConfig, Eagle3Drafter
-from .objective import TTTResult, ttt_loss
-from .vocab import build_draft_vocab, count_loss_tokens, coverage
-
-__all__ = ["TrainConfig", "BatchSource", "TTTObjective", "build_drafter", "init_head_from_target", "train_drafter", "lr_lambda", "make_source", "app"]
+from eagle3nb.training import distributed
+from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
+from eagle3nb.training.objective import TTTObjective
+from eagle3nb.drafter.vocab import build_draft_vocab, count_loss_tokens, coverage
 
 
 @dataclass
@@ -83,27 +80,6 @@ class TrainConfig:
         return {k: v for k, v in asdict(self).items() if k not in ("loader_workers", "fsdp", "attention")}
 
 
-class BatchSource(Protocol):
-    """What the training loop needs from its data (offline shards or an online target).
-
-    ``batches(start, stop, rank, world, pin_memory)`` yields, for each global step in
-    ``start..stop-1``, this rank's slice of the global batch as a dict of CPU tensors:
-    ``input_ids, loss_mask, attn_mask [b, T] int64`` (right padding), ``aux [b, T, n_aux*Ht]`` and
-    ``final [b, T, Ht]`` float32, ``sample_index [b] int64`` (a stable sample key, -1 for a
-    loss-free stand-in row). It must be a pure function of the step (resume restarts at ``start``)
-    and the slices of all ranks must partition the global batch (ranks without samples yield a
-    stand-in row with an all-zero loss_mask, so collectives line up).
-    """
-
-    n_aux: int
-
-    def fingerprint(self) -> str: ...
-
-    def token_masks(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
-
-    def batches(self, start: int, stop: int, rank: int = 0, world: int = 1, pin_memory: bool = False) -> Iterator[dict]: ...
-
-
 def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
     """Multiplier of the base lr: linear warmup to 1 over ``warmup`` steps, then cosine to ``min_ratio``."""
     if step < warmup:
@@ -140,35 +116,15 @@ def build_drafter(ds, target, cfg: TrainConfig) -> tuple[Eagle3Drafter, dict]:
     return d, {"distinct_loss_tokens": int((counts > 0).sum()), "coverage": coverage(counts, t2d), "loss_tokens": int(counts.sum())}
 
 
-
 # fault injection for tests: "RANK:STEP" makes that rank SIGKILL itself right after STEP
 FAULT_ENV = "EAGLE3NB_FAULT_AT_STEP"
-
-
-class TTTObjective(torch.nn.Module):
-    """The drafter plus its TTT loss as one module, so DDP/FSDP hooks see one forward per step.
-
-    The target's final norm and lm_head (frozen; they turn boundary-N states into the target's
-    distribution) are held outside the module tree, so DDP/FSDP neither sync nor shard them.
-    """
-
-    def __init__(self, drafter: Eagle3Drafter, target_norm, target_head, k: int, decay: float):
-        super().__init__()
-        self.drafter = drafter
-        self._target = (target_norm, target_head)
-        self.k, self.decay = k, decay
-
-    def forward(self, b: dict, count_reduce=None) -> TTTResult:
-        """``b``: a batch of :class:`BatchSource` on the training device -> :func:`ttt_loss` result."""
-        norm, head = self._target
-        return ttt_loss(self.drafter, b["input_ids"], b["aux"], b["final"], b["loss_mask"], b["attn_mask"], norm, head, self.k, self.decay, count_reduce)
 
 
 def make_source(ds, cfg: TrainConfig):
     """The batch source for ``cfg``: an offline source over ``ds`` (a ``ShardStore`` or
     ``AuxDataset``), or ``ds`` itself when it computes its batches (an online source, given the same
     batch plan as the offline loader)."""
-    from .loader import OfflineSource
+    from eagle3nb.training.batches import OfflineSource
 
     if hasattr(ds, "configure"):
         return ds.configure(cfg.batch_size, cfg.seed, cfg.bucket_by_length, cfg.bucket_window)
@@ -289,56 +245,3 @@ def train_drafter(data, target, cfg: TrainConfig, out_dir: str | os.PathLike, pr
     if hasattr(source, "padding"):
         rep["padding"] = source.padding(ctx.world)
     return drafter, rep
-
-
-def _load_run_params(run: Path, sets: list[str]):
-    from .params import load_params
-
-    pf = run / "params.yaml" if run.is_dir() else run
-    if run.is_dir() and not pf.exists():
-        raise FileNotFoundError(f"{run} is a folder without params.yaml; pass a run folder written by `python -m eagle3nb.run` or a params YAML file")
-    over = {}
-    for kv in sets or []:
-        if "=" not in kv:
-            raise ValueError(f"--set {kv!r}: write key=value, e.g. --set max_steps=200")
-        k, v = kv.split("=", 1)
-        import yaml
-
-        over[k.strip()] = yaml.safe_load(v)
-    return load_params(pf, **over)
-
-
-def _cli():
-    import typer
-
-    app = typer.Typer(add_completion=False, help=__doc__)
-
-    @app.command()
-    def main(
-        run: Path = typer.Argument(..., help="run folder (holding params.yaml) or a params YAML file"),
-        set_: Optional[list[str]] = typer.Option(None, "--set", help="override a parameter, key=value (repeatable)"),
-    ):
-        """Train (03) from a run's params; several processes when launched by torchrun or when
-        nproc_per_node/nnodes ask for them."""
-        from . import steps
-
-        try:
-            p = _load_run_params(run, set_)
-            out = steps.train_step(p.model_copy(update={"interactive": False}), progress=p.interactive)
-        except (ValueError, FileNotFoundError) as e:  # bad input: the message says what and how to fix
-            typer.echo(f"eagle3nb.train: {e}", err=True)
-            raise typer.Exit(2) from None
-        finally:
-            if torch.distributed.is_available() and torch.distributed.is_initialized():
-                torch.distributed.destroy_process_group()
-        if out["stats"] is not None:
-            s = out["stats"]
-            typer.echo(f"trained {s['steps']} steps on {s.get('world_size', 1)} process(es) ({s.get('parallel', 'single')}) in {s['seconds']} s, {s['loss_token_steps_per_s']} loss-token-steps/s -> {out['export_dir']}")
-
-    return app
-
-
-app = _cli()
-
-if __name__ == "__main__":
-    app()

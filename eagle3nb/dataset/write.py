@@ -23,17 +23,17 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
-from .manifest import ManifestMismatch, atomic_write_json, publish_permissions, read_json, sha256_file
-from .storage import AUX_STORAGE, METADATA, dequantize_aux, quantize_aux, shard_layout
+from eagle3nb.manifest import ManifestMismatch, atomic_write_json, publish_permissions, read_json, sha256_file
+from eagle3nb.dataset.read import DATASET_KIND, FORMAT_VERSION
+from eagle3nb.dataset.layout import AUX_STORAGE, METADATA, dequantize_aux, quantize_aux, shard_layout
 
-__all__ = ["write_dataset", "prepare_dataset", "merge_workers", "shard_plan", "WORKERS_DIR", "AuxDataset", "open_manifest", "fingerprint", "DiskFullError", "collate", "states_by_boundary", "DATASET_KIND", "estimate_bytes"]
 
-DATASET_KIND = "eagle3nb-aux-dataset"
-FORMAT_VERSION = 1
 # settings that must match for a rerun to resume instead of starting over
 _RESUME_KEYS = ("target", "engine", "convention", "layer_ids", "aux_boundaries", "dtype", "template", "shard_size", "n_input_samples", "generation_sha256", "aux_storage")
+
+
 WORKERS_DIR = "workers"  # progress files of a sharded extraction's workers (removed once merged)
 
 
@@ -142,9 +142,9 @@ def write_dataset(out_dir: str | os.PathLike, samples: Sequence[tuple[int, list[
         shard_size: samples per shard.
         dtype: storage dtype of boundary N (and of the aux states unless int8).
         aux_storage: ``"dtype"``, or ``"int8"`` (per token and aux slot scales, see
-            :mod:`eagle3nb.storage`; the relative error vs the unquantised states is recorded).
+            :mod:`eagle3nb.dataset.layout`; the relative error vs the unquantised states is recorded).
         worker: ``(w, W)``: write only the shards ``i % W == w`` and record them in
-            ``workers/worker-w.json`` (see :mod:`eagle3nb.extract`); :func:`merge_workers` then
+            ``workers/worker-w.json`` (see :mod:`eagle3nb.steps.extract`); :func:`merge_workers` then
             writes the complete manifest. ``None``: one process, manifest after every shard.
 
     Returns:
@@ -252,35 +252,6 @@ def _complete(out: Path, man: dict, shards: list[dict]) -> dict:
     return man
 
 
-def open_manifest(path: Path, verify: bool = True) -> dict:
-    """The manifest of a complete dataset folder, after checking that every listed shard exists
-    (and, with ``verify``, that its bytes match the recorded sha256).
-
-    Raises:
-        FileNotFoundError: no manifest. ValueError: not a dataset manifest, incomplete dataset, a
-            listed shard missing, or a shard whose sha256 differs (the file is named).
-    """
-    man = read_json(path / "manifest.json", "dataset manifest")
-    if man.get("kind") != DATASET_KIND:
-        raise ValueError(f"{path}/manifest.json is not an eagle3nb dataset manifest (kind={man.get('kind')!r}, expected {DATASET_KIND!r}); point at the dataset folder 02b wrote (outputs/<run_name>/dataset)")
-    if not man.get("complete"):
-        raise ValueError(f"dataset {path} is incomplete (manifest.json complete={man.get('complete')!r}: extraction interrupted); rerun 02b with the same params to finish it")
-    for s in man["shards"]:
-        f = path / s["file"]
-        if not f.is_file():
-            raise ValueError(f"shard {f} is listed in {path}/manifest.json but missing; rerun 02b with the same params to redo it")
-        if verify and sha256_file(f) != s["sha256"]:
-            raise ValueError(f"shard {f} is corrupt: its sha256 differs from the manifest; rerun 02b after deleting it")
-    return man
-
-
-def fingerprint(manifest: dict) -> str:
-    """sha256 over a dataset's recorded shard hashes: changes whenever any stored byte changes."""
-    import hashlib
-
-    return hashlib.sha256("".join(s["sha256"] for s in manifest["shards"]).encode()).hexdigest()
-
-
 def merge_workers(out_dir: str | os.PathLike, samples: Sequence, manifest: dict, shard_size: int = 64, aux_storage: str = "dtype", workers: int = 1) -> dict:
     """After the workers of a sharded extraction ended: check every planned shard is written and
     intact, write the complete ``manifest.json`` (shards in sample order) and remove the workers'
@@ -303,75 +274,3 @@ def merge_workers(out_dir: str | os.PathLike, samples: Sequence, manifest: dict,
     for stale in out.glob("*.tmp"):  # left by a lost worker; never listed
         stale.unlink()
     return m
-
-
-class AuxDataset:
-    """Samples of a dataset folder, loaded into memory after checking every shard's sha256.
-
-    ``ds[i]`` -> dict ``input_ids [T] int64, loss_mask [T] uint8, aux [T, n_aux*H], final [T, H]``.
-
-    Raises:
-        FileNotFoundError: no manifest. ValueError: incomplete dataset, or a shard whose bytes do
-            not match its recorded sha256 (the file is named).
-    """
-
-    def __init__(self, path: str | os.PathLike, verify: bool = True):
-        self.path = Path(path)
-        self.manifest = open_manifest(self.path, verify)
-        self.items: list[dict] = []
-        for s in self.manifest["shards"]:
-            t = load_file(str(self.path / s["file"]))
-            if "aux_scale" in t:  # int8 storage: dequantised here, so training sees float states
-                t["aux"] = dequantize_aux(t["aux"], t.pop("aux_scale"))
-            off = t["offsets"].tolist()
-            for i in range(len(off) - 1):
-                a, b = off[i], off[i + 1]
-                self.items.append({k: t[k][a:b] for k in ("input_ids", "loss_mask", "aux", "final")} | {"sample_id": int(t["sample_ids"][i])})
-
-    def fingerprint(self) -> str:
-        """sha256 over the shards' recorded hashes: changes whenever any stored byte changes."""
-        return fingerprint(self.manifest)
-
-    def token_masks(self):
-        """Yield ``(input_ids [T] int64, loss_mask [T] uint8)`` per sample (for the draft vocab)."""
-        return ((x["input_ids"], x["loss_mask"]) for x in self.items)
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int) -> dict:
-        return self.items[i]
-
-
-def collate(items: Sequence[dict]) -> dict:
-    """Right-pad samples into a batch: ``input_ids, loss_mask, attn_mask [B, T]``, ``aux [B, T, A]``,
-    ``final [B, T, H]`` (aux/final cast to float32 for training)."""
-    B, T = len(items), max(x["input_ids"].numel() for x in items)
-    A, H = items[0]["aux"].shape[1], items[0]["final"].shape[1]
-    out = {
-        "input_ids": torch.zeros(B, T, dtype=torch.long),
-        "loss_mask": torch.zeros(B, T, dtype=torch.long),
-        "attn_mask": torch.zeros(B, T, dtype=torch.long),
-        "aux": torch.zeros(B, T, A),
-        "final": torch.zeros(B, T, H),
-    }
-    for r, x in enumerate(items):
-        L = x["input_ids"].numel()
-        out["input_ids"][r, :L] = x["input_ids"]
-        out["loss_mask"][r, :L] = x["loss_mask"].long()
-        out["attn_mask"][r, :L] = 1
-        out["aux"][r, :L] = x["aux"].float()
-        out["final"][r, :L] = x["final"].float()
-    return out
-
-
-def states_by_boundary(ds: AuxDataset, max_tokens: int = 4096) -> dict[int, torch.Tensor]:
-    """``{boundary: [n, H] float32}`` for the aux boundaries and the final boundary N, from the first
-    ``max_tokens`` tokens of the dataset (for distribution plots)."""
-    bnds = list(ds.manifest["aux_boundaries"])
-    aux = torch.cat([x["aux"] for x in ds.items])[:max_tokens].float()  # [n, n_aux*H]
-    fin = torch.cat([x["final"] for x in ds.items])[:max_tokens].float()  # [n, H]
-    H = fin.shape[1]
-    out = {b: aux[:, i * H : (i + 1) * H] for i, b in enumerate(bnds)}
-    out[int(ds.manifest["final_boundary"])] = fin
-    return out

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import torch
 
-from .models import as_stop_list
+from eagle3nb.target.models import as_stop_list
 
 __all__ = ["generate_batch", "write_jsonl", "read_jsonl"]
 

@@ -1,8 +1,8 @@
 """Online training: the target captures each batch's aux states inside the training loop (Hugging
 Face engine), so nothing but 01's token ids is on disk.
 
-:class:`OnlineSource` stands where :class:`eagle3nb.dataset.AuxDataset` stands in
-:func:`eagle3nb.train.train_drafter`: same samples in the same order (01's train records with
+:class:`OnlineSource` stands where :class:`eagle3nb.dataset.read.AuxDataset` stands in
+:func:`eagle3nb.training.loop.train_drafter`: same samples in the same order (01's train records with
 generated tokens, minus those with an empty loss mask, exactly what 02 would store), same
 ``manifest`` fields, and a :meth:`OnlineSource.batch` that returns what ``collate`` returns for
 the stored dataset. The drafter, the loss and the optimizer are untouched, so online and offline
@@ -19,7 +19,7 @@ from typing import Sequence
 
 import torch
 
-from .capture import HFCaptureEngine, capture_boundaries, n_layers_of
+from eagle3nb.target.capture import HFCaptureEngine, capture_boundaries, n_layers_of
 
 __all__ = ["OnlineSource"]
 
@@ -89,24 +89,24 @@ class OnlineSource:
             yield x["input_ids"], x["loss_mask"]
 
     def configure(self, global_batch: int, seed: int = 0, bucket: bool = True, bucket_window: int = 16) -> "OnlineSource":
-        """Use the offline loader's batch plan (:class:`eagle3nb.loader.BatchPlan`) over these
+        """Use the offline loader's batch plan (:class:`eagle3nb.training.batches.BatchPlan`) over these
         samples' lengths, so online and offline training see the same global batches in the same
-        order; :func:`eagle3nb.train.make_source` calls it with the training config. Returns self."""
-        from .loader import BatchPlan
+        order; :func:`eagle3nb.training.loop.make_source` calls it with the training config. Returns self."""
+        from eagle3nb.training.batches import BatchPlan
 
         self.plan = BatchPlan([x["input_ids"].numel() for x in self.items], global_batch, seed, bucket, bucket_window)
         return self
 
     def padding(self, world: int = 1) -> dict:
-        """Padding of one epoch of this plan vs a plain shuffle (as :meth:`eagle3nb.loader.OfflineSource.padding`)."""
-        from .loader import BatchPlan, padding_stats
+        """Padding of one epoch of this plan vs a plain shuffle (as :meth:`eagle3nb.training.batches.OfflineSource.padding`)."""
+        from eagle3nb.training.batches import BatchPlan, padding_stats
 
         plain = BatchPlan(self.plan.lengths, self.plan.global_batch, self.plan.seed, bucket=False)
         return {"this_plan": padding_stats(self.plan, world), "plain_shuffle": padding_stats(plain, world)}
 
     def batches(self, start: int, stop: int, rank: int = 0, world: int = 1, pin_memory: bool = False):
-        """The :class:`eagle3nb.train.BatchSource` interface: this rank's slice of each global
-        step's batch (the plan and slicing of :class:`eagle3nb.loader.OfflineSource`), its states
+        """The :class:`eagle3nb.training.batches.BatchSource` interface: this rank's slice of each global
+        step's batch (the plan and slicing of :class:`eagle3nb.training.batches.OfflineSource`), its states
         captured by the target now, on the target's device, plus ``sample_index [b]`` (-1 for the
         loss-free stand-in row of a rank left without samples)."""
         if self.plan is None:

@@ -15,7 +15,7 @@ import torch
 
 __all__ = ["as_stop_list", "stop_token_ids", "resolve_model", "model_search_dirs", "load_target", "load_tokenizer", "model_hash", "read_model_config", "check_model_folder", "DTYPES", "SUPPORTED_ARCHS"]
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV_VAR = "EAGLE3NB_MODEL_PATH"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SUPPORTED_ARCHS = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
@@ -110,7 +110,7 @@ def model_hash(path: str | os.PathLike, cache_dir: str | os.PathLike | None = No
     digest = _sha256_files(files)
     _HASH_MEMO[key] = digest
     if cache is not None:
-        from .manifest import atomic_write_json
+        from eagle3nb.manifest import atomic_write_json
 
         atomic_write_json(cache, {"path": str(path), "files": sig, "sha256": digest})
     return digest

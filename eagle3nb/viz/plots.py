@@ -114,3 +114,11 @@ def save_html(fig: go.Figure, path: str | os.PathLike) -> Path:
     fig.write_html(str(tmp), include_plotlyjs=True, full_html=True, div_id=path.stem)
     os.replace(tmp, path)
     return path
+
+
+def alignment_figure(err: torch.Tensor, boundaries: list[int], declared: Sequence[int], engine: str) -> go.Figure:
+    """Heatmap of log10 relative error, slots (rows) x reference boundaries (columns)."""
+    z = torch.log10(err.clamp_min(1e-12)).tolist()
+    fig = go.Figure(go.Heatmap(z=z, x=[f"b={b}" for b in boundaries], y=[f"slot {i} (declared b={d})" for i, d in enumerate(declared)], colorscale="Viridis_r", colorbar={"title": "log10 rel. error"}))
+    fig.update_layout(title=f"Which boundary did {engine} capture? (relative error vs HF reference)", template="plotly_white", xaxis_title="HF reference boundary")
+    return fig

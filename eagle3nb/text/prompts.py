@@ -7,7 +7,7 @@ from pathlib import Path
 
 __all__ = ["DEFAULT_PROMPTS", "load_prompts", "split_prompts"]
 
-DEFAULT_PROMPTS = Path(__file__).resolve().parent / "data" / "prompts_tinystories.txt"
+DEFAULT_PROMPTS = Path(__file__).resolve().parents[1] / "data" / "prompts_tinystories.txt"
 
 
 def load_prompts(path: str | Path = DEFAULT_PROMPTS) -> list[str]:

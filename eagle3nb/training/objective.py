@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .drafter import Eagle3Drafter
+from eagle3nb.drafter.model import Eagle3Drafter
 
 __all__ = ["shift_left", "ttt_inputs", "target_probs", "ttt_loss", "TTTResult"]
 
@@ -137,3 +137,22 @@ def ttt_loss(drafter: Eagle3Drafter, input_ids, aux, final, loss_mask, attn_mask
         losses.append(lj.detach())
     stats = torch.stack(losses + accs).tolist()  # one device sync for all logged numbers
     return TTTResult(total, stats[:k], stats[k:], local.tolist(), total_n.tolist())
+
+
+class TTTObjective(torch.nn.Module):
+    """The drafter plus its TTT loss as one module, so DDP/FSDP hooks see one forward per step.
+
+    The target's final norm and lm_head (frozen; they turn boundary-N states into the target's
+    distribution) are held outside the module tree, so DDP/FSDP neither sync nor shard them.
+    """
+
+    def __init__(self, drafter: Eagle3Drafter, target_norm, target_head, k: int, decay: float):
+        super().__init__()
+        self.drafter = drafter
+        self._target = (target_norm, target_head)
+        self.k, self.decay = k, decay
+
+    def forward(self, b: dict, count_reduce=None) -> TTTResult:
+        """``b``: a batch of :class:`BatchSource` on the training device -> :func:`ttt_loss` result."""
+        norm, head = self._target
+        return ttt_loss(self.drafter, b["input_ids"], b["aux"], b["final"], b["loss_mask"], b["attn_mask"], norm, head, self.k, self.decay, count_reduce)

@@ -2,10 +2,10 @@
 over N worker processes.
 
 Sharded extraction: the samples are cut into shards exactly as one process would
-(:func:`eagle3nb.dataset.shard_plan`); worker ``w`` of ``W`` writes the shards ``i % W == w``
+(:func:`eagle3nb.dataset.write.shard_plan`); worker ``w`` of ``W`` writes the shards ``i % W == w``
 with its own engine (HF transformers, loaded in the worker; on GPU machines worker ``w`` uses
 ``cuda:w % device_count``), recording each finished shard in ``dataset/workers/worker-w.json``.
-When all workers ended, :func:`eagle3nb.dataset.merge_workers` checks every shard's sha256 and
+When all workers ended, :func:`eagle3nb.dataset.write.merge_workers` checks every shard's sha256 and
 writes one manifest. A lost worker leaves its remaining shards missing: the merge names them, and
 a rerun (any worker count) redoes only those, so no sample is written twice.
 """
@@ -20,19 +20,21 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from . import chat, models
-from .dataset import WORKERS_DIR, merge_workers, prepare_dataset, shard_plan, write_dataset
-from .generate import read_jsonl
-from .manifest import atomic_write_json, read_json
-from .params import RunDir, RunParams
-from .storage import estimate_dataset_bytes, shard_file_bytes, shard_layout
+from eagle3nb.text import chat
+from eagle3nb.target import models
+from eagle3nb.dataset.write import WORKERS_DIR, merge_workers, prepare_dataset, shard_plan, write_dataset
+from eagle3nb.text.generation import read_jsonl
+from eagle3nb.manifest import atomic_write_json, read_json
+from eagle3nb.rundir import RunDir
+from eagle3nb.params import RunParams
+from eagle3nb.dataset.layout import estimate_dataset_bytes, shard_file_bytes, shard_layout
 
 __all__ = ["train_samples", "disk_plan", "check_disk", "write", "launch_workers", "finish_workers", "worker_main", "metadata_bytes_max", "capture_overhead"]
 
 
 def train_samples(rd: RunDir) -> list[tuple[int, list[int], list[int]]]:
     """``(sample_id, input_ids, loss_mask)`` of every train record of 01 with generated tokens: the
-    served prompt ids plus exactly the generated ids (see :func:`eagle3nb.chat.generated_sample`)."""
+    served prompt ids plus exactly the generated ids (see :func:`eagle3nb.text.chat.generated_sample`)."""
     recs = [r for r in read_jsonl(rd.generated) if r["split"] == "train"]
     return [(r["id"], *chat.generated_sample(r["prompt_ids"], r["output_ids"])) for r in recs if r["output_ids"]]
 
@@ -51,7 +53,7 @@ def disk_plan(p: RunParams, samples: Sequence | None = None, n_aux: int | None =
         ``"free_bytes"``, ``"fits"``, ``"per_token_bytes"``, ``"formula"``, ``"n_tokens"``,
         ``"n_samples"``, ``"n_shards"``, ``"aux_storage"``, ``"dtype"``, ``"path"``}``.
     """
-    from .conventions import aux_ids_and_boundaries
+    from eagle3nb.target.conventions import aux_ids_and_boundaries
 
     rd = RunDir(p)
     if samples is None:
@@ -101,13 +103,13 @@ def write(p: RunParams, rd: RunDir, samples: Sequence, engine, ids: Sequence[int
 
 
 def launch_workers(plan_file: str | os.PathLike, workers: int) -> list[subprocess.Popen]:
-    """Start ``workers`` processes ``python -m eagle3nb.extract PLAN w W`` (their output goes to
+    """Start ``workers`` processes ``python -m eagle3nb.steps.extract PLAN w W`` (their output goes to
     ``workers/worker-w.log``)."""
     plan_file = Path(plan_file)
     procs = []
     for w in range(workers):
         log = open(plan_file.parent / f"worker-{w:05d}.log", "w")
-        procs.append(subprocess.Popen([sys.executable, "-m", "eagle3nb.extract", str(plan_file), str(w), str(workers)], stdout=log, stderr=subprocess.STDOUT))
+        procs.append(subprocess.Popen([sys.executable, "-m", "eagle3nb.steps.extract", str(plan_file), str(w), str(workers)], stdout=log, stderr=subprocess.STDOUT))
         log.close()
     return procs
 
@@ -149,7 +151,7 @@ def capture_overhead(model, engine, samples: Sequence, ids: Sequence[int], max_s
 
     import torch
 
-    from .capture import _decoder
+    from eagle3nb.target.capture import _decoder
 
     xs = [list(s[1]) for s in samples[:max_samples]]
     bs = engine.batch_size
@@ -195,10 +197,10 @@ def capture_overhead(model, engine, samples: Sequence, ids: Sequence[int], max_s
 
 
 def worker_main(argv: Sequence[str]) -> int:
-    """Entry of one extraction worker: ``python -m eagle3nb.extract PLAN w W``."""
+    """Entry of one extraction worker: ``python -m eagle3nb.steps.extract PLAN w W``."""
     import torch
 
-    from .capture import HFCaptureEngine
+    from eagle3nb.target.capture import HFCaptureEngine
 
     plan_file, w, W = Path(argv[0]), int(argv[1]), int(argv[2])
     plan = read_json(plan_file, "extraction plan")

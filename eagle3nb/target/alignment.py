@@ -11,12 +11,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import plotly.graph_objects as go
 import torch
 
-from .capture import capture_boundaries
+from eagle3nb.target.capture import capture_boundaries
 
-__all__ = ["TOLERANCE", "reference_states", "alignment_matrix", "alignment_verdict", "alignment_figure"]
 
 # relative error under which a slot "is" a boundary: float32 kernels agree to ~1e-6; bf16 storage
 # alone costs ~4e-3 relative, engine kernels in bf16 a few 1e-2
@@ -74,11 +72,3 @@ def alignment_verdict(err: torch.Tensor, boundaries: list[int], declared: Sequen
         verdict = "no match" if m is None else ("matches" if m == d else f"off by {m - d:+d}")
         slots.append({"declared": int(d), "measured": m, "error": e, "verdict": verdict})
     return {"declared": list(declared), "measured": measured, "slots": slots, "ok": all(s["verdict"] == "matches" for s in slots), "tolerance": tol}
-
-
-def alignment_figure(err: torch.Tensor, boundaries: list[int], declared: Sequence[int], engine: str) -> go.Figure:
-    """Heatmap of log10 relative error, slots (rows) x reference boundaries (columns)."""
-    z = torch.log10(err.clamp_min(1e-12)).tolist()
-    fig = go.Figure(go.Heatmap(z=z, x=[f"b={b}" for b in boundaries], y=[f"slot {i} (declared b={d})" for i, d in enumerate(declared)], colorscale="Viridis_r", colorbar={"title": "log10 rel. error"}))
-    fig.update_layout(title=f"Which boundary did {engine} capture? (relative error vs HF reference)", template="plotly_white", xaxis_title="HF reference boundary")
-    return fig

@@ -23,10 +23,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from .conventions import check_boundaries, get_convention
-from .drafter import DrafterConfig, Eagle3Drafter
-from .manifest import atomic_write_json, publish_permissions
-from .vocab import check_draft_vocab
+from eagle3nb.target.conventions import check_boundaries, get_convention
+from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
+from eagle3nb.manifest import atomic_write_json, publish_permissions
+from eagle3nb.drafter.vocab import check_draft_vocab
 
 __all__ = ["export_drafter", "load_drafter", "REQUIRED_TENSORS", "drafter_config_json"]
 

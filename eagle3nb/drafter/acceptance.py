@@ -21,9 +21,9 @@ from typing import Sequence
 
 import torch
 
-from .capture import capture_boundaries, n_layers_of
-from .drafter import Eagle3Drafter
-from .models import as_stop_list
+from eagle3nb.target.capture import capture_boundaries, n_layers_of
+from eagle3nb.drafter.model import Eagle3Drafter
+from eagle3nb.target.models import as_stop_list
 
 __all__ = ["AcceptanceStats", "draft_chain", "speculative_generate", "greedy_generate", "evaluate_acceptance"]
 

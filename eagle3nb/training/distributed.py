@@ -29,7 +29,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from .manifest import atomic_write_json, read_json
+from eagle3nb.manifest import atomic_write_json, read_json
 
 __all__ = ["DistContext", "init_from_env", "current", "under_torchrun", "use_fsdp", "wrap", "unwrap_full_state", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "torchrun_command", "FSDP_AUTO_PARAMS"]
 

@@ -193,7 +193,7 @@ class Eagle3Attention(nn.Module):
         q_index: [Tq] sequence index of each query (for the causal mask over step 0);
         key_mask: [B, T0] bool, False on padding keys. Returns ([B, Tq, H], this step's KV).
         With ``attn_impl == "flex"`` and Tq == T0 (the training layout) q_index must be arange(T0)
-        and every cached step must hold the same T0 positions, as :func:`eagle3nb.objective.ttt_loss`
+        and every cached step must hold the same T0 positions, as :func:`eagle3nb.training.objective.ttt_loss`
         passes them; other layouts (serve-time chains) take the eager path."""
         c = self.c
         B, Tq, _ = x.shape
@@ -300,7 +300,7 @@ class Eagle3Drafter(nn.Module):
         self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool) if c.draft_vocab_size == c.vocab_size else torch.zeros(c.vocab_size, dtype=torch.bool))
 
     def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
-        """Install the draft vocabulary mapping (see :mod:`eagle3nb.vocab`)."""
+        """Install the draft vocabulary mapping (see :mod:`eagle3nb.drafter.vocab`)."""
         self.d2t.copy_(d2t)
         self.t2d.copy_(t2d)
 

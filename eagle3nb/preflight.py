@@ -1,0 +1,71 @@
+"""Checks made before any notebook runs: the run's parameters against the target's config.json
+(architecture, tokenizer, vocab, layer ids, drafter heads) and the engines a run will start.
+
+``python -m eagle3nb.run`` calls :func:`check_against_model` after validating the params file, so a
+bad run fails in seconds, naming the parameter, the value and the fix, before any long work.
+"""
+
+from __future__ import annotations
+
+from eagle3nb.params import RunParams
+
+
+
+def check_against_model(p: RunParams) -> dict:
+    """Upfront checks of ``p`` against the target's ``config.json`` (no weights are loaded), so that
+    a run fails before any notebook executes.
+
+    Returns:
+        ``{"path", "n_layers", "vocab_size", "layer_ids", "boundaries"}``: the model folder, its
+        num_hidden_layers and vocab_size, and the aux ids (in ``p.convention``) and boundaries the
+        run will capture.
+
+    Raises:
+        FileNotFoundError: the model is not found (the message lists every place looked at).
+        ValueError: naming the parameter, its value and the fix, for: an unsupported architecture or
+            a folder without tokenizer; ``draft_vocab_size`` > the target's vocab; ``layer_ids`` the
+            convention cannot capture for this many layers, or giving non-increasing boundaries;
+            ``layer_ids: null`` on a target too small for the default picker; ``draft_num_heads``
+            not a multiple of ``draft_num_kv_heads``; vLLM parameters (see
+            :func:`eagle3nb.engines.vllm_helpers.check_vllm_params`).
+        FileNotFoundError: also when a step uses vLLM and ``vllm_python`` does not exist.
+    """
+    from eagle3nb.target import conventions, models
+
+    path = models.resolve_model(p.model)
+    cfg = models.check_model_folder(path)
+    n, V = cfg.get("num_hidden_layers"), cfg.get("vocab_size")
+    for k, v in (("num_hidden_layers", n), ("vocab_size", V)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"model={p.model!r}: {path}/config.json has {k}={v!r}; eagle3nb needs a positive int there (restore the original config.json)")
+    if p.draft_vocab_size > V:
+        raise ValueError(f"draft_vocab_size={p.draft_vocab_size} exceeds the target vocab_size={V} of model={p.model!r}; set draft_vocab_size to at most {V}")
+    try:
+        ids, b = conventions.aux_ids_and_boundaries(p.convention, p.layer_ids, n)
+    except ValueError as e:
+        if p.layer_ids is None:
+            raise ValueError(
+                f"layer_ids=None: no default aux layers for model={p.model!r} (num_hidden_layers={n}) in convention "
+                f"{p.convention!r}: {e}; set layer_ids explicitly or use a target with more layers"
+            ) from None
+        raise ValueError(
+            f"layer_ids={p.layer_ids} (convention {p.convention!r}) do not fit model={p.model!r} with "
+            f"num_hidden_layers={n}: {e}"
+        ) from None
+    if p.extract_engine == "sglang":
+        try:
+            conventions.get_convention("sglang").boundaries_to_ids(b, n)
+        except ValueError as e:
+            raise ValueError(f"extract_engine='sglang' cannot capture boundaries {b} (layer_ids={p.layer_ids}, convention {p.convention!r}) on model={p.model!r}: {e}; SGLang never captures boundary N={n} (its hooks take layer inputs only): pick lower boundaries, or set extract_engine: hf") from None
+    nh = p.draft_num_heads or cfg.get("num_attention_heads")
+    nkv = p.draft_num_kv_heads or (min(nh, cfg.get("num_key_value_heads") or nh) if nh else None)
+    if nh and nkv and nh % nkv:
+        raise ValueError(
+            f"draft_num_heads={p.draft_num_heads} ({nh} heads) is not a multiple of draft_num_kv_heads="
+            f"{p.draft_num_kv_heads} ({nkv} kv heads; 0 = from the target); pick divisible head counts, "
+            f"e.g. draft_num_kv_heads: {nh}"
+        )
+    from eagle3nb.engines.vllm_helpers import check_vllm_params
+
+    check_vllm_params(p, cfg)  # vLLM venv present, options known, head_dim it accepts
+    return {"path": str(path), "n_layers": n, "vocab_size": V, "layer_ids": ids, "boundaries": b}
