@@ -1,10 +1,59 @@
 """eagle3nb: train EAGLE-3 drafters on exactly the hidden states the serving engine will feed them.
 
-Modules, by concern: ``conventions`` (layer ids <-> boundaries), ``models`` (find/load targets),
-``capture`` (hooks and engines), ``prompts``/``chat``/``generate`` (data), ``dataset`` +
-``manifest`` (shards on disk), ``vocab`` (d2t/t2d), ``drafter`` (the EAGLE-3 head),
-``objective`` (TTT loss), ``train``, ``export``, ``acceptance`` (speculative decoding),
-``plots``, ``params`` and ``run`` (papermill driver).
+Package map (one line per subpackage and module; tests/test_layout.py checks it is complete):
+
+target/             the target model: model folders, layer-id conventions, HF capture, alignment
+    models          find (explicit path, $EAGLE3NB_MODEL_PATH, ../shared/models), load, hash
+    conventions     each engine's and trainer's layer ids <-> physical boundaries
+    capture         residual stream at boundaries behind one CaptureEngine interface (HF)
+    alignment       which boundary an engine really captured, measured against HF
+text/               the text side: prompts, chat samples and loss masks, the target's continuations
+    prompts         prompt files and the deterministic train / held-out split
+    chat            (input_ids, loss_mask) training samples, chat template or plain text
+    generation      the target regenerates continuations, written as JSONL
+dataset/            the offline aux-state dataset: safetensors shards plus a manifest
+    layout          shard layout, exact byte counts, optional int8 storage of aux states
+    write           write shards from a capture engine (atomic, resumable, per-shard sha256)
+    read            open and verify a dataset; AuxDataset, ShardStore (memory-mapped shards)
+training/           training the drafter with training-time test (TTT)
+    batches         deterministic global batch plan over the shards, rank slices
+    objective       the TTT loss and per-step accuracy
+    loop            the training loop: one process, or DDP/FSDP under torchrun, CPU or GPU
+    distributed     process group, DDP/FSDP wrapping, per-rank checkpoints, torchrun launch
+    online          online training: the target captures each batch's aux states in the loop
+drafter/            the EAGLE-3 draft model and what is done with it
+    model           the drafter (mirrors SGLang llama_eagle3 and vLLM's EAGLE-3 head)
+    vocab           draft vocabulary: d2t offsets and the t2d mask from token counts
+    export          export for SGLang and vLLM, load back (refusing broken folders)
+    engine_read     read an exported config as each serving engine does; what it ignores
+    acceptance      greedy chain speculative decoding with the real target (the simulator)
+engines/            real engines (vLLM, SGLang) behind one interface, across a process boundary
+    worker          engine side: JSON-line worker in the engine's venv; the backend contract
+    vllm_backend    engine side: vLLM generation, capture (extract_hidden_states), EAGLE-3 serving
+    vllm_connector  engine side: synchronous hidden-states connector that vLLM loads
+    sglang_backend  engine side: SGLang generation and aux capture through sglang.Engine
+    client          notebook side: EngineClient starts, talks to and stops the worker
+    adapter         notebook side: an EngineClient as a CaptureEngine for the dataset writer
+    vllm_helpers    notebook side: vLLM parameters, start, speed, served acceptance
+    sglang_helpers  notebook side: 02b's SGLang path, boundary N from HF checked against SGLang
+viz/                figures and interactive views
+    plots           Plotly figures, standalone HTML that opens offline
+    views           JupyterLab views (ipywidgets + plotly FigureWidget)
+steps/              one module per notebook, called from its cells and from eagle3nb.run
+    common          what the steps share: target info, aux ids, checks, metrics
+    generate        01_generate
+    extract         02's shared plumbing: disk plan, sharded extraction over N worker processes
+    extract_vllm    02a_extract_vllm
+    extract_sglang  02b_extract_sglang
+    train           03_train, also from the command line and on every torchrun rank
+    evaluate        04_eval_acceptance
+data/               package data: prompts_tinystories.txt, the default prompts
+params              run parameters: one validated model for params/*.yaml and the parameters cells
+rundir              one run's folder outputs/<run_name>/: artefact paths, metrics.json
+preflight           checks before any notebook runs: parameters vs the target's config, engines
+manifest            what produced an artefact, so a later step can refuse a mismatch
+run                 papermill driver: python -m eagle3nb.run PARAMS.yaml
+report              run browser: runs with their metrics and figures, two runs compared
 """
 
 __version__ = "0.1.0"
