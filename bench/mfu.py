@@ -75,15 +75,15 @@ def drafter_config(draft_vocab: int = 32000, n_aux: int = 3) -> DrafterConfig:
 
 def flops_per_token(c: DrafterConfig, T: int, k: int, n_layers: int = 32) -> dict:
     """Forward FLOPs per token (see the module docstring); ``drafter_train`` = 3 x drafter forward."""
-    H, Ht, I, nh, nkv, hd = c.hidden_size, c.target_hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    H, Ht, mlp_w, nh, nkv, hd = c.hidden_size, c.target_hidden_size, c.intermediate_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
     fc = 2 * c.n_aux * Ht * H
     qkvo = 2 * (2 * H * (nh + 2 * nkv) * hd + nh * hd * H)
-    mlp = 2 * 3 * H * I
+    mlp = 2 * 3 * H * mlp_w
     head = 2 * H * c.draft_vocab_size
     attn = [4 * nh * hd * ((T + 1) / 2 + j) for j in range(k)]
     fwd = fc + k * (qkvo + mlp + head) + sum(attn)
     labels = 2 * Ht * c.vocab_size
-    target = n_layers * (2 * (Ht * (nh + 2 * nkv) * hd + nh * hd * Ht + 3 * Ht * I) + 4 * nh * hd * (T + 1) / 2)
+    target = n_layers * (2 * (Ht * (nh + 2 * nkv) * hd + nh * hd * Ht + 3 * Ht * mlp_w) + 4 * nh * hd * (T + 1) / 2)
     return {"fc": fc, "qkvo_per_step": qkvo, "mlp_per_step": mlp, "lm_head_per_step": head, "attn_per_step": attn, "drafter_fwd": fwd, "drafter_train": 3 * fwd, "labels": labels, "target_fwd": target}
 
 
