@@ -1,5 +1,13 @@
 """Run parameters: one validated model for params/*.yaml and every notebook's parameters cell.
 
+Each parameter is written once, as a field of :class:`RunParams`: its default, its range, its help
+(the field's ``description``) and the notebooks that declare it. The ``parameters`` cell of each
+notebook and the README's parameter table are rendered from these fields
+(:func:`parameters_cell`, :func:`params_table`) and written by::
+
+    python -m eagle3nb.params sync           # notebooks/*.ipynb parameters cells + README table
+    python -m eagle3nb.params sync --check   # only say what is out of step (exit 1)
+
 Papermill only warns about unknown parameters; here an unknown key, a wrong type or an
 out-of-range value fails before any work starts, naming the key, the value and the fix.
 """
@@ -7,6 +15,7 @@ out-of-range value fails before any work starts, naming the key, the value and t
 from __future__ import annotations
 
 import difflib
+import json
 import os
 from pathlib import Path
 from typing import Literal, Optional
@@ -14,85 +23,123 @@ from typing import Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from eagle3nb.rundir import resolve_path
+from eagle3nb.rundir import REPO_ROOT, resolve_path
+
+# the notebooks, in run order (eagle3nb.run executes them in this order)
+NOTEBOOKS = ["01_generate", "02a_extract_vllm", "02b_extract_sglang", "03_train", "04_eval_acceptance"]
+GENERATE, EXTRACT_VLLM, EXTRACT_SGLANG, TRAIN, EVAL = NOTEBOOKS
+ALL = tuple(NOTEBOOKS)
+VLLM = (GENERATE, EXTRACT_VLLM, EVAL)  # the notebooks that start vLLM
+RUN_LEVEL = "run"  # read by eagle3nb.run (which notebooks to execute), declared by no notebook
+
+
+def _p(default, help: str, notebooks, notebook_help: dict[str, str] | None = None, **kw):
+    """One RunParams field: ``default``, ``help`` (the comment of its line in a parameters cell,
+    the help column of the README table), the ``notebooks`` whose parameters cell declares it (or
+    :data:`RUN_LEVEL`), ``notebook_help`` where a notebook's context changes what it means there,
+    and pydantic constraints (``ge``, ``pattern``, ``default_factory`` ...)."""
+    extra = {"notebooks": RUN_LEVEL if notebooks == RUN_LEVEL else list(notebooks)}
+    if notebook_help:
+        extra["notebook_help"] = dict(notebook_help)
+    if "default_factory" in kw:
+        return Field(description=help, json_schema_extra=extra, **kw)
+    return Field(default, description=help, json_schema_extra=extra, **kw)
 
 
 class RunParams(BaseModel):
-    """All parameters of a run (defaults = the seconds-long smoke run of the notebooks)."""
+    """All parameters of a run (defaults = the seconds-long smoke run of the notebooks).
+
+    Field order is the order of the lines in the notebooks' parameters cells; each field's
+    ``description`` is the help comment of its line there and its ``json_schema_extra`` names the
+    notebooks that declare it. A new parameter: add a field here, then ``python -m eagle3nb.params sync``.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
-    # common
-    interactive: bool = True
-    run_name: str = Field("smoke", pattern=r"^[A-Za-z0-9._-]+$")
-    outputs_dir: str = "outputs"
-    model: str = "stories260K-hd32"
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    device: str = Field("cpu", pattern=r"^(cpu|auto|cuda(:[0-9]+)?)$")
-    seed: int = 0
+    # common: declared by every notebook
+    interactive: bool = _p(True, "widgets and progress bars (headless runs pass False and write HTML figures)", ALL)
+    run_name: str = _p("smoke", "folder under outputs_dir holding this run's artefacts", ALL, pattern=r"^[A-Za-z0-9._-]+$")
+    outputs_dir: str = _p("outputs", "parent folder of runs (relative to the repo root)", ALL)
+    model: str = _p("stories260K-hd32", "target model folder name or path (searched in $EAGLE3NB_MODEL_PATH, ../shared/models)", ALL)
+    dtype: Literal["float32", "bfloat16"] = _p("float32", "target dtype for generation and capture: float32 or bfloat16", ALL)
+    device: str = _p("cpu", "cpu, cuda, cuda:N, or auto (the GPU when torch sees one)", ALL, pattern=r"^(cpu|auto|cuda(:[0-9]+)?)$")
+    seed: int = _p(0, "seed for the split, sampling, init and shuffling", ALL)
+    mode: Literal["completion", "chat"] = _p("completion", "completion (base model, loss on the continuation) or chat (loss on assistant tokens)", ALL)
+    chat_template: Optional[str] = _p(None, "jinja template file for chat mode; None for the tokenizer's own", ALL)
     # 01_generate
-    prompts_file: str = "eagle3nb/data/prompts_tinystories.txt"
-    heldout_fraction: float = Field(0.15, gt=0, lt=1)
-    max_train_prompts: int = Field(24, ge=0)
-    max_new_tokens: int = Field(32, ge=1)
-    temperature: float = Field(0.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    gen_batch_size: int = Field(64, ge=1)
-    mode: Literal["completion", "chat"] = "completion"
-    chat_template: Optional[str] = None
-    # 02b_extract_sglang
-    extract_engine: Literal["sglang", "hf"] = "sglang"
-    sglang_python: Optional[str] = None
-    measure_engine_speed: bool = False
-    drift_samples: int = Field(4, ge=0)
-    drift_both_dtypes: bool = False
-    convention: str = "sglang"
-    layer_ids: Optional[list[int]] = None
-    shard_size: int = Field(64, ge=1)
-    capture_batch_size: int = Field(32, ge=1)
-    allow_boundary_mismatch: bool = False
-    compare_run: Optional[str] = None
-    aux_storage: Literal["dtype", "int8"] = "dtype"
-    extract_workers: int = Field(1, ge=1)
+    prompts_file: str = _p("eagle3nb/data/prompts_tinystories.txt", "one prompt per line; '#' lines ignored", [GENERATE])
+    heldout_fraction: float = _p(0.15, "share of prompts held out for evaluation (deterministic by text hash)", [GENERATE], gt=0, lt=1)
+    max_train_prompts: int = _p(24, "cap on train prompts (0 for all)", [GENERATE], ge=0)
+    max_new_tokens: int = _p(32, "tokens generated per prompt", [GENERATE, EXTRACT_VLLM], {EXTRACT_VLLM: "tokens per train prompt in the timed plain generation (as in 01)"}, ge=1)
+    temperature: float = _p(0.0, "0 for greedy, above 0 samples", [GENERATE], ge=0)
+    top_p: float = _p(1.0, "nucleus sampling when temperature > 0", [GENERATE], gt=0, le=1)
+    gen_batch_size: int = _p(64, "prompts per batched generate call", [GENERATE], ge=1)
+    generate_engine: Literal["hf", "vllm"] = _p("hf", "hf (transformers generate) or vllm (vLLM's own engine, in its venv)", [GENERATE])
+    # 02a_extract_vllm and 02b_extract_sglang (convention and layer_ids: also 03_train)
+    extract_engine: Literal["sglang", "hf"] = _p("sglang", "sglang (SGLang's own model path, in its venv) or hf (HF transformers at SGLang's capture point)", [EXTRACT_SGLANG])
+    sglang_python: Optional[str] = _p(None, "python of the SGLang venv (None for the cache made by .ci/setup_engines.sh; empty string to import sglang here on a GPU box)", [EXTRACT_SGLANG])
+    convention: str = _p(
+        "sglang",
+        "layer-id convention of layer_ids (sglang, vllm, speculators_le_0.4, speculators_ge_0.5, specforge, eagle)",
+        [EXTRACT_VLLM, EXTRACT_SGLANG, TRAIN],
+        {
+            EXTRACT_VLLM: "layer-id convention of layer_ids (they name the run's boundaries; vLLM is asked with its own ids for them)",
+            TRAIN: "convention of the dataset's layer ids (checked against its manifest)",
+        },
+    )
+    layer_ids: Optional[list[int]] = _p(
+        None,
+        "aux layer ids in that convention; None for the default low/mid/high boundaries",
+        [EXTRACT_VLLM, EXTRACT_SGLANG, TRAIN],
+        {TRAIN: "ids the drafter will be served with (None for the default); must name the dataset's boundaries"},
+    )
+    shard_size: int = _p(64, "samples per shard file", [EXTRACT_VLLM, EXTRACT_SGLANG], ge=1)
+    capture_batch_size: int = _p(32, "samples per engine call", [EXTRACT_VLLM, EXTRACT_SGLANG], {EXTRACT_SGLANG: "samples per engine call (SGLang batches inside a call)"}, ge=1)
+    allow_boundary_mismatch: bool = _p(False, "write the dataset although measured and declared boundaries differ", [EXTRACT_VLLM, EXTRACT_SGLANG])
+    measure_engine_speed: bool = _p(False, "also time SGLang's plain generation and prefill without capture (restarts the engine once)", [EXTRACT_SGLANG])
+    drift_samples: int = _p(4, "samples compared across engines and dtypes in the drift figure (0 for none)", [EXTRACT_SGLANG], ge=0)
+    drift_both_dtypes: bool = _p(False, "also capture those samples with SGLang in the other dtype (starts a second engine)", [EXTRACT_SGLANG])
+    compare_run: Optional[str] = _p(None, "another run_name whose dataset to overlay in the interactive view", [EXTRACT_SGLANG])
+    aux_storage: Literal["dtype", "int8"] = _p("dtype", "aux states on disk: dtype (as captured) or int8 (one scale per token and slot; error recorded)", [EXTRACT_SGLANG])
+    extract_workers: int = _p(1, "worker processes, each writing a slice of the shards (a lost one is redone on rerun)", [EXTRACT_SGLANG], ge=1)
     # 03_train
-    training_mode: Literal["offline", "online"] = "offline"
-    draft_vocab_size: int = Field(256, ge=1)
-    draft_num_heads: int = Field(2, ge=0)
-    draft_num_kv_heads: int = Field(2, ge=0)
-    draft_intermediate_size: int = Field(0, ge=0)
-    ttt_steps: int = Field(7, ge=1)
-    loss_decay: float = Field(0.8, gt=0, le=1)
-    batch_size: int = Field(8, ge=1)
-    max_steps: int = Field(20, ge=1)
-    lr: float = Field(3e-3, gt=0)
-    warmup_steps: int = Field(5, ge=0)
-    weight_decay: float = Field(0.0, ge=0)
-    aux_noise: float = Field(0.0, ge=0)
-    init_head_from_target: bool = True
-    checkpoint_every: int = Field(200, ge=1)
-    allow_manifest_mismatch: bool = False
-    export_layer_ids: Literal["trained", "engine_default"] = "trained"
-    bucket_by_length: bool = True
-    loader_workers: int = Field(0, ge=0)
-    nproc_per_node: int = Field(1, ge=1)
-    nnodes: int = Field(1, ge=1)
-    node_rank: int = Field(0, ge=0)
-    rdzv_endpoint: str = Field("localhost:29500", pattern=r"^[A-Za-z0-9._\[\]:-]+:[0-9]+$")
-    fsdp: Literal["auto", "on", "off"] = "auto"
-    attention: Literal["eager", "flex"] = "eager"
+    training_mode: Literal["offline", "online"] = _p("offline", "offline (02's stored dataset) or online (the target captures each batch here; needs only 01's output)", [TRAIN])
+    draft_vocab_size: int = _p(256, "draft vocabulary size (most frequent loss-bearing tokens)", [TRAIN], ge=1)
+    draft_num_heads: int = _p(2, "drafter attention heads (0 for the target's count)", [TRAIN], ge=0)
+    draft_num_kv_heads: int = _p(2, "drafter kv heads (0 for min(heads, target's kv heads))", [TRAIN], ge=0)
+    draft_intermediate_size: int = _p(0, "drafter MLP width (0 for the target's)", [TRAIN], ge=0)
+    ttt_steps: int = _p(7, "training-time test unroll length k", [TRAIN], ge=1)
+    loss_decay: float = _p(0.8, "TTT step j is weighted loss_decay**j", [TRAIN], gt=0, le=1)
+    batch_size: int = _p(8, "samples per optimizer step, summed over all processes (the global batch)", [TRAIN], ge=1)
+    max_steps: int = _p(20, "optimizer steps", [TRAIN], ge=1)
+    lr: float = _p(3e-3, "AdamW peak learning rate", [TRAIN], gt=0)
+    warmup_steps: int = _p(5, "linear warmup steps before cosine decay", [TRAIN], ge=0)
+    weight_decay: float = _p(0.0, "AdamW weight decay", [TRAIN], ge=0)
+    aux_noise: float = _p(0.0, "Gaussian noise on aux states, relative to their std", [TRAIN], ge=0)
+    init_head_from_target: bool = _p(True, "start lm_head and final norm from the target's", [TRAIN])
+    checkpoint_every: int = _p(200, "steps between checkpoints (resume on rerun)", [TRAIN], ge=1)
+    allow_manifest_mismatch: bool = _p(False, "continue although the dataset's target/convention/boundaries differ", [TRAIN])
+    train_on: Literal["sglang", "vllm"] = _p("sglang", "dataset to train on: sglang (02b's dataset/, at SGLang's capture point) or vllm (02a's dataset_vllm/, captured by vLLM)", [TRAIN])
+    export_layer_ids: Literal["trained", "engine_default"] = _p("trained", "ids written for SGLang/vLLM: the trained boundaries, or engine_default (reproduces the layer-id mismatch)", [TRAIN])
+    bucket_by_length: bool = _p(True, "global batches of similar lengths (less padding); False for a plain shuffle", [TRAIN])
+    loader_workers: int = _p(0, "DataLoader worker processes feeding training (0 loads in this process)", [TRAIN], ge=0)
+    nproc_per_node: int = _p(1, "training processes on this node (one per GPU); 1 trains in this kernel, more launch torchrun", [TRAIN], ge=1)
+    nnodes: int = _p(1, "nodes; above 1 every other node runs torchrun itself (README, Scale out)", [TRAIN], ge=1)
+    node_rank: int = _p(0, "index of this node when nnodes is above 1", [TRAIN], ge=0)
+    rdzv_endpoint: str = _p("localhost:29500", "host:port of node 0 for the rendezvous of several nodes", [TRAIN], pattern=r"^[A-Za-z0-9._\[\]:-]+:[0-9]+$")
+    fsdp: Literal["auto", "on", "off"] = _p("auto", "under torchrun: on shards the drafter (FSDP), off replicates it (DDP), auto shards large drafters", [TRAIN])
+    attention: Literal["eager", "flex"] = _p("eager", "TTT attention: eager (reference) or flex (flex attention, compiled on GPU: the fast path of bench/mfu.py)", [TRAIN])
     # 04_eval_acceptance
-    k: int = Field(5, ge=1)
-    eval_max_new_tokens: int = Field(32, ge=1)
-    max_eval_prompts: int = Field(6, ge=0)
-    baselines: bool = True
-    allow_template_mismatch: bool = False
+    k: int = _p(5, "draft tokens per cycle", [EVAL], ge=1)
+    eval_max_new_tokens: int = _p(32, "tokens generated per held-out prompt", [EVAL], ge=1)
+    max_eval_prompts: int = _p(6, "cap on held-out prompts (0 for all)", [EVAL], ge=0)
+    baselines: bool = _p(True, "also evaluate an untrained drafter and shifted boundaries", [EVAL])
+    allow_template_mismatch: bool = _p(False, "evaluate although the drafter was trained under another template or target", [EVAL])
+    vllm_eval: bool = _p(True, "also serve the exported drafter with vLLM (EAGLE-3) and read vLLM's own acceptance counters", [EVAL])
     # vLLM (01 generation, 02a extraction, 04 serving); its venv from `bash .ci/setup_engines.sh`
-    generate_engine: Literal["hf", "vllm"] = "hf"
-    vllm_extract: bool = True
-    vllm_eval: bool = True
-    vllm_python: Optional[str] = None
-    vllm_options: dict = Field(default_factory=dict)
-    train_on: Literal["sglang", "vllm"] = "sglang"
+    vllm_python: Optional[str] = _p(None, 'python of the vLLM venv; None for the cached one of .ci/setup_engines.sh, "" to run vLLM in this process (GPU box)', VLLM)
+    vllm_options: dict = _p(None, "for the vLLM backend: max_model_len, kv_cache_gib, enforce_eager, max_num_seqs, llm_kwargs (e.g. tensor_parallel_size)", VLLM, default_factory=dict)
+    vllm_extract: bool = _p(True, "run 02a_extract_vllm (vLLM captures its own dataset); False skips that notebook (read by eagle3nb.run, declared by no notebook)", RUN_LEVEL)
 
     @field_validator("convention")
     @classmethod
@@ -213,3 +260,137 @@ def resolve_device(p: RunParams) -> str:
     if p.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"device={p.device!r} but torch sees no GPU (torch {torch.__version__}); use device: cpu or auto")
     return p.device
+
+
+# --- the parameter surface: notebooks' parameters cells and the README table, rendered from RunParams
+
+NB_DIR = REPO_ROOT / "notebooks"
+README = REPO_ROOT / "README.md"
+TABLE_BEGIN, TABLE_END = "<!-- params:begin -->", "<!-- params:end -->"
+SYNC_COMMAND = "python -m eagle3nb.params sync"
+
+
+def _extra(name: str) -> dict:
+    return RunParams.model_fields[name].json_schema_extra
+
+
+def declared_by(name: str) -> list[str] | str:
+    """The notebooks whose parameters cell declares field ``name``, or :data:`RUN_LEVEL`."""
+    return _extra(name)["notebooks"]
+
+
+def default_of(name: str):
+    """Field ``name``'s default (a fresh one for fields with a default factory)."""
+    return RunParams.model_fields[name].get_default(call_default_factory=True)
+
+
+def help_of(name: str, notebook: str | None = None) -> str:
+    """Field ``name``'s help; in ``notebook``, that notebook's own wording where it has one."""
+    return _extra(name).get("notebook_help", {}).get(notebook, RunParams.model_fields[name].description)
+
+
+def literal(value) -> str:
+    """``value`` as the Python literal a parameters cell holds (strings in double quotes)."""
+    return json.dumps(value, ensure_ascii=False) if isinstance(value, str) else repr(value)
+
+
+def parameters_cell(notebook: str) -> str:
+    """The source of ``notebook``'s ``parameters`` cell: one ``name = literal  # help`` line per
+    field it declares, in RunParams order.
+
+    Raises:
+        ValueError: ``notebook`` is not one of :data:`NOTEBOOKS`.
+    """
+    if notebook not in NOTEBOOKS:
+        raise ValueError(f"notebook={notebook!r} is unknown; use one of {NOTEBOOKS}")
+    names = [n for n in RunParams.model_fields if notebook in declared_by(n)]
+    return "\n".join(f"{n} = {literal(default_of(n))}  # {help_of(n, notebook)}" for n in names)
+
+
+def params_table() -> str:
+    """The README's table of all parameters: name, default, notebooks that declare it, help."""
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    rows = ["| parameter | default | notebooks | help |", "|---|---|---|---|"]
+    for n in RunParams.model_fields:
+        nbs = declared_by(n)
+        where = "run-level (`eagle3nb.run`)" if nbs == RUN_LEVEL else "all" if tuple(nbs) == ALL else ", ".join(nb.split("_")[0] for nb in nbs)
+        notes = "".join(f"<br>in {nb.split('_')[0]}: {h}" for nb, h in _extra(n).get("notebook_help", {}).items())
+        rows.append(f"| `{n}` | `{literal(default_of(n))}` | {where} | {cell(help_of(n) + notes)} |")
+    return "\n".join(rows)
+
+
+def _readme_with_table(text: str) -> str:
+    if text.count(TABLE_BEGIN) != 1 or text.count(TABLE_END) != 1:
+        raise ValueError(f"{README} must hold {TABLE_BEGIN} and {TABLE_END} once each (the parameter table goes between them)")
+    head, rest = text.split(TABLE_BEGIN)
+    _, tail = rest.split(TABLE_END)
+    return f"{head}{TABLE_BEGIN}\n{params_table()}\n{TABLE_END}{tail}"
+
+
+def _parameters_cell_of(nb, path: Path):
+    cells = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    if len(cells) != 1:
+        raise ValueError(f"{path}: {len(cells)} cells tagged 'parameters'; a notebook needs exactly one")
+    return cells[0]
+
+
+def out_of_step() -> list[Path]:
+    """The files whose rendering of RunParams differs from :func:`parameters_cell` / :func:`params_table`."""
+    import nbformat
+
+    stale = [NB_DIR / f"{name}.ipynb" for name in NOTEBOOKS if _parameters_cell_of(nbformat.read(NB_DIR / f"{name}.ipynb", as_version=4), NB_DIR / f"{name}.ipynb").source != parameters_cell(name)]
+    text = README.read_text()
+    return stale + ([README] if _readme_with_table(text) != text else [])
+
+
+def sync() -> list[Path]:
+    """Write each notebook's parameters cell (and nothing else in it) and the README table from
+    RunParams; returns the files changed."""
+    import nbformat
+
+    changed = []
+    for name in NOTEBOOKS:
+        path = NB_DIR / f"{name}.ipynb"
+        nb = nbformat.read(path, as_version=4)
+        cell = _parameters_cell_of(nb, path)
+        if cell.source != parameters_cell(name):
+            cell.source = parameters_cell(name)
+            nbformat.write(nb, path)
+            changed.append(path)
+    text = README.read_text()
+    if _readme_with_table(text) != text:
+        README.write_text(_readme_with_table(text))
+        changed.append(README)
+    return changed
+
+
+def _cli():
+    import typer
+
+    app = typer.Typer(add_completion=False, help="The parameter surface: RunParams rendered into the notebooks' parameters cells and the README table.")
+
+    @app.command("sync")
+    def sync_cmd(check: bool = typer.Option(False, "--check", help="change nothing; exit 1 when a file is out of step")):
+        """Write notebooks/*.ipynb parameters cells and the README's parameter table from RunParams."""
+        files = out_of_step() if check else sync()
+        for f in files:
+            typer.echo(f"{'out of step' if check else 'wrote'}: {f.relative_to(REPO_ROOT)}")
+        if check and files:
+            typer.echo(f"run: {SYNC_COMMAND}", err=True)
+            raise typer.Exit(1)
+        if not files:
+            typer.echo("in step: notebooks/*.ipynb parameters cells and README table match RunParams")
+
+    @app.command("show")
+    def show_cmd(notebook: str = typer.Argument(..., help=f"one of {', '.join(NOTEBOOKS)}")):
+        """Print a notebook's parameters cell as rendered from RunParams."""
+        typer.echo(parameters_cell(notebook))
+
+    app()
+
+
+if __name__ == "__main__":
+    _cli()

@@ -17,12 +17,12 @@ import yaml
 
 from eagle3nb.rundir import REPO_ROOT, RunDir, resolve_path, update_metrics
 from eagle3nb.preflight import check_against_model
-from eagle3nb.params import load_params
+from eagle3nb.params import NOTEBOOKS, load_params
 from eagle3nb.text.prompts import load_prompts
 
 __all__ = ["NOTEBOOKS", "run_notebooks", "main"]
 
-NOTEBOOKS = ["01_generate", "02a_extract_vllm", "02b_extract_sglang", "03_train", "04_eval_acceptance"]
+# NOTEBOOKS (their run order) lives in params, which names the parameters each declares
 # notebooks a run can switch off (the others always run)
 ENABLED_BY = {"02a_extract_vllm": "vllm_extract"}
 NB_DIR = REPO_ROOT / "notebooks"

@@ -11,7 +11,7 @@ from eagle3nb.training.loop import TrainConfig, train_drafter
 
 TEXTS = ["Once upon a time there was a cat. The cat liked to play.", "Tom had a big red ball and a dog.", "The sun was warm and the sky was blue.", "Mia liked to sing songs with her mom.", "Ben ran to the park to see his friend.", "Lily saw a bird in the tree and she smiled.", "The little dog barked at the big truck.", "Hi."]
 MAN = {"target": {}, "engine": {}, "convention": "sglang", "layer_ids": [0, 1, 3], "aux_boundaries": [1, 2, 4], "final_boundary": 5, "dtype": "float32", "template": {}}
-CFG = TrainConfig(batch_size=3, max_steps=30, warmup_steps=3, ttt_steps=3, draft_vocab_size=128, log_every=1, aux_noise=0.1)
+CFG = TrainConfig(batch_size=3, max_steps=30, warmup_steps=3, ttt_steps=3, draft_vocab_size=128, draft_num_heads=0, draft_num_kv_heads=0, log_every=1, aux_noise=0.1)
 
 
 def _samples(tok):

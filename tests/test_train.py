@@ -49,7 +49,7 @@ def test_lr_schedule_by_hand():
 
 def test_training_lowers_loss_and_resume_equals_uninterrupted(target, tiny_ds, tmp_path):
     model, _, _ = target
-    cfg = TrainConfig(batch_size=2, max_steps=12, warmup_steps=2, checkpoint_every=4, ttt_steps=3, draft_vocab_size=128, log_every=1)
+    cfg = TrainConfig(batch_size=2, max_steps=12, warmup_steps=2, checkpoint_every=4, ttt_steps=3, draft_vocab_size=128, draft_num_heads=0, draft_num_kv_heads=0, log_every=1)
     d_full, rep = train_drafter(tiny_ds, model, cfg, tmp_path / "a")
     assert rep["history"][-1]["loss"] < rep["history"][0]["loss"]
     with pytest.raises(KeyboardInterrupt):
@@ -69,7 +69,7 @@ def test_batches_without_loss_tokens_are_counted_not_applied(target, tiny_ds, tm
     model, _, _ = target
     ds = copy.copy(tiny_ds)
     ds.items = [dict(x, loss_mask=torch.zeros_like(x["loss_mask"])) for x in tiny_ds.items]  # every sample empty
-    cfg = TrainConfig(batch_size=2, max_steps=3, warmup_steps=1, ttt_steps=2, draft_vocab_size=128, init_head_from_target=False)
+    cfg = TrainConfig(batch_size=2, max_steps=3, warmup_steps=1, ttt_steps=2, draft_vocab_size=128, draft_num_heads=0, draft_num_kv_heads=0, init_head_from_target=False)
     torch.manual_seed(0)
     d, rep = train_drafter(ds, model, cfg, tmp_path / "e")
     assert rep["empty_batches"] == 3 and all(h["loss"] == 0.0 for h in rep["history"])
@@ -85,7 +85,7 @@ def test_attention_setting_reaches_the_drafter_and_is_validated(target, tiny_ds,
     from eagle3nb.training.loop import TrainConfig
 
     model = target[0]
-    cfg = TrainConfig(draft_vocab_size=64, batch_size=4, max_steps=3, warmup_steps=1, checkpoint_every=100)
+    cfg = TrainConfig(draft_vocab_size=64, draft_num_heads=0, draft_num_kv_heads=0, batch_size=4, max_steps=3, warmup_steps=1, checkpoint_every=100)
     d_e, _ = train_drafter(tiny_ds, model, cfg, tmp_path / "eager")
     d_f, _ = train_drafter(tiny_ds, model, TrainConfig(**{**cfg.__dict__, "attention": "flex"}), tmp_path / "flex")
     assert d_f.midlayer.self_attn.attn_impl == "flex" and d_e.midlayer.self_attn.attn_impl == "eager"

@@ -37,18 +37,24 @@ from eagle3nb.drafter.vocab import build_draft_vocab, count_loss_tokens, coverag
 
 @dataclass
 class TrainConfig:
-    """Training settings (units: steps = optimizer steps; lr in 1/step-size units of AdamW)."""
+    """Training settings (units: steps = optimizer steps; lr in 1/step-size units of AdamW).
+
+    A field that is also a run parameter has the default of ``eagle3nb.params.RunParams`` (the
+    notebooks' smoke run; tests/test_parameter_surface.py checks they agree; this layer does not
+    import params). The others (``min_lr_ratio``, ``grad_clip``, ``log_every``, ``bucket_window``)
+    are set here only.
+    """
 
     draft_vocab_size: int = 256
-    draft_num_heads: int = 0  # 0 = the target's head count
-    draft_num_kv_heads: int = 0  # 0 = min(heads, target's kv heads)
+    draft_num_heads: int = 2  # 0 = the target's head count
+    draft_num_kv_heads: int = 2  # 0 = min(heads, target's kv heads)
     draft_intermediate_size: int = 0  # 0 = the target's MLP width
     ttt_steps: int = 7
     loss_decay: float = 0.8
-    batch_size: int = 16
-    max_steps: int = 400
+    batch_size: int = 8
+    max_steps: int = 20
     lr: float = 3e-3
-    warmup_steps: int = 50
+    warmup_steps: int = 5
     min_lr_ratio: float = 0.0
     weight_decay: float = 0.0
     grad_clip: float = 0.5

@@ -1,8 +1,9 @@
 """Execute the stored notebooks with their own defaults (as nbval does), keep the outputs of the
 cells marked `# NBVAL_CHECK_OUTPUT` only, and strip everything else (plots, timings, widget state).
+Run it after changing what such a cell prints (README, "Changing a notebook"):
 
-    .venv/bin/python .ci/store_checked_outputs.py          # refresh the outputs nbval compares
-    .venv/bin/python .ci/store_checked_outputs.py --strip  # only strip, no execution
+    .venv/bin/python notebooks/store_checked_outputs.py          # refresh the outputs nbval compares
+    .venv/bin/python notebooks/store_checked_outputs.py --strip  # only strip, no execution
 """
 
 import sys
@@ -11,8 +12,10 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-NB = Path(__file__).resolve().parents[1] / "notebooks"
-ORDER = ["01_generate", "02a_extract_vllm", "02b_extract_sglang", "03_train", "04_eval_acceptance"]
+# run order: each notebook reads what the previous ones wrote
+from eagle3nb.params import NOTEBOOKS as ORDER
+
+NB = Path(__file__).resolve().parent
 
 
 def strip(nb, executed=None):

@@ -1,0 +1,87 @@
+"""One parameter surface: every run parameter is written once, as a field of ``params.RunParams``.
+
+Checks that the notebooks' ``parameters`` cells and the README's parameter table are the rendering
+of RunParams (fix: ``python -m eagle3nb.params sync``), that each field is declared by at least one
+notebook or is a run-level switch that ``eagle3nb.run`` reads, that each cell line is a Python literal
+equal to the field's default, that ``params/smoke.yaml`` equals the notebooks' defaults, and that
+``training.loop.TrainConfig`` (which may not import params) has RunParams's default for every field
+the two share.
+"""
+
+import ast
+import dataclasses
+import difflib
+
+import nbformat
+import pytest
+import yaml
+
+from eagle3nb import params, run
+from eagle3nb.params import NOTEBOOKS, RUN_LEVEL, RunParams
+from eagle3nb.rundir import REPO_ROOT
+from eagle3nb.training.loop import TrainConfig
+
+FIX = f"run `{params.SYNC_COMMAND}` (writes the notebooks' parameters cells and the README table from eagle3nb/params.py RunParams)"
+
+
+def _cell(name):
+    nb = nbformat.read(REPO_ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
+    cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(cells) == 1, f"notebooks/{name}.ipynb: {len(cells)} cells tagged 'parameters'; a notebook needs exactly one"
+    return cells[0].source
+
+
+def test_notebook_list_is_the_notebooks_folder():
+    assert run.NOTEBOOKS == NOTEBOOKS
+    assert sorted(p.stem for p in (REPO_ROOT / "notebooks").glob("*.ipynb")) == sorted(NOTEBOOKS)
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_parameters_cell_is_rendered_from_runparams(name):
+    have, want = _cell(name), params.parameters_cell(name)
+    diff = "\n".join(difflib.unified_diff(have.splitlines(), want.splitlines(), f"notebooks/{name}.ipynb (stored)", "RunParams (rendered)", lineterm=""))
+    assert have == want, f"the parameters cell of notebooks/{name}.ipynb differs from RunParams; {FIX}\n{diff}"
+
+
+def test_readme_parameter_table_is_rendered_from_runparams():
+    text = (REPO_ROOT / "README.md").read_text()
+    want = params._readme_with_table(text)
+    diff = "\n".join(difflib.unified_diff(text.splitlines(), want.splitlines(), "README.md (stored)", "RunParams (rendered)", lineterm="", n=0))
+    assert text == want, f"the README's parameter table differs from RunParams; {FIX}\n{diff}"
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_cell_lines_are_literals_equal_to_the_defaults(name):
+    """What papermill and the kernel read back is the default itself (strings quoted, None, dicts)."""
+    for stmt in ast.parse(params.parameters_cell(name)).body:
+        assert isinstance(stmt, ast.Assign) and len(stmt.targets) == 1, ast.unparse(stmt)
+        key = stmt.targets[0].id
+        assert ast.literal_eval(stmt.value) == params.default_of(key), key
+
+
+def test_every_field_is_declared_by_a_notebook_or_is_run_level():
+    enabled_by = set(run.ENABLED_BY.values())  # the run-level switches eagle3nb.run reads
+    for key, field in RunParams.model_fields.items():
+        where = params.declared_by(key)
+        assert field.description and "\n" not in field.description, f"{key}: needs a one-line help (description)"
+        if where == RUN_LEVEL:
+            assert key in enabled_by, f"{key} is marked run-level but eagle3nb.run does not read it; name the notebooks that declare it"
+            continue
+        assert where and set(where) <= set(NOTEBOOKS), f"{key}: notebooks={where}; name at least one of {NOTEBOOKS} (or RUN_LEVEL)"
+        assert set(field.json_schema_extra.get("notebook_help", {})) <= set(where), f"{key}: notebook_help for a notebook that does not declare it"
+    assert enabled_by <= {k for k in RunParams.model_fields if params.declared_by(k) == RUN_LEVEL}
+
+
+def test_smoke_yaml_is_the_notebook_defaults():
+    """The tests' pipeline runs (tests/test_pipeline.py, test_online.py) use params/smoke.yaml as the
+    notebooks run as stored; every key it sets is the default."""
+    smoke = yaml.safe_load((REPO_ROOT / "params" / "smoke.yaml").read_text())
+    assert {k: v for k, v in smoke.items() if v != params.default_of(k)} == {}
+    assert params.load_params(REPO_ROOT / "params" / "smoke.yaml") == RunParams()
+
+
+def test_train_config_defaults_are_runparams_defaults():
+    shared = [f for f in dataclasses.fields(TrainConfig) if f.name in RunParams.model_fields]
+    assert len(shared) >= 19  # the training settings steps.train passes from the run's parameters
+    differ = {f.name: (f.default, params.default_of(f.name)) for f in shared if f.default != params.default_of(f.name)}
+    assert differ == {}, f"TrainConfig default vs RunParams default: {differ}; make eagle3nb/training/loop.py TrainConfig agree"
