@@ -48,7 +48,11 @@ steps/              one module per notebook, called from its cells and from eagl
     train           03_train, also from the command line and on every torchrun rank
     evaluate        04_eval_acceptance
 data/               package data: prompts_tinystories.txt, the default prompts
-params              run parameters: one validated model for params/*.yaml and the parameters cells
+params/             run parameters: one validated model for params/*.yaml and the parameters cells
+    schema          RunParams: every parameter's default, range, help and notebooks, once
+    load            params YAML files and a notebook's globals, validated; errors that name the fix
+    sync            parameters cells and README table rendered from RunParams
+    __main__        python -m eagle3nb.params sync [--check]
 rundir              one run's folder outputs/<run_name>/: artefact paths, metrics.json
 preflight           checks before any notebook runs: parameters vs the target's config, engines
 manifest            what produced an artefact, so a later step can refuse a mismatch

@@ -16,12 +16,13 @@ import nbformat
 import pytest
 import yaml
 
-from eagle3nb import params, run
-from eagle3nb.params import NOTEBOOKS, RUN_LEVEL, RunParams
+from eagle3nb import run
+from eagle3nb.params import sync as params
+from eagle3nb.params import NOTEBOOKS, RUN_LEVEL, RunParams, load_params
 from eagle3nb.rundir import REPO_ROOT
 from eagle3nb.training.loop import TrainConfig
 
-FIX = f"run `{params.SYNC_COMMAND}` (writes the notebooks' parameters cells and the README table from eagle3nb/params.py RunParams)"
+FIX = f"run `{params.SYNC_COMMAND}` (writes the notebooks' parameters cells and the README table from eagle3nb/params/schema.py RunParams)"
 
 
 def _cell(name):
@@ -77,7 +78,7 @@ def test_smoke_yaml_is_the_notebook_defaults():
     notebooks run as stored; every key it sets is the default."""
     smoke = yaml.safe_load((REPO_ROOT / "params" / "smoke.yaml").read_text())
     assert {k: v for k, v in smoke.items() if v != params.default_of(k)} == {}
-    assert params.load_params(REPO_ROOT / "params" / "smoke.yaml") == RunParams()
+    assert load_params(REPO_ROOT / "params" / "smoke.yaml") == RunParams()
 
 
 def test_train_config_defaults_are_runparams_defaults():

@@ -1,0 +1,97 @@
+"""Reading and validating parameters: params YAML files, a notebook's parameters, the device.
+
+Papermill only warns about unknown parameters; here an unknown key, a wrong type or an
+out-of-range value fails before any work starts, naming the key, the value and the fix.
+"""
+
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+
+from eagle3nb.params.schema import RENAMED, RunParams
+
+
+_HINTS = {
+    "rdzv_endpoint": "host:port of node 0, e.g. 10.0.0.1:29500",
+    "run_name": "letters, digits, '.', '_' and '-' only (it names the folder outputs_dir/run_name)",
+}
+
+
+def _format_error(e: ValidationError, source: str) -> str:
+    lines = [f"invalid parameters in {source}:"]
+    for err in e.errors():
+        key = ".".join(str(x) for x in err["loc"]) or "(file)"
+        val = err.get("input")
+        if err["type"] == "value_error":  # our validators' messages already name key, value and fix
+            lines.append(f"  {err['ctx']['error']}")
+            continue
+        if err["type"] == "extra_forbidden" and str(err["loc"][0]) in RENAMED:
+            lines.append(f"  {key}={val!r}: renamed; write {RENAMED[str(err['loc'][0])]}")
+            continue
+        if err["type"] == "extra_forbidden":
+            near = difflib.get_close_matches(str(err["loc"][0]), list(RunParams.model_fields), n=1)
+            hint = (f"unknown key; did you mean {near[0]!r}?" if near else "unknown key; remove it") + " (all keys with their help: the parameters cells of notebooks/*.ipynb, or eagle3nb/params/schema.py RunParams)"
+        else:
+            hint = err["msg"]
+            field = RunParams.model_fields.get(str(err["loc"][0])) if err["loc"] else None
+            if str(err["loc"][0] if err["loc"] else "") in _HINTS:
+                hint += "; use " + _HINTS[str(err["loc"][0])]
+            elif field is not None and field.default is not None:
+                hint += f"; e.g. {key}: {field.default!r} (the default)"
+        lines.append(f"  {key}={val!r}: {hint}")
+    return "\n".join(lines)
+
+
+def load_params(path: str | os.PathLike, **overrides) -> RunParams:
+    """Read and validate a params YAML file (plus overrides).
+
+    Raises:
+        FileNotFoundError: no such file. ValueError: any invalid key or value (all listed).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"params file {path} does not exist; see params/default.yaml")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"params file {path} must hold a mapping of key: value")
+    data.update(overrides)
+    try:
+        return RunParams(**data)
+    except ValidationError as e:
+        raise ValueError(_format_error(e, str(path))) from None
+
+
+def collect(namespace: dict) -> RunParams:
+    """Validate the parameters a notebook declared (the RunParams fields found in ``namespace``,
+    e.g. ``globals()``); fields it does not declare keep their defaults."""
+    data = {k: namespace[k] for k in RunParams.model_fields if k in namespace}
+    try:
+        return RunParams(**data)
+    except ValidationError as e:
+        raise ValueError(_format_error(e, "the notebook's parameters")) from None
+
+
+def resolve_device(p: RunParams) -> str:
+    """``device`` as torch understands it: ``auto`` is ``cuda`` when a GPU is visible, else ``cpu``.
+
+    Raises:
+        ValueError: ``cuda`` asked for but torch sees no GPU.
+    """
+    import torch
+
+    if p.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if p.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"device={p.device!r} but torch sees no GPU (torch {torch.__version__}); use device: cpu or auto")
+    return p.device
+
+
+# --- the parameter surface: notebooks' parameters cells and the README table, rendered from RunParams
+
