@@ -5,6 +5,7 @@ from eagle3nb.target.capture import Captured, HFCaptureEngine
 from eagle3nb.dataset.read import AuxDataset, collate
 from eagle3nb.dataset.write import write_dataset
 from eagle3nb.manifest import ManifestMismatch
+from eagle3nb.padding import pad_right
 
 
 def samples_from(tok, texts):
@@ -77,3 +78,20 @@ def test_nonfinite_and_empty_mask_samples_skipped_and_counted(tmp_path):
     s = [(0, [1, 2, 3], [0, 1, 1]), (1, [1, 2, 3, 4], [0, 1, 1, 1]), (2, [1, 5], [0, 0])]
     man = write_dataset(tmp_path / "ds", s, fake_engine_capture, MAN, shard_size=8)
     assert man["skipped"] == {"nonfinite": [1], "empty_loss_mask": [2]} and man["n_samples"] == 1
+
+
+def test_pad_right_stacks_ragged_samples_with_a_mask():
+    ids, mask = pad_right([[5, 6, 7], [8], []])  # token id lists -> int64
+    assert ids.dtype == mask.dtype == torch.long
+    assert ids.tolist() == [[5, 6, 7], [8, 0, 0], [0, 0, 0]]
+    assert mask.tolist() == [[1, 1, 1], [1, 0, 0], [0, 0, 0]]
+    x = [torch.ones(2, 3, dtype=torch.bfloat16), torch.full((4, 3), 2.0, dtype=torch.bfloat16)]
+    out, m = pad_right(x, pad_value=-1, dtype=torch.float32)  # [B, L, *rest], cast into dtype
+    assert out.shape == (2, 4, 3) and out.dtype == torch.float32 and m.sum(1).tolist() == [2, 4]
+    assert torch.equal(out[0, :2], x[0].float()) and (out[0, 2:] == -1).all()
+    u8 = pad_right([torch.arange(3, dtype=torch.uint8)])[0]
+    assert u8.dtype == torch.uint8  # default dtype: the first sample's
+    with pytest.raises(ValueError, match="no samples"):
+        pad_right([])
+    with pytest.raises(ValueError, match="differ in trailing shapes"):
+        pad_right([torch.zeros(2, 3), torch.zeros(2, 4)])

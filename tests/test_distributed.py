@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3nb import params
+from eagle3nb.rundir import RunDir
 from eagle3nb.steps.extract_sglang import extract_sglang_step
 from eagle3nb.steps.generate import generate_step
 from eagle3nb.steps.train import train_step
@@ -40,7 +41,7 @@ def _copy(p, name, **kw):
     import shutil
 
     q = p.model_copy(update=dict(run_name=name, **kw))
-    src, dst = params.RunDir(p), params.RunDir(q)
+    src, dst = RunDir(p), RunDir(q)
     dst.root.mkdir(parents=True)
     shutil.copytree(src.dataset, dst.dataset)
     shutil.copytree(src.generated.parent, dst.generated.parent)
@@ -49,11 +50,11 @@ def _copy(p, name, **kw):
 
 
 def _weights(q):
-    return load_file(str(params.RunDir(q).drafter / "model.safetensors"))
+    return load_file(str(RunDir(q).drafter / "model.safetensors"))
 
 
 def _history(q):
-    return json.loads((params.RunDir(q).train / "history.json").read_text())
+    return json.loads((RunDir(q).train / "history.json").read_text())
 
 
 @pytest.fixture(scope="module")
@@ -100,11 +101,11 @@ def test_rank_killed_mid_epoch_resumes_to_the_uninterrupted_weights(run, one_and
             train_step(q, progress=False)
     finally:
         del os.environ[FAULT_ENV]
-    ck = params.RunDir(q).train / "checkpoints"
+    ck = RunDir(q).train / "checkpoints"
     assert json.loads((ck / "latest.json").read_text())["step"] == 6
     assert sorted(x.name for x in (ck / "step-00000006").glob("rank-*.pt")) == ["rank-00000.pt", "rank-00001.pt"]
     st = torch.load(ck / "step-00000006" / "rank-00001.pt", weights_only=False)
-    n = json.loads((params.RunDir(q).dataset / "manifest.json").read_text())["n_samples"]
+    n = json.loads((RunDir(q).dataset / "manifest.json").read_text())["n_samples"]
     assert st["step"] == 6 and st["position"] == divmod(6, -(-n // 5))  # (epoch, batch) = mid-epoch data position
     out = train_step(q, progress=False)  # rerun: resumes at step 6
     assert out["stats"]["steps"] == 9

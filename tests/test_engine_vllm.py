@@ -13,6 +13,7 @@ import torch
 
 from eagle3nb.target import models
 from eagle3nb import params
+from eagle3nb.rundir import RunDir
 from eagle3nb.steps.extract_sglang import extract_sglang_step
 from eagle3nb.steps.generate import generate_step
 from eagle3nb.text.generation import read_jsonl
@@ -112,7 +113,7 @@ def test_vllm_served_acceptance_matches_simulator(vllm, target, trained_run):
     per position within binomial noise; vLLM's speculative output == its plain greedy output."""
     model, tok, _ = target
     p = trained_run
-    rd = params.RunDir(p)
+    rd = RunDir(p)
     eos = models.stop_token_ids(model, tok)
     held = [r["prompt_ids"] for r in read_jsonl(rd.generated) if r["split"] == "heldout"][: p.max_eval_prompts]
     drafter, cfg = load_drafter(rd.drafter, model.get_input_embeddings().weight.detach().float())
@@ -151,7 +152,7 @@ def test_sglang_ids_in_vllms_key_show_the_drop_in_vllm_and_simulator(vllm, targe
 
     model, tok, _ = target
     p = trained_run
-    rd = params.RunDir(p)
+    rd = RunDir(p)
     wrong = tmp_path / "drafter-sglang-ids-in-vllm-key"
     shutil.copytree(rd.drafter, wrong)
     cfg = json.loads((wrong / "config.json").read_text())

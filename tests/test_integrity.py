@@ -62,9 +62,9 @@ def test_kill_9_mid_extraction_loses_nothing_and_rerun_has_no_duplicates(tmp_pat
     assert len(calls) == 6 - len(listed)  # finished shards were skipped
     assert not list(out.glob("*.tmp"))
     ds = AuxDataset(out)
-    assert sorted(x["sample_id"] for x in ds.items) == list(range(12))  # no duplicates, none lost
+    assert sorted(x["sample_id"] for x in ds) == list(range(12))  # no duplicates, none lost
     ref = fake_engine_capture([s[1] for s in SAMPLES])
-    for x in ds.items:
+    for x in ds:
         assert torch.equal(x["aux"], ref[x["sample_id"]].aux)
 
 

@@ -1,5 +1,6 @@
-"""The streaming loader: shard reads equal the in-memory dataset, the batch plan is deterministic,
-disjoint across ranks, covers every sample once per epoch, and bucketing cuts padding."""
+"""The streaming loader: memory-mapped reads equal the in-memory dataset, the batch plan is
+deterministic, disjoint across ranks, covers every sample once per epoch, and bucketing cuts
+padding."""
 
 import pytest
 import torch
@@ -8,7 +9,6 @@ from eagle3nb.target.capture import HFCaptureEngine
 from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.dataset.write import write_dataset
 from eagle3nb.training.batches import BatchPlan, OfflineSource, padding_stats
-from eagle3nb.dataset.read import ShardStore
 
 TEXTS = ["Once upon a time there was a cat.", "Tom had a big red ball and a dog. The dog ran after it all day long.", "The sun was warm.", "Mia liked to sing songs with her mom and dad every night.", "Ben ran.", "A bird sat on a tree and sang a happy song."]
 
@@ -24,8 +24,8 @@ def ds_dir(target, tmp_path_factory):
     return d
 
 
-def test_shard_store_reads_what_the_in_memory_dataset_loads(ds_dir):
-    mem, st = AuxDataset(ds_dir), ShardStore(ds_dir)
+def test_mmap_reads_what_the_in_memory_dataset_loads(ds_dir):
+    mem, st = AuxDataset(ds_dir), AuxDataset(ds_dir, mmap=True)
     assert len(st) == len(mem) == len(TEXTS) and len(st.files) == 2
     assert st.fingerprint() == mem.fingerprint()
     for i in range(len(mem)):
@@ -33,11 +33,24 @@ def test_shard_store_reads_what_the_in_memory_dataset_loads(ds_dir):
         assert a["sample_id"] == b["sample_id"] and st.lengths[i] == a["input_ids"].numel()
         for k in ("input_ids", "loss_mask", "aux", "final"):
             assert torch.equal(a[k], b[k]), (i, k)
-    for (ia, ma), (ib, mb) in zip(mem.token_masks(), st.token_masks()):
+    assert mem.lengths == st.lengths
+    for (ia, ma), (ib, mb) in zip(mem.token_masks(), st.token_masks(), strict=True):
         assert torch.equal(ia, ib) and torch.equal(ma, mb)
 
 
-def test_shard_store_names_a_corrupt_shard(ds_dir, tmp_path):
+def test_mmap_dataset_pickles_for_loader_workers(ds_dir):
+    import pickle
+
+    st = AuxDataset(ds_dir, mmap=True)
+    first = st[5]  # opens a safe_open handle, which must not travel
+    copy = pickle.loads(pickle.dumps(st))
+    assert copy._open == {} and len(copy) == len(st)
+    for k in ("input_ids", "loss_mask", "aux", "final"):
+        assert torch.equal(copy[5][k], first[k]), k
+
+
+@pytest.mark.parametrize("mmap", [False, True])
+def test_either_mode_names_a_corrupt_shard(ds_dir, tmp_path, mmap):
     import shutil
 
     d = tmp_path / "c"
@@ -47,7 +60,7 @@ def test_shard_store_names_a_corrupt_shard(ds_dir, tmp_path):
     b[-3] ^= 0xFF
     f.write_bytes(bytes(b))
     with pytest.raises(ValueError, match="shard-00001.safetensors is corrupt"):
-        ShardStore(d)
+        AuxDataset(d, mmap=mmap)
 
 
 @pytest.mark.parametrize("bucket", [True, False])
@@ -87,7 +100,8 @@ def test_bucketing_cuts_padding_counted_by_hand():
 
 
 def test_source_batches_resume_at_a_step_and_fill_empty_ranks(ds_dir):
-    src = OfflineSource(ShardStore(ds_dir), global_batch=4, seed=3)  # 6 samples: batches of 4 and 2
+    # 6 samples: batches of 4 and 2
+    src = OfflineSource(AuxDataset(ds_dir, mmap=True), global_batch=4, seed=3)
     full = list(src.batches(0, 6, rank=0, world=1))
     assert [b["input_ids"].shape[0] for b in full] == [len(src.plan.global_batch_at(s)) for s in range(6)]
     tail = list(src.batches(3, 6, rank=0, world=1))  # a resumed run restarts at its step

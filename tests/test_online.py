@@ -37,7 +37,8 @@ def test_online_training_equals_offline(target, tmp_path, capture_batch):
     write_dataset(tmp_path / "ds", s, lambda xs: eng.capture(xs, [0, 1, 3]), MAN, shard_size=3)
     off = AuxDataset(tmp_path / "ds")
     on = OnlineSource(s, model, [0, 1, 3], "sglang", {k: MAN[k] for k in ("target", "dtype", "template")})
-    assert [x["sample_id"] for x in on.items] == [x["sample_id"] for x in off.items]  # same samples, same order
+    # same samples, same order
+    assert [x["sample_id"] for x in on.items] == [x["sample_id"] for x in off]
     assert on.manifest["aux_boundaries"] == off.manifest["aux_boundaries"] and on.manifest["n_tokens"] == off.manifest["n_tokens"]
     d_off, r_off = train_drafter(off, model, CFG, tmp_path / "off")
     d_on, r_on = train_drafter(on, model, CFG, tmp_path / "on")

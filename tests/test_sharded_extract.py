@@ -73,10 +73,10 @@ def test_two_workers_equal_one_and_lost_worker_redone(generated, monkeypatch):
     assert all(after[k] == v for k, v in before.items())  # finished shards were not rewritten
     assert not (rd2.dataset / "workers").exists() and not list(rd2.dataset.glob("*.tmp"))
     ds1, ds2 = AuxDataset(RunDir(generated).dataset), AuxDataset(rd2.dataset)
-    ids2 = [x["sample_id"] for x in ds2.items]
+    ids2 = [x["sample_id"] for x in ds2]
     assert len(ids2) == len(set(ids2)) == two["n_samples"] == one["n_samples"]  # no duplicate, none lost
-    assert ids2 == [x["sample_id"] for x in ds1.items]
-    for a, b in zip(ds1.items, ds2.items):
+    assert ids2 == [x["sample_id"] for x in ds1]
+    for a, b in zip(ds1, ds2):
         assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["loss_mask"], b["loss_mask"])
         # same samples per forward (shard_size 1) but another thread count: float32 noise at most
         torch.testing.assert_close(a["aux"], b["aux"], rtol=1e-5, atol=1e-5)

@@ -77,7 +77,7 @@ def test_int8_dataset_error_recorded_and_loader_dequantises(target, tmp_path):
     num = den = 0.0
     per = np.zeros((3, 2))
     H = model.config.hidden_size
-    for it in ds.items:
+    for it in ds:
         a = it["aux"]
         assert a.dtype == torch.float32  # transparent: the loader hands out dequantised floats
         r = ref[it["sample_id"]].double().numpy()
@@ -94,5 +94,10 @@ def test_int8_dataset_error_recorded_and_loader_dequantises(target, tmp_path):
     assert 0 < rel < 0.02  # int8 per-token absmax on this model: well under 2 %
     # final (boundary N) is stored unquantised: exactly the engine's float32 states
     fin = {x[0]: c.final for x, c in zip(kept, eng.capture([x[1] for x in kept], [0, 1, 3]))}
-    for it in ds.items:
+    for it in ds:
         torch.testing.assert_close(it["final"], fin[it["sample_id"]], atol=1e-5, rtol=1e-5)
+    # memory-mapped reads dequantise per sample: the same floats as the in-memory whole-shard pass
+    mm = AuxDataset(tmp_path / "q", mmap=True)
+    for a, b in zip(ds, mm, strict=True):
+        assert a["sample_id"] == b["sample_id"]
+        assert all(torch.equal(a[k], b[k]) for k in ("input_ids", "loss_mask", "aux", "final"))

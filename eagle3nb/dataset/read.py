@@ -23,8 +23,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from eagle3nb.manifest import read_json, sha256_file
 from eagle3nb.dataset.layout import dequantize_aux
+from eagle3nb.manifest import read_json, sha256_file
+from eagle3nb.padding import pad_right
 
 
 DATASET_KIND = "eagle3nb-aux-dataset"
@@ -62,109 +63,61 @@ def fingerprint(manifest: dict) -> str:
     return hashlib.sha256("".join(s["sha256"] for s in manifest["shards"]).encode()).hexdigest()
 
 
-class AuxDataset:
-    """Samples of a dataset folder, loaded into memory after checking every shard's sha256.
-
-    ``ds[i]`` -> dict ``input_ids [T] int64, loss_mask [T] uint8, aux [T, n_aux*H], final [T, H]``.
-
-    Raises:
-        FileNotFoundError: no manifest. ValueError: incomplete dataset, or a shard whose bytes do
-            not match its recorded sha256 (the file is named).
-    """
-
-    def __init__(self, path: str | os.PathLike, verify: bool = True):
-        self.path = Path(path)
-        self.manifest = open_manifest(self.path, verify)
-        self.items: list[dict] = []
-        for s in self.manifest["shards"]:
-            t = load_file(str(self.path / s["file"]))
-            if "aux_scale" in t:  # int8 storage: dequantised here, so training sees float states
-                t["aux"] = dequantize_aux(t["aux"], t.pop("aux_scale"))
-            off = t["offsets"].tolist()
-            for i in range(len(off) - 1):
-                a, b = off[i], off[i + 1]
-                self.items.append({k: t[k][a:b] for k in ("input_ids", "loss_mask", "aux", "final")} | {"sample_id": int(t["sample_ids"][i])})
-
-    def fingerprint(self) -> str:
-        """sha256 over the shards' recorded hashes: changes whenever any stored byte changes."""
-        return fingerprint(self.manifest)
-
-    def token_masks(self):
-        """Yield ``(input_ids [T] int64, loss_mask [T] uint8)`` per sample (for the draft vocab)."""
-        return ((x["input_ids"], x["loss_mask"]) for x in self.items)
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int) -> dict:
-        return self.items[i]
-
-
-def collate(items: Sequence[dict]) -> dict:
-    """Right-pad samples into a batch: ``input_ids, loss_mask, attn_mask [B, T]``, ``aux [B, T, A]``,
-    ``final [B, T, H]`` (aux/final cast to float32 for training)."""
-    B, T = len(items), max(x["input_ids"].numel() for x in items)
-    A, H = items[0]["aux"].shape[1], items[0]["final"].shape[1]
-    out = {
-        "input_ids": torch.zeros(B, T, dtype=torch.long),
-        "loss_mask": torch.zeros(B, T, dtype=torch.long),
-        "attn_mask": torch.zeros(B, T, dtype=torch.long),
-        "aux": torch.zeros(B, T, A),
-        "final": torch.zeros(B, T, H),
-    }
-    for r, x in enumerate(items):
-        L = x["input_ids"].numel()
-        out["input_ids"][r, :L] = x["input_ids"]
-        out["loss_mask"][r, :L] = x["loss_mask"].long()
-        out["attn_mask"][r, :L] = 1
-        out["aux"][r, :L] = x["aux"].float()
-        out["final"][r, :L] = x["final"].float()
-    return out
-
-
-def states_by_boundary(ds: AuxDataset, max_tokens: int = 4096) -> dict[int, torch.Tensor]:
-    """``{boundary: [n, H] float32}`` for the aux boundaries and the final boundary N, from the first
-    ``max_tokens`` tokens of the dataset (for distribution plots)."""
-    bnds = list(ds.manifest["aux_boundaries"])
-    aux = torch.cat([x["aux"] for x in ds.items])[:max_tokens].float()  # [n, n_aux*H]
-    fin = torch.cat([x["final"] for x in ds.items])[:max_tokens].float()  # [n, H]
-    H = fin.shape[1]
-    out = {b: aux[:, i * H : (i + 1) * H] for i, b in enumerate(bnds)}
-    out[int(ds.manifest["final_boundary"])] = fin
-    return out
-
-
 _KEYS = ("input_ids", "loss_mask", "aux", "final")
 
 
-class ShardStore:
-    """Samples of a dataset folder, read on demand from memory-mapped shards.
+class AuxDataset:
+    """The samples of a dataset folder, held in memory or read on demand from memory-mapped shards.
 
-    ``store[i]`` -> dict ``input_ids [T] int64, loss_mask [T] uint8, aux [T, n_aux*H], final [T, H]``
-    (stored dtype) and ``sample_id`` (index into the generation JSONL). ``lengths[i]`` = T.
+    ``ds[i]`` -> dict ``input_ids [T] int64``, ``loss_mask [T] uint8`` (1 = loss-bearing),
+    ``aux [T, n_aux*H]``, ``final [T, H]`` and ``sample_id`` (int, index into the generation
+    JSONL). ``aux`` and ``final`` keep the stored dtype (float32 / bfloat16 / float16), except int8
+    aux storage (:mod:`eagle3nb.dataset.layout`), which is dequantised to float32. Both modes give
+    the same tensors, bit for bit (``tests/test_loader.py``).
+
+    - in memory (``mmap=False``, the default): every shard is loaded once here; ``ds[i]`` returns
+      views into the loaded shards. For notebooks and small datasets.
+    - memory-mapped (``mmap=True``): only the per-shard ``offsets`` / ``sample_ids`` are read
+      here; ``ds[i]`` reads that sample's rows through ``safetensors.safe_open`` (the file is
+      memory-mapped, a read copies only its own rows), so memory does not grow with the dataset.
+      Training uses this. The open handles are per process: a pickled copy (a DataLoader
+      worker) reopens the shards on first read.
+
+    Attributes:
+        path: the dataset folder. manifest: its ``manifest.json`` (checked). mmap: the mode.
+        files: shard paths in manifest order. lengths: ``lengths[i]`` = T of sample i.
 
     Args:
         path: the dataset folder (``outputs/<run>/dataset``).
         verify: check every shard's sha256 against the manifest first (reads each file once).
+        mmap: read samples on demand from memory-mapped shards instead of loading them.
 
     Raises:
-        FileNotFoundError / ValueError: as :func:`eagle3nb.dataset.read.open_manifest` (missing,
-            incomplete, corrupt shard named).
+        FileNotFoundError / ValueError: as :func:`open_manifest` (no manifest, not a dataset,
+            incomplete, a shard missing or corrupt: the file is named).
     """
 
-    def __init__(self, path: str | os.PathLike, verify: bool = True):
+    def __init__(self, path: str | os.PathLike, verify: bool = True, mmap: bool = False):
         self.path = Path(path)
         self.manifest = open_manifest(self.path, verify)
+        self.mmap = bool(mmap)
         self.files = [str(self.path / s["file"]) for s in self.manifest["shards"]]
+        self._int8 = self.manifest.get("aux_storage") == "int8"
+        self._open: dict[int, object] = {}  # mmap: shard -> safe_open handle, opened on first read
+        self._shards: list[dict[str, torch.Tensor]] = []  # in memory: shard -> its tensors
         self._index: list[tuple[int, int, int, int]] = []  # (shard, row start, row end, sample_id)
         for si, f in enumerate(self.files):
-            with safe_open(f, framework="pt") as h:
-                off = h.get_tensor("offsets").tolist()
-                sid = h.get_tensor("sample_ids").tolist()
+            if self.mmap:
+                with safe_open(f, framework="pt") as h:
+                    off, sid = h.get_tensor("offsets").tolist(), h.get_tensor("sample_ids").tolist()
+            else:
+                t = load_file(f)
+                if "aux_scale" in t:  # int8 storage: dequantised once here, as on each mmap read
+                    t["aux"] = dequantize_aux(t["aux"], t.pop("aux_scale"))
+                self._shards.append(t)
+                off, sid = t["offsets"].tolist(), t["sample_ids"].tolist()
             self._index += [(si, off[i], off[i + 1], int(sid[i])) for i in range(len(off) - 1)]
         self.lengths = [b - a for _, a, b, _ in self._index]
-        self.int8 = self.manifest.get("aux_storage") == "int8"
-        self._open: dict[int, object] = {}
 
     def __getstate__(self):  # safe_open handles do not pickle; each DataLoader worker reopens
         return dict(self.__dict__, _open={})
@@ -180,23 +133,70 @@ class ShardStore:
 
     def __getitem__(self, i: int) -> dict:
         si, a, b, sid = self._index[i]
+        if not self.mmap:
+            t = self._shards[si]
+            return {k: t[k][a:b] for k in _KEYS} | {"sample_id": sid}
         h = self._handle(si)
         x = {k: h.get_slice(k)[a:b] for k in _KEYS} | {"sample_id": sid}
-        if self.int8:  # int8 storage (eagle3nb.dataset.layout): dequantised per token and slot on read
+        if self._int8:  # int8 storage (eagle3nb.dataset.layout): dequantised per token and slot
             x["aux"] = dequantize_aux(x["aux"], h.get_slice("aux_scale")[a:b])
         return x
 
+    def __iter__(self) -> Iterator[dict]:
+        """``ds[0], ds[1], ...`` in dataset order."""
+        return (self[i] for i in range(len(self)))
+
     def fingerprint(self) -> str:
-        """sha256 over the shards' recorded hashes (same value as ``AuxDataset.fingerprint``)."""
+        """sha256 over the shards' recorded hashes: changes whenever any stored byte changes."""
         return fingerprint(self.manifest)
 
     def token_masks(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Yield ``(input_ids [T] int64, loss_mask [T] uint8)`` per sample, reading only those two
-        tensors of each shard (for the draft vocab)."""
+        """Yield ``(input_ids [T] int64, loss_mask [T] uint8)`` per sample in dataset order (for
+        the draft vocab); memory-mapped, only those two tensors of each shard are read."""
         cur = None
         for si, a, b, _ in self._index:  # ordered by shard
             if si != cur:
-                with safe_open(self.files[si], framework="pt") as h:
-                    ids, mask = h.get_tensor("input_ids"), h.get_tensor("loss_mask")
+                if self.mmap:
+                    with safe_open(self.files[si], framework="pt") as h:
+                        ids, mask = h.get_tensor("input_ids"), h.get_tensor("loss_mask")
+                else:
+                    ids, mask = self._shards[si]["input_ids"], self._shards[si]["loss_mask"]
                 cur = si
             yield ids[a:b], mask[a:b]
+
+
+def collate(items: Sequence[dict]) -> dict:
+    """Right-pad samples (``ds[i]`` dicts) into a batch (:func:`eagle3nb.padding.pad_right`).
+
+    Returns:
+        ``input_ids, loss_mask, attn_mask [B, T]`` int64 (attn_mask 1 = token, 0 = padding),
+        ``aux [B, T, n_aux*H]`` and ``final [B, T, H]`` float32 (cast for training), all zero at
+        padding; T = the longest sample.
+    """
+    input_ids, attn_mask = pad_right([x["input_ids"] for x in items], dtype=torch.long)
+    return {
+        "input_ids": input_ids,
+        "loss_mask": pad_right([x["loss_mask"] for x in items], dtype=torch.long)[0],
+        "attn_mask": attn_mask,
+        "aux": pad_right([x["aux"] for x in items], dtype=torch.float32)[0],
+        "final": pad_right([x["final"] for x in items], dtype=torch.float32)[0],
+    }
+
+
+def states_by_boundary(ds: AuxDataset, max_tokens: int = 4096) -> dict[int, torch.Tensor]:
+    """``{boundary: [n, H] float32}`` for the aux boundaries and the final boundary N, from the
+    first ``n = min(max_tokens, tokens in ds)`` tokens of the dataset in order (for distribution
+    plots); reads only the samples those tokens come from."""
+    aux, fin, n = [], [], 0
+    for x in ds:
+        aux.append(x["aux"])
+        fin.append(x["final"])
+        n += x["aux"].shape[0]
+        if n >= max_tokens:
+            break
+    aux = torch.cat(aux)[:max_tokens].float()  # [n, n_aux*H]
+    fin = torch.cat(fin)[:max_tokens].float()  # [n, H]
+    H = fin.shape[1]
+    out = {b: aux[:, i * H : (i + 1) * H] for i, b in enumerate(ds.manifest["aux_boundaries"])}
+    out[int(ds.manifest["final_boundary"])] = fin
+    return out

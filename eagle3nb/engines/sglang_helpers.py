@@ -12,6 +12,7 @@ from typing import Sequence
 
 import torch
 
+from eagle3nb.padding import pad_right
 from eagle3nb.target.capture import capture_boundaries
 from eagle3nb.engines import sglang_backend
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient
@@ -62,12 +63,7 @@ def hf_final(model, samples: Sequence[Sequence[int]], batch_size: int = 16) -> l
     out = []
     for s in range(0, len(samples), batch_size):
         chunk = [list(x) for x in samples[s : s + batch_size]]
-        T = max(len(x) for x in chunk)
-        ids = torch.zeros(len(chunk), T, dtype=torch.long)
-        mask = torch.zeros(len(chunk), T, dtype=torch.long)
-        for i, x in enumerate(chunk):
-            ids[i, : len(x)] = torch.tensor(x)
-            mask[i, : len(x)] = 1
+        ids, mask = pad_right(chunk)  # [b, T] int64 both
         st = capture_boundaries(model, ids.to(dev), [n], mask.to(dev))[n]
         out += [st[i, : len(x)].cpu() for i, x in enumerate(chunk)]
     return out

@@ -151,6 +151,7 @@ def capture_overhead(model, engine, samples: Sequence, ids: Sequence[int], max_s
 
     import torch
 
+    from eagle3nb.padding import pad_right
     from eagle3nb.target.capture import _decoder
 
     xs = [list(s[1]) for s in samples[:max_samples]]
@@ -159,11 +160,7 @@ def capture_overhead(model, engine, samples: Sequence, ids: Sequence[int], max_s
     batches = []
     for i in range(0, len(xs), bs):
         chunk = xs[i : i + bs]
-        T = max(map(len, chunk))
-        t = torch.zeros(len(chunk), T, dtype=torch.long)
-        m = torch.zeros(len(chunk), T, dtype=torch.long)
-        for r, x in enumerate(chunk):
-            t[r, : len(x)], m[r, : len(x)] = torch.tensor(x), 1
+        t, m = pad_right(chunk)
         batches.append((t.to(dev), m.to(dev)))
 
     def sync():

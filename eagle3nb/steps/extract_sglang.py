@@ -49,7 +49,7 @@ def _other_engine_datasets(rd: RunDir, engine_name: str, sample_ids: list[int]) 
             ds = AuxDataset(mf.parent)
         except (OSError, ValueError):
             continue
-        by_id = {it["sample_id"]: it for it in ds.items}
+        by_id = {it["sample_id"]: it for it in ds}
         if not all(i in by_id for i in sample_ids):
             continue
         out[f"{man['engine']['name']} {man.get('dtype')} ({mf.parent.name})"] = _split_aux([by_id[i]["aux"] for i in sample_ids], list(man["aux_boundaries"]))

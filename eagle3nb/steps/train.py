@@ -30,7 +30,7 @@ from eagle3nb.target.capture import n_layers_of
 from eagle3nb.drafter.engine_read import engine_report
 from eagle3nb.drafter.export import export_drafter, load_drafter
 from eagle3nb.manifest import atomic_write_json, check_compatible, provenance, read_json
-from eagle3nb.dataset.read import ShardStore
+from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.training.online import OnlineSource
 from eagle3nb.steps.common import progress_bar, record_checks, resolve_aux, target_info, template_of
 from eagle3nb.rundir import REPO_ROOT, RunDir, read_metrics, update_metrics
@@ -77,7 +77,7 @@ def train_step(p: RunParams, progress=True) -> dict:
         return _train_with_torchrun(p, rd)
     ctx = distributed.init_from_env(resolve_device(p))
     ds_dir = rd.dataset_vllm if p.train_on == "vllm" else rd.dataset
-    ds = ShardStore(ds_dir) if p.training_mode == "offline" else None
+    ds = AuxDataset(ds_dir, mmap=True) if p.training_mode == "offline" else None
     model, tok, path = models.load_target(p.model, "float32", distributed.local_device(resolve_device(p), ctx))
     if ds is None:
         ds = _online_source(p, rd, model, tok, path)

@@ -15,6 +15,7 @@ from typing import Protocol, Sequence
 
 import torch
 
+from eagle3nb.padding import pad_right
 from eagle3nb.target.conventions import Convention, check_boundaries, get_convention
 
 __all__ = ["capture_boundaries", "CaptureEngine", "HFCaptureEngine", "Captured", "n_layers_of"]
@@ -164,12 +165,7 @@ class HFCaptureEngine:
         for s in range(0, len(samples), self.batch_size):
             chunk = [list(x) for x in samples[s : s + self.batch_size]]
             lens = [len(x) for x in chunk]
-            T = max(lens)
-            ids_t = torch.zeros(len(chunk), T, dtype=torch.long)
-            mask = torch.zeros(len(chunk), T, dtype=torch.long)
-            for i, x in enumerate(chunk):
-                ids_t[i, : len(x)] = torch.tensor(x)
-                mask[i, : len(x)] = 1
+            ids_t, mask = pad_right(chunk)  # [b, T] int64 both
             states = capture_boundaries(self.model, ids_t.to(dev), sorted(set(bnds + [n])), mask.to(dev))
             for i, L in enumerate(lens):
                 aux = torch.cat([states[b][i, :L] for b in bnds], dim=-1).cpu()  # [L, n_aux*H]

@@ -2,9 +2,9 @@
 
 Three parts, each usable alone:
 
-- :class:`ShardStore` opens the dataset's safetensors shards with ``safetensors.safe_open`` (the
-  file is memory-mapped; a sample read copies only its own rows), so memory does not grow with the
-  dataset.
+- :class:`eagle3nb.dataset.read.AuxDataset` with ``mmap=True`` opens the dataset's safetensors
+  shards with ``safetensors.safe_open`` (the file is memory-mapped; a sample read copies only its
+  own rows), so memory does not grow with the dataset.
 - :class:`BatchPlan` decides, from ``(seed, epoch)`` alone, which samples form global batch ``s``:
   a seeded permutation per epoch, bucketed by length (sorted within windows of ``bucket_window``
   global batches, then the batches shuffled) to cut padding. Every sample appears exactly once per
@@ -38,7 +38,7 @@ class BatchPlan:
     """Which samples form each global batch, a pure function of ``(seed, epoch)``.
 
     Args:
-        lengths: tokens per sample (``ShardStore.lengths``).
+        lengths: tokens per sample (``AuxDataset.lengths``).
         global_batch: samples per optimizer step, summed over all ranks.
         seed: shuffling seed.
         bucket: group similar lengths into a batch (cuts padding); False = plain shuffle.
@@ -145,6 +145,7 @@ class _Fetch(torch.utils.data.Dataset):
 
 
 def _collate(items: list[dict]) -> dict:
+    """:func:`eagle3nb.dataset.read.collate` plus ``sample_index [B] int64`` (-1: stand-in row)."""
     out = collate(items)
     out["sample_index"] = torch.tensor([x["index"] for x in items], dtype=torch.long)  # -1: stand-in
     return out
@@ -154,15 +155,14 @@ class OfflineSource:
     """Batch source over stored shards (see :class:`eagle3nb.training.batches.BatchSource`).
 
     Args:
-        store: a :class:`ShardStore` (or an in-memory ``AuxDataset``: same interface).
+        store: an :class:`eagle3nb.dataset.read.AuxDataset` (memory-mapped or in memory).
         global_batch, seed, bucket, bucket_window: see :class:`BatchPlan`.
         workers: DataLoader worker processes (0 = load in the training process).
     """
 
     def __init__(self, store, global_batch: int, seed: int = 0, bucket: bool = True, bucket_window: int = 16, workers: int = 0):
         self.store = store
-        lengths = getattr(store, "lengths", None) or [int(store[i]["input_ids"].numel()) for i in range(len(store))]
-        self.plan = BatchPlan(lengths, global_batch, seed, bucket, bucket_window)
+        self.plan = BatchPlan(store.lengths, global_batch, seed, bucket, bucket_window)
         self.workers = int(workers)
         self.n_aux = len(store.manifest["aux_boundaries"])
 

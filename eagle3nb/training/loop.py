@@ -108,7 +108,7 @@ def init_head_from_target(d: Eagle3Drafter, target) -> bool:
 
 def build_drafter(ds, target, cfg: TrainConfig) -> tuple[Eagle3Drafter, dict]:
     """A fresh seeded drafter for ``target`` with its draft vocab built from the loss-bearing
-    tokens of ``ds`` (an ``AuxDataset``, ``ShardStore`` or :class:`BatchSource`).
+    tokens of ``ds`` (an :class:`eagle3nb.dataset.read.AuxDataset` or a :class:`BatchSource`).
     Returns ``(drafter, vocab_info)``."""
     torch.manual_seed(cfg.seed)
     n_aux = getattr(ds, "n_aux", None) or len(ds.manifest["aux_boundaries"])
@@ -127,9 +127,9 @@ FAULT_ENV = "EAGLE3NB_FAULT_AT_STEP"
 
 
 def make_source(ds, cfg: TrainConfig):
-    """The batch source for ``cfg``: an offline source over ``ds`` (a ``ShardStore`` or
-    ``AuxDataset``), or ``ds`` itself when it computes its batches (an online source, given the same
-    batch plan as the offline loader)."""
+    """The batch source for ``cfg``: an offline source over ``ds`` (an ``AuxDataset``, either
+    mode), or ``ds`` itself when it computes its batches (an online source, given the same batch
+    plan as the offline loader)."""
     from eagle3nb.training.batches import OfflineSource
 
     if hasattr(ds, "configure"):
@@ -157,8 +157,8 @@ def train_drafter(data, target, cfg: TrainConfig, out_dir: str | os.PathLike, pr
     """Train a drafter and return ``(drafter, report)``; under torchrun every rank calls it.
 
     Args:
-        data: a :class:`BatchSource`, or a ``ShardStore`` / ``AuxDataset`` (read through
-            :func:`make_source`).
+        data: a :class:`BatchSource`, or an :class:`eagle3nb.dataset.read.AuxDataset` (either
+            mode; read through :func:`make_source`).
         target: the target model (its embeddings, final norm and lm_head; training runs on its device).
         out_dir: holds ``checkpoints/`` (one folder per committed step, ``latest.json``).
         progress: a tqdm-like factory, used on rank 0.

@@ -19,6 +19,7 @@ from typing import Sequence
 
 import torch
 
+from eagle3nb.padding import pad_right
 from eagle3nb.target.capture import HFCaptureEngine, capture_boundaries, n_layers_of
 
 __all__ = ["OnlineSource"]
@@ -123,15 +124,12 @@ class OnlineSource:
 
     @torch.no_grad()
     def batch(self, idx: Sequence[int], device) -> dict:
-        """Right-padded batch of samples ``idx`` on ``device`` with their states captured now."""
+        """Right-padded batch of samples ``idx`` on ``device`` with their states captured now:
+        ``input_ids, loss_mask, attn_mask [B, T]`` int64, ``aux [B, T, n_aux*H]`` and
+        ``final [B, T, H]`` float32, zero at padding (what ``collate`` gives for stored samples)."""
         items = [self.items[i] for i in idx]
-        B, T = len(items), max(x["input_ids"].numel() for x in items)
-        ids = torch.zeros(B, T, dtype=torch.long)
-        loss = torch.zeros(B, T, dtype=torch.long)
-        attn = torch.zeros(B, T, dtype=torch.long)
-        for r, x in enumerate(items):
-            L = x["input_ids"].numel()
-            ids[r, :L], loss[r, :L], attn[r, :L] = x["input_ids"], x["loss_mask"].long(), 1
+        ids, attn = pad_right([x["input_ids"] for x in items], dtype=torch.long)  # [B, T] both
+        loss = pad_right([x["loss_mask"] for x in items], dtype=torch.long)[0]  # [B, T]
         ids, loss, attn = ids.to(device), loss.to(device), attn.to(device)
         t0 = time.time()
         st = capture_boundaries(self.model, ids, sorted(set(self.boundaries + [self.n])), attn)
