@@ -14,7 +14,7 @@ text/               the text side: prompts, chat samples and loss masks, the tar
 dataset/            the offline aux-state dataset: safetensors shards plus a manifest
     layout          shard layout, exact byte counts, optional int8 storage of aux states
     write           write shards from a capture engine (atomic, resumable, per-shard sha256)
-    read            open and verify a dataset; AuxDataset, ShardStore (memory-mapped shards)
+    read            AuxDataset: open and verify a dataset, in memory or memory-mapped
 training/           training the drafter with training-time test (TTT)
     batches         deterministic global batch plan over the shards, rank slices
     objective       the TTT loss and per-step accuracy
@@ -53,6 +53,7 @@ params/             run parameters: one validated model for params/*.yaml and th
     load            params YAML files and a notebook's globals, validated; errors that name the fix
     sync            parameters cells and README table rendered from RunParams
     __main__        python -m eagle3nb.params sync [--check]
+padding             pad_right: variable-length samples -> right-padded batch and mask
 rundir              one run's folder outputs/<run_name>/: artefact paths, metrics.json
 preflight           checks before any notebook runs: parameters vs the target's config, engines
 manifest            what produced an artefact, so a later step can refuse a mismatch
