@@ -51,7 +51,14 @@ def _median_time(fn, repeats: int) -> tuple[float, object]:
 
 def _numbers(gen_s, n_gen, pre_s, n_pre, ext_s, n_ext) -> dict:
     pre, ext = n_pre / pre_s, n_ext / ext_s
-    return {"generate_tokens_per_s": round(n_gen / gen_s, 1), "generated_tokens": n_gen, "prefill_tokens_per_s_without_capture": round(pre, 1), "extract_tokens_per_s": round(ext, 1), "capture_overhead_ratio": round(pre / ext, 3), "sample_tokens": n_pre}
+    return {
+        "generate_tokens_per_s": round(n_gen / gen_s, 1),
+        "generated_tokens": n_gen,
+        "prefill_tokens_per_s_without_capture": round(pre, 1),
+        "extract_tokens_per_s": round(ext, 1),
+        "capture_overhead_ratio": round(pre / ext, 3),
+        "sample_tokens": n_pre,
+    }
 
 
 def bench_hf(model, prompts, samples, ids_hf, eos, max_new, repeats) -> dict:
@@ -65,10 +72,15 @@ def bench_hf(model, prompts, samples, ids_hf, eos, max_new, repeats) -> dict:
     for i, s in enumerate(samples):
         ids[i, : len(s)], mask[i, : len(s)] = torch.tensor(s), 1
     with torch.no_grad():
-        pre_s, _ = _median_time(lambda: model.model(input_ids=ids, attention_mask=mask, use_cache=False), repeats)
+        pre_s, _ = _median_time(
+            lambda: model.model(input_ids=ids, attention_mask=mask, use_cache=False), repeats
+        )
     ext_s, _ = _median_time(lambda: eng.capture(samples, ids_hf), repeats)
     n_tok = sum(len(s) for s in samples)
-    return dict(_numbers(gen_s, sum(len(o) for o in outs), pre_s, n_tok, ext_s, n_tok), engine_version=__import__("transformers").__version__)
+    return dict(
+        _numbers(gen_s, sum(len(o) for o in outs), pre_s, n_tok, ext_s, n_tok),
+        engine_version=__import__("transformers").__version__,
+    )
 
 
 def bench_client(client, prompts, samples, ids, eos, max_new, repeats) -> dict:
@@ -78,7 +90,10 @@ def bench_client(client, prompts, samples, ids, eos, max_new, repeats) -> dict:
     pre_s, _ = _median_time(lambda: client.generate(samples, 1, [], 0.0, 1.0, 0), repeats)
     ext_s, _ = _median_time(lambda: client.capture(samples, ids), repeats)
     n_tok = sum(len(s) for s in samples)
-    return dict(_numbers(gen_s, sum(len(o) for o in outs), pre_s, n_tok, ext_s, n_tok), engine_version=client.info()["engine_version"])
+    return dict(
+        _numbers(gen_s, sum(len(o) for o in outs), pre_s, n_tok, ext_s, n_tok),
+        engine_version=client.info()["engine_version"],
+    )
 
 
 def main(argv=None) -> dict:
@@ -89,7 +104,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--n-prompts", type=int, default=64)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--vllm-python", default=None, help="vLLM venv python (default: the cached one; '' = in-process)")
+    ap.add_argument(
+        "--vllm-python",
+        default=None,
+        help="vLLM venv python (default: the cached one; '' = in-process)",
+    )
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "engines.json"))
     a = ap.parse_args(argv)
     p = RunParams(model=a.model, dtype=a.dtype, vllm_python=a.vllm_python)
@@ -101,30 +120,80 @@ def main(argv=None) -> dict:
     prompts = [chat.encode_prompt(tok, t, "completion", None) for t in train[: a.n_prompts]]
     outs = generate_batch(model, prompts, a.max_new_tokens, eos)
     samples = [q + o for q, o in zip(prompts, outs)]
-    res = {"workload": {"model": a.model, "dtype": a.dtype, "n_prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "boundaries": bnds + [n], "repeats": a.repeats, "sample_tokens": sum(len(s) for s in samples)},
-           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg_start": os.getloadavg(), "torch": torch.__version__, "torch_threads": torch.get_num_threads()},
-           "definitions": "tokens/s = tokens / median seconds of one call over the whole workload; generate: new tokens; prefill and extract: prompt + generated tokens of every sample; capture_overhead_ratio = prefill tokens/s without capture / extract tokens/s (same engine, same samples)",
-           "engines": {}}
+    res = {
+        "workload": {
+            "model": a.model,
+            "dtype": a.dtype,
+            "n_prompts": len(prompts),
+            "max_new_tokens": a.max_new_tokens,
+            "boundaries": bnds + [n],
+            "repeats": a.repeats,
+            "sample_tokens": sum(len(s) for s in samples),
+        },
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "loadavg_start": os.getloadavg(),
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+        },
+        "definitions": "tokens/s = tokens / median seconds of one call over the whole workload; generate: new tokens; prefill and extract: prompt + generated tokens of every sample; capture_overhead_ratio = prefill tokens/s without capture / extract tokens/s (same engine, same samples)",
+        "engines": {},
+    }
     for eng in a.engines.split(","):
         t0 = time.perf_counter()
         if eng == "hf":
-            res["engines"]["hf-transformers"] = bench_hf(model, prompts, samples, conventions.get_convention("vllm").boundaries_to_ids(bnds, n), eos, a.max_new_tokens, a.repeats)
+            res["engines"]["hf-transformers"] = bench_hf(
+                model,
+                prompts,
+                samples,
+                conventions.get_convention("vllm").boundaries_to_ids(bnds, n),
+                eos,
+                a.max_new_tokens,
+                a.repeats,
+            )
         elif eng == "vllm":
             from eagle3nb.engines.vllm_helpers import start_vllm
 
             with start_vllm(p, path, a.dtype, REPO / "bench" / "results") as c:
                 t_start = time.perf_counter() - t0
-                r = bench_client(c, prompts, samples, conventions.get_convention("vllm").boundaries_to_ids(bnds, n), eos, a.max_new_tokens, a.repeats)
+                r = bench_client(
+                    c,
+                    prompts,
+                    samples,
+                    conventions.get_convention("vllm").boundaries_to_ids(bnds, n),
+                    eos,
+                    a.max_new_tokens,
+                    a.repeats,
+                )
             res["engines"]["vllm"] = dict(r, worker_start_seconds=round(t_start, 1))
         elif eng == "sglang":
             from eagle3nb.engines.sglang_helpers import start_sglang
 
-            with start_sglang(path, a.dtype, "cpu", 0, None, REPO / "bench" / "results", model.config.max_position_embeddings) as c:
-                r = bench_client(c, prompts, samples, conventions.get_convention("sglang").boundaries_to_ids(bnds, n), eos, a.max_new_tokens, a.repeats)
+            with start_sglang(
+                path,
+                a.dtype,
+                "cpu",
+                0,
+                None,
+                REPO / "bench" / "results",
+                model.config.max_position_embeddings,
+            ) as c:
+                r = bench_client(
+                    c,
+                    prompts,
+                    samples,
+                    conventions.get_convention("sglang").boundaries_to_ids(bnds, n),
+                    eos,
+                    a.max_new_tokens,
+                    a.repeats,
+                )
             res["engines"]["sglang"] = r
         else:
             raise SystemExit(f"--engines: unknown engine {eng!r}; use hf, vllm, sglang")
-        res["engines"][list(res["engines"])[-1]]["wall_seconds_incl_start"] = round(time.perf_counter() - t0, 1)
+        res["engines"][list(res["engines"])[-1]]["wall_seconds_incl_start"] = round(
+            time.perf_counter() - t0, 1
+        )
         print(eng, json.dumps(res["engines"][list(res["engines"])[-1]]), flush=True)
     res["machine"]["loadavg_end"] = os.getloadavg()
     out = Path(a.out)

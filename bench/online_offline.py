@@ -38,7 +38,12 @@ def _run(params_file, only, overrides, direct: bool) -> Path:
 
         return run_notebooks(params_file, only=only, overrides=overrides)
     p = load_params(params_file, interactive=False, **overrides)
-    fns = {"01_generate": generate_step, "02b_extract_sglang": extract_sglang_step, "03_train": train_step, "04_eval_acceptance": eval_step}
+    fns = {
+        "01_generate": generate_step,
+        "02b_extract_sglang": extract_sglang_step,
+        "03_train": train_step,
+        "04_eval_acceptance": eval_step,
+    }
     times = {}
     for name in only or ["01_generate", "02b_extract_sglang", "03_train", "04_eval_acceptance"]:
         t0 = time.time()
@@ -59,7 +64,12 @@ def _shard_bytes(d: Path) -> int:
 
 def main(params_file: str, outputs_dir: str, device: str = "cpu", direct: bool = False) -> dict:
     out = Path(outputs_dir)
-    ov = {"outputs_dir": str(out), "device": device, "vllm_extract": False, "vllm_eval": False}  # the HF path: online training is HF-only
+    ov = {
+        "outputs_dir": str(out),
+        "device": device,
+        "vllm_extract": False,
+        "vllm_eval": False,
+    }  # the HF path: online training is HF-only
     t0 = time.time()
     off = _run(params_file, None, dict(ov, run_name="bench-offline"), direct)
     t_off = time.time() - t0
@@ -69,24 +79,55 @@ def main(params_file: str, outputs_dir: str, device: str = "cpu", direct: bool =
     for f in (off / "data").iterdir():  # the same 01 output: online needs nothing else
         shutil.copy(f, on_root / "data" / f.name)
     t0 = time.time()
-    on = _run(params_file, ["03_train", "04_eval_acceptance"], dict(ov, run_name="bench-online", training_mode="online"), direct)
+    on = _run(
+        params_file,
+        ["03_train", "04_eval_acceptance"],
+        dict(ov, run_name="bench-online", training_mode="online"),
+        direct,
+    )
     t_on = time.time() - t0
     mo, mn = _m(off), _m(on)
     import os
 
     import torch
 
-    res = {"params": params_file, "device": device, "runner": "step functions in-process" if direct else "papermill notebooks", "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(), "load_average_at_end": None}
-    res["extraction"] = {"hf-transformers": mo["extract"].get("capture_speed"), "extraction_incl_writing_tokens_per_s": mo["extract"]["tokens_per_s"], "n_tokens": mo["extract"]["n_tokens"]}
-    res["disk"] = {"estimated_shard_bytes": mo["extract"]["disk"]["shard_bytes"], "written_shard_bytes": _shard_bytes(off / "dataset"), "formula": mo["extract"]["disk"]["formula"]}
+    res = {
+        "params": params_file,
+        "device": device,
+        "runner": "step functions in-process" if direct else "papermill notebooks",
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_average_at_end": None,
+    }
+    res["extraction"] = {
+        "hf-transformers": mo["extract"].get("capture_speed"),
+        "extraction_incl_writing_tokens_per_s": mo["extract"]["tokens_per_s"],
+        "n_tokens": mo["extract"]["n_tokens"],
+    }
+    res["disk"] = {
+        "estimated_shard_bytes": mo["extract"]["disk"]["shard_bytes"],
+        "written_shard_bytes": _shard_bytes(off / "dataset"),
+        "formula": mo["extract"]["disk"]["formula"],
+    }
     res["training"] = {
-        "offline": {"seconds": mo["train"]["seconds"], "loss_token_steps_per_s": mo["train"]["loss_token_steps_per_s"], "final_loss": mo["train"]["final_loss"]},
-        "online": {"seconds": mn["train"]["seconds"], "loss_token_steps_per_s": mn["train"]["loss_token_steps_per_s"], "final_loss": mn["train"]["final_loss"], **mn["train"].get("online", {})},
+        "offline": {
+            "seconds": mo["train"]["seconds"],
+            "loss_token_steps_per_s": mo["train"]["loss_token_steps_per_s"],
+            "final_loss": mo["train"]["final_loss"],
+        },
+        "online": {
+            "seconds": mn["train"]["seconds"],
+            "loss_token_steps_per_s": mn["train"]["loss_token_steps_per_s"],
+            "final_loss": mn["train"]["final_loss"],
+            **mn["train"].get("online", {}),
+        },
     }
     res["tau"] = {"offline": mo["eval"]["tau"], "online": mn["eval"]["tau"]}
     res["pipeline_seconds"] = {
-            "offline_01_02b_03_04": round(t_off, 1), "offline_notebooks": mo["timing"]["notebook_seconds"],
-        "online_01_03_04": round(mo["timing"]["notebook_seconds"]["01_generate"] + t_on, 1), "online_notebooks": mn["timing"]["notebook_seconds"],
+        "offline_01_02b_03_04": round(t_off, 1),
+        "offline_notebooks": mo["timing"]["notebook_seconds"],
+        "online_01_03_04": round(mo["timing"]["notebook_seconds"]["01_generate"] + t_on, 1),
+        "online_notebooks": mn["timing"]["notebook_seconds"],
     }
     # the same samples re-extracted: int8 storage, and 2 worker processes
     for name, extra in (("int8", {"aux_storage": "int8"}), ("workers2", {"extract_workers": 2})):
@@ -95,11 +136,21 @@ def main(params_file: str, outputs_dir: str, device: str = "cpu", direct: bool =
         (root / "data").mkdir(parents=True)
         for f in (off / "data").iterdir():
             shutil.copy(f, root / "data" / f.name)
-        p = load_params(params_file, interactive=False, **dict(ov, run_name=f"bench-{name}", **extra))
+        p = load_params(
+            params_file, interactive=False, **dict(ov, run_name=f"bench-{name}", **extra)
+        )
         t0 = time.time()
         r = extract_sglang_step(p, progress=False)
-        res[f"extract_{name}"] = {"seconds": round(time.time() - t0, 2), "tokens_per_s": r["stats"]["tokens_per_s"], "shard_bytes": _shard_bytes(RunDir(p).dataset), "estimated_shard_bytes": r["stats"]["disk"]["shard_bytes"], "aux_quantization": r["manifest"].get("aux_quantization")}
-    res["int8_size_ratio"] = round(res["extract_int8"]["shard_bytes"] / res["disk"]["written_shard_bytes"], 4)
+        res[f"extract_{name}"] = {
+            "seconds": round(time.time() - t0, 2),
+            "tokens_per_s": r["stats"]["tokens_per_s"],
+            "shard_bytes": _shard_bytes(RunDir(p).dataset),
+            "estimated_shard_bytes": r["stats"]["disk"]["shard_bytes"],
+            "aux_quantization": r["manifest"].get("aux_quantization"),
+        }
+    res["int8_size_ratio"] = round(
+        res["extract_int8"]["shard_bytes"] / res["disk"]["written_shard_bytes"], 4
+    )
     res["load_average_at_end"] = os.getloadavg()
     dst = ROOT / "bench" / "results" / f"online_offline_{device.replace(':', '')}.json"
     dst.parent.mkdir(parents=True, exist_ok=True)
@@ -110,11 +161,17 @@ def main(params_file: str, outputs_dir: str, device: str = "cpu", direct: bool =
 if __name__ == "__main__":
     import argparse
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("params_file")
     ap.add_argument("--outputs-dir", default=str(ROOT / "bench" / "results" / "outputs"))
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--direct", action="store_true", help="run the step functions in-process (no Jupyter needed)")
+    ap.add_argument(
+        "--direct",
+        action="store_true",
+        help="run the step functions in-process (no Jupyter needed)",
+    )
     ap.add_argument("--out", default=None, help="also copy the JSON here")
     a = ap.parse_args()
     r = main(a.params_file, a.outputs_dir, a.device, a.direct)

@@ -29,7 +29,11 @@ from eagle3nb.run import run_notebooks
 FLOOR = 3.5
 
 
-def main(params_file: Path = typer.Option(ROOT / "params" / "default.yaml"), reuse: bool = typer.Option(False, help="read an existing run instead of running it"), out: Path = typer.Option(ROOT / "bench" / "results" / "quality.json")):
+def main(
+    params_file: Path = typer.Option(ROOT / "params" / "default.yaml"),
+    reuse: bool = typer.Option(False, help="read an existing run instead of running it"),
+    out: Path = typer.Option(ROOT / "bench" / "results" / "quality.json"),
+):
     p = load_params(params_file)
     t0 = time.time()
     if not reuse:
@@ -39,7 +43,9 @@ def main(params_file: Path = typer.Option(ROOT / "params" / "default.yaml"), reu
     tau = e["tau"]
     res = {
         "benchmark": "quality",
-        "params_file": str(params_file.relative_to(ROOT) if params_file.is_relative_to(ROOT) else params_file),
+        "params_file": str(
+            params_file.relative_to(ROOT) if params_file.is_relative_to(ROOT) else params_file
+        ),
         "k": e["k"],
         "tau_trained": tau["trained"],
         "tau_untrained": tau.get("untrained"),
@@ -57,7 +63,12 @@ def main(params_file: Path = typer.Option(ROOT / "params" / "default.yaml"), reu
     }
     atomic_write_json(out, res)
     print(json.dumps(res, indent=2))
-    ok = res["meets_floor"] and res["beats_untrained"] and res["beats_shifted"] and res["greedy_mismatches"] == 0
+    ok = (
+        res["meets_floor"]
+        and res["beats_untrained"]
+        and res["beats_shifted"]
+        and res["greedy_mismatches"] == 0
+    )
     raise typer.Exit(0 if ok else 1)
 
 

@@ -28,7 +28,13 @@ from eagle3nb.params import load_params, resolve_device
 def main(params_file: str, device: str = "cpu", **overrides) -> dict:
     p = load_params(params_file, device=device, interactive=False, **overrides)
     times = {}
-    for name, fn in [("01_generate", generate_step), ("02a_extract_vllm", extract_vllm_step), ("02b_extract_sglang", extract_sglang_step), ("03_train", train_step), ("04_eval_acceptance", eval_step)]:
+    for name, fn in [
+        ("01_generate", generate_step),
+        ("02a_extract_vllm", extract_vllm_step),
+        ("02b_extract_sglang", extract_sglang_step),
+        ("03_train", train_step),
+        ("04_eval_acceptance", eval_step),
+    ]:
         if name == "02a_extract_vllm" and not p.vllm_extract:
             continue
         t0 = time.time()
@@ -36,14 +42,18 @@ def main(params_file: str, device: str = "cpu", **overrides) -> dict:
         times[name] = round(time.time() - t0, 2)
         print(f"{name}: {times[name]} s", flush=True)
     rd = RunDir(p)
-    update_metrics(rd.metrics, "timing", {"step_seconds_in_process": times, "device": resolve_device(p)})
+    update_metrics(
+        rd.metrics, "timing", {"step_seconds_in_process": times, "device": resolve_device(p)}
+    )
     return json.loads(rd.metrics.read_text())
 
 
 if __name__ == "__main__":
     import argparse
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("params_file")
     ap.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto")
     ap.add_argument("--outputs-dir", default=None)

@@ -49,7 +49,9 @@ from eagle3nb.params import load_params
 
 def _prepare(p) -> None:
     rd = RunDir(p)
-    if not (rd.dataset / "manifest.json").exists() or not json.loads((rd.dataset / "manifest.json").read_text()).get("complete"):
+    if not (rd.dataset / "manifest.json").exists() or not json.loads(
+        (rd.dataset / "manifest.json").read_text()
+    ).get("complete"):
         generate_step(p, progress=False)
         extract_sglang_step(p, progress=False)
 
@@ -66,12 +68,27 @@ def _fresh_copy(p, n: int):
     return q
 
 
-def main(params_file: str, device: str, nprocs: list[int], steps_n: int, warmup: int, batch_size: int | None, out: str | None, cpu_threads: int = 1) -> dict:
+def main(
+    params_file: str,
+    device: str,
+    nprocs: list[int],
+    steps_n: int,
+    warmup: int,
+    batch_size: int | None,
+    out: str | None,
+    cpu_threads: int = 1,
+) -> dict:
     if device == "cpu":
         torch.set_num_threads(cpu_threads)  # the 1-process run trains in this process
         os.environ["OMP_NUM_THREADS"] = str(cpu_threads)  # torchrun's workers
     load_before = os.getloadavg()
-    over = {"device": device, "interactive": False, "run_name": "bench-scaling", "max_steps": steps_n, "checkpoint_every": 10**6}
+    over = {
+        "device": device,
+        "interactive": False,
+        "run_name": "bench-scaling",
+        "max_steps": steps_n,
+        "checkpoint_every": 10**6,
+    }
     if batch_size:
         over["batch_size"] = batch_size
     p = load_params(params_file, **over)
@@ -88,29 +105,75 @@ def main(params_file: str, device: str, nprocs: list[int], steps_n: int, warmup:
         st = json.loads((RunDir(q).train / "step_times.json").read_text())
         secs, toks = st["seconds"][warmup:], st["token_steps"][warmup:]
         runs[str(n)] = {
-            "processes": n, "parallel": s["parallel"], "steps": s["steps"], "seconds": s["seconds"], "wall_seconds_incl_startup": round(wall, 2),
-            "tokens_per_s": s["loss_token_steps_per_s"], "steady_tokens_per_s": round(sum(toks) / sum(secs), 1) if secs else None,
-            "steady_ms_per_step": round(1000 * sum(secs) / len(secs), 2) if secs else None, "padding_fraction": s["padding_fraction"],
+            "processes": n,
+            "parallel": s["parallel"],
+            "steps": s["steps"],
+            "seconds": s["seconds"],
+            "wall_seconds_incl_startup": round(wall, 2),
+            "tokens_per_s": s["loss_token_steps_per_s"],
+            "steady_tokens_per_s": round(sum(toks) / sum(secs), 1) if secs else None,
+            "steady_ms_per_step": round(1000 * sum(secs) / len(secs), 2) if secs else None,
+            "padding_fraction": s["padding_fraction"],
         }
         weights[n] = load_file(str(RunDir(q).drafter / "model.safetensors"))
-        print(f"{n} process(es): {runs[str(n)]['steady_tokens_per_s']} loss-token-steps/s steady ({runs[str(n)]['steady_ms_per_step']} ms/step)", flush=True)
+        print(
+            f"{n} process(es): {runs[str(n)]['steady_tokens_per_s']} loss-token-steps/s steady ({runs[str(n)]['steady_ms_per_step']} ms/step)",
+            flush=True,
+        )
     base = nprocs[0]
     for n in nprocs:
         r = runs[str(n)]
-        r["speedup_vs_%d" % base] = round(r["steady_tokens_per_s"] / runs[str(base)]["steady_tokens_per_s"], 3) if r["steady_tokens_per_s"] else None
-        r["max_abs_weight_diff_vs_%d" % base] = max(float((weights[n][k].double() - weights[base][k].double()).abs().max()) for k in weights[base])
+        r["speedup_vs_%d" % base] = (
+            round(r["steady_tokens_per_s"] / runs[str(base)]["steady_tokens_per_s"], 3)
+            if r["steady_tokens_per_s"]
+            else None
+        )
+        r["max_abs_weight_diff_vs_%d" % base] = max(
+            float((weights[n][k].double() - weights[base][k].double()).abs().max())
+            for k in weights[base]
+        )
     res = {
         "what": "drafter training throughput (loss-bearing tokens x TTT steps / s, all ranks) at a fixed global batch, 1 vs N data-parallel processes",
-        "device": device, "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") and torch.cuda.is_available() else None,
-        "cpu_count": os.cpu_count(), "platform": platform.platform(), "torch": torch.__version__,
-        "params_file": params_file, "global_batch": p.batch_size, "ttt_steps": p.ttt_steps, "steps": steps_n, "warmup_steps_excluded": warmup,
-        "model": p.model, "drafter": {"heads": p.draft_num_heads, "kv_heads": p.draft_num_kv_heads, "intermediate": p.draft_intermediate_size, "draft_vocab": p.draft_vocab_size},
+        "device": device,
+        "gpu": torch.cuda.get_device_name(0)
+        if device.startswith("cuda") and torch.cuda.is_available()
+        else None,
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "params_file": params_file,
+        "global_batch": p.batch_size,
+        "ttt_steps": p.ttt_steps,
+        "steps": steps_n,
+        "warmup_steps_excluded": warmup,
+        "model": p.model,
+        "drafter": {
+            "heads": p.draft_num_heads,
+            "kv_heads": p.draft_num_kv_heads,
+            "intermediate": p.draft_intermediate_size,
+            "draft_vocab": p.draft_vocab_size,
+        },
         "cpu_threads_per_process": cpu_threads if device == "cpu" else None,
-        "load_average_1_5_15min": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
-        "data_prep_seconds": round(prep_s, 2), "n_train_samples": read_metrics(RunDir(p).metrics).get("extract", {}).get("n_samples"),
+        "load_average_1_5_15min": {
+            "before": [round(x, 2) for x in load_before],
+            "after": [round(x, 2) for x in os.getloadavg()],
+        },
+        "data_prep_seconds": round(prep_s, 2),
+        "n_train_samples": read_metrics(RunDir(p).metrics).get("extract", {}).get("n_samples"),
         "runs": runs,
     }
-    path = Path(out) if out else ROOT / "bench" / "results" / ("train_scaling.json" if device == "cpu" else f"train_scaling_{device.replace(':', '')}.json")
+    path = (
+        Path(out)
+        if out
+        else ROOT
+        / "bench"
+        / "results"
+        / (
+            "train_scaling.json"
+            if device == "cpu"
+            else f"train_scaling_{device.replace(':', '')}.json"
+        )
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(res, indent=1))
     print(f"wrote {path}")
@@ -118,15 +181,36 @@ def main(params_file: str, device: str, nprocs: list[int], steps_n: int, warmup:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--params", default="params/default.yaml")
-    ap.add_argument("--device", default="cpu", help="cpu (gloo) or cuda (nccl, one GPU per process)")
-    ap.add_argument("--nprocs", default="1,2", help="comma-separated process counts; the first is the baseline")
+    ap.add_argument(
+        "--device", default="cpu", help="cpu (gloo) or cuda (nccl, one GPU per process)"
+    )
+    ap.add_argument(
+        "--nprocs", default="1,2", help="comma-separated process counts; the first is the baseline"
+    )
     ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--warmup", type=int, default=10, help="first steps left out of the steady rate")
-    ap.add_argument("--batch-size", type=int, default=None, help="global batch (default: the params file's)")
+    ap.add_argument(
+        "--warmup", type=int, default=10, help="first steps left out of the steady rate"
+    )
+    ap.add_argument(
+        "--batch-size", type=int, default=None, help="global batch (default: the params file's)"
+    )
     ap.add_argument("--out", default=None)
-    ap.add_argument("--cpu-threads", type=int, default=1, help="intra-op threads per process on CPU")
+    ap.add_argument(
+        "--cpu-threads", type=int, default=1, help="intra-op threads per process on CPU"
+    )
     a = ap.parse_args()
-    r = main(a.params, a.device, [int(x) for x in a.nprocs.split(",")], a.steps, a.warmup, a.batch_size, a.out, a.cpu_threads)
+    r = main(
+        a.params,
+        a.device,
+        [int(x) for x in a.nprocs.split(",")],
+        a.steps,
+        a.warmup,
+        a.batch_size,
+        a.out,
+        a.cpu_threads,
+    )
     print(json.dumps(r["runs"], indent=1))

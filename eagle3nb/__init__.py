@@ -23,6 +23,7 @@ training/           training the drafter with training-time test (TTT)
     online          online training: the target captures each batch's aux states in the loop
 drafter/            the EAGLE-3 draft model and what is done with it
     model           the drafter (mirrors SGLang llama_eagle3 and vLLM's EAGLE-3 head)
+    flex_attention  the TTT attention through flex attention (fast path; eager is the reference)
     vocab           draft vocabulary: d2t offsets and the t2d mask from token counts
     export          export for SGLang and vLLM, load back (refusing broken folders)
     engine_read     read an exported config as each serving engine does; what it ignores

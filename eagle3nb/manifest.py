@@ -17,7 +17,16 @@ from typing import Any, Iterable
 
 from eagle3nb import __version__
 
-__all__ = ["publish_permissions", "sha256_file", "git_commit", "atomic_write_json", "read_json", "provenance", "check_compatible", "ManifestMismatch"]
+__all__ = [
+    "publish_permissions",
+    "sha256_file",
+    "git_commit",
+    "atomic_write_json",
+    "read_json",
+    "provenance",
+    "check_compatible",
+    "ManifestMismatch",
+]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -34,8 +43,16 @@ def sha256_file(path: str | os.PathLike) -> str:
 def git_commit() -> str:
     """The repository's HEAD commit (with ``-dirty`` when the tree has changes), or ``unknown``."""
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
         return (sha + ("-dirty" if dirty else "")) if sha else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -93,7 +110,9 @@ class ManifestMismatch(ValueError):
     """An artefact was produced under different settings than the step using it expects."""
 
 
-def check_compatible(have: dict, want: dict, keys: Iterable[str], what: str, override_param: str) -> None:
+def check_compatible(
+    have: dict, want: dict, keys: Iterable[str], what: str, override_param: str
+) -> None:
     """Refuse when ``have[k] != want[k]`` for any of ``keys`` (dotted keys reach into dicts).
 
     Raises:
@@ -106,6 +125,14 @@ def check_compatible(have: dict, want: dict, keys: Iterable[str], what: str, ove
             d = d.get(part) if isinstance(d, dict) else None
         return d
 
-    diffs = [f"{k}: artefact has {get(have, k)!r}, expected {get(want, k)!r}" for k in keys if get(have, k) != get(want, k)]
+    diffs = [
+        f"{k}: artefact has {get(have, k)!r}, expected {get(want, k)!r}"
+        for k in keys
+        if get(have, k) != get(want, k)
+    ]
     if diffs:
-        raise ManifestMismatch(f"{what} does not match this run: " + "; ".join(diffs) + f". Fix the inputs, or set {override_param}=True to continue anyway.")
+        raise ManifestMismatch(
+            f"{what} does not match this run: "
+            + "; ".join(diffs)
+            + f". Fix the inputs, or set {override_param}=True to continue anyway."
+        )

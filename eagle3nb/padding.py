@@ -39,8 +39,9 @@ def pad_right(
     Raises:
         ValueError: no samples, or samples whose trailing shapes ``rest`` differ.
     """
-    rows = [s if isinstance(s, torch.Tensor) else torch.tensor(list(s), dtype=torch.long)
-            for s in seqs]
+    rows = [
+        s if isinstance(s, torch.Tensor) else torch.tensor(list(s), dtype=torch.long) for s in seqs
+    ]
     if not rows:
         raise ValueError("pad_right got no samples: a batch needs at least one")
     rest = tuple(rows[0].shape[1:])

@@ -10,7 +10,6 @@ from __future__ import annotations
 from eagle3nb.params import RunParams
 
 
-
 def check_against_model(p: RunParams) -> dict:
     """Upfront checks of ``p`` against the target's ``config.json`` (no weights are loaded), so that
     a run fails before any notebook executes.
@@ -37,9 +36,13 @@ def check_against_model(p: RunParams) -> dict:
     n, V = cfg.get("num_hidden_layers"), cfg.get("vocab_size")
     for k, v in (("num_hidden_layers", n), ("vocab_size", V)):
         if not isinstance(v, int) or v < 1:
-            raise ValueError(f"model={p.model!r}: {path}/config.json has {k}={v!r}; eagle3nb needs a positive int there (restore the original config.json)")
+            raise ValueError(
+                f"model={p.model!r}: {path}/config.json has {k}={v!r}; eagle3nb needs a positive int there (restore the original config.json)"
+            )
     if p.draft_vocab_size > V:
-        raise ValueError(f"draft_vocab_size={p.draft_vocab_size} exceeds the target vocab_size={V} of model={p.model!r}; set draft_vocab_size to at most {V}")
+        raise ValueError(
+            f"draft_vocab_size={p.draft_vocab_size} exceeds the target vocab_size={V} of model={p.model!r}; set draft_vocab_size to at most {V}"
+        )
     try:
         ids, b = conventions.aux_ids_and_boundaries(p.convention, p.layer_ids, n)
     except ValueError as e:
@@ -56,7 +59,9 @@ def check_against_model(p: RunParams) -> dict:
         try:
             conventions.get_convention("sglang").boundaries_to_ids(b, n)
         except ValueError as e:
-            raise ValueError(f"extract_engine='sglang' cannot capture boundaries {b} (layer_ids={p.layer_ids}, convention {p.convention!r}) on model={p.model!r}: {e}; SGLang never captures boundary N={n} (its hooks take layer inputs only): pick lower boundaries, or set extract_engine: hf") from None
+            raise ValueError(
+                f"extract_engine='sglang' cannot capture boundaries {b} (layer_ids={p.layer_ids}, convention {p.convention!r}) on model={p.model!r}: {e}; SGLang never captures boundary N={n} (its hooks take layer inputs only): pick lower boundaries, or set extract_engine: hf"
+            ) from None
     nh = p.draft_num_heads or cfg.get("num_attention_heads")
     nkv = p.draft_num_kv_heads or (min(nh, cfg.get("num_key_value_heads") or nh) if nh else None)
     if nh and nkv and nh % nkv:

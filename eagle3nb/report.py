@@ -1,7 +1,7 @@
 """Run browser: list runs under ``outputs/`` with their key metrics and figures, compare two runs.
 
-    python -m eagle3nb.report                      # table of runs
-    python -m eagle3nb.report --compare default smoke
+python -m eagle3nb.report                      # table of runs
+python -m eagle3nb.report --compare default smoke
 """
 
 from __future__ import annotations
@@ -65,27 +65,43 @@ def compare_runs(a: str, b: str, outputs_dir: str | Path = "outputs") -> list[di
     for r in (a, b):
         f = root / r / "metrics.json"
         if not f.is_file():
-            raise FileNotFoundError(f"run {r!r} has no metrics.json at {f}; list runs with `python -m eagle3nb.report`")
+            raise FileNotFoundError(
+                f"run {r!r} has no metrics.json at {f}; list runs with `python -m eagle3nb.report`"
+            )
         ms.append(json.loads(f.read_text()))
     out = []
     for label, path in KEY_METRICS:
         va, vb = _get(ms[0], path), _get(ms[1], path)
-        num = isinstance(va, (int, float)) and isinstance(vb, (int, float)) and not isinstance(va, bool)
-        out.append({"metric": label, a: va, b: vb, f"{b} - {a}": round(vb - va, 4) if num else None})
+        num = (
+            isinstance(va, (int, float))
+            and isinstance(vb, (int, float))
+            and not isinstance(va, bool)
+        )
+        out.append(
+            {"metric": label, a: va, b: vb, f"{b} - {a}": round(vb - va, 4) if num else None}
+        )
     return out
 
 
 def _table(rows: list[dict], cols: list[str]) -> str:
     w = {c: max(len(c), *(len(str(r.get(c))) for r in rows)) for c in cols}
     line = "  ".join(c.ljust(w[c]) for c in cols)
-    return "\n".join([line, "  ".join("-" * w[c] for c in cols)] + ["  ".join(str(r.get(c)).ljust(w[c]) for c in cols) for r in rows])
+    return "\n".join(
+        [line, "  ".join("-" * w[c] for c in cols)]
+        + ["  ".join(str(r.get(c)).ljust(w[c]) for c in cols) for r in rows]
+    )
 
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
 
 @app.command()
-def main(outputs_dir: str = typer.Option("outputs", help="folder holding runs"), compare: Optional[list[str]] = typer.Option(None, help="two run names to compare (repeat the option)")):
+def main(
+    outputs_dir: str = typer.Option("outputs", help="folder holding runs"),
+    compare: Optional[list[str]] = typer.Option(
+        None, help="two run names to compare (repeat the option)"
+    ),
+):
     """List runs, or compare two."""
     if compare:
         if len(compare) != 2:
@@ -95,8 +111,25 @@ def main(outputs_dir: str = typer.Option("outputs", help="folder holding runs"),
     else:
         rows = list_runs(outputs_dir)
         for r in rows:
-            r["figures (open in a browser)"] = " ".join(Path(f).relative_to(resolve_path(outputs_dir)).as_posix() for f in r["figures"])
-        typer.echo(_table(rows, ["run", "tau trained", "tau untrained", "tau boundaries +1", "train steps", "total s", "figures (open in a browser)"]) if rows else f"no runs under {resolve_path(outputs_dir)}")
+            r["figures (open in a browser)"] = " ".join(
+                Path(f).relative_to(resolve_path(outputs_dir)).as_posix() for f in r["figures"]
+            )
+        typer.echo(
+            _table(
+                rows,
+                [
+                    "run",
+                    "tau trained",
+                    "tau untrained",
+                    "tau boundaries +1",
+                    "train steps",
+                    "total s",
+                    "figures (open in a browser)",
+                ],
+            )
+            if rows
+            else f"no runs under {resolve_path(outputs_dir)}"
+        )
 
 
 if __name__ == "__main__":

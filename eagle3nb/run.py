@@ -30,7 +30,12 @@ NB_DIR = REPO_ROOT / "notebooks"
 app = typer.Typer(add_completion=False, help=__doc__)
 
 
-def run_notebooks(params_file: str | Path, only: Optional[list[str]] = None, overrides: Optional[dict] = None, log_output: bool = False) -> Path:
+def run_notebooks(
+    params_file: str | Path,
+    only: Optional[list[str]] = None,
+    overrides: Optional[dict] = None,
+    log_output: bool = False,
+) -> Path:
     """Execute the notebooks in order for one params file; returns the run directory.
 
     Raises:
@@ -43,17 +48,26 @@ def run_notebooks(params_file: str | Path, only: Optional[list[str]] = None, ove
 
     p = load_params(params_file, **(overrides or {}))
     check_against_model(p)  # model, vocab, layer ids, heads: fail before any notebook runs
-    load_prompts(resolve_path(p.prompts_file))  # no prompt / duplicates: refused before any notebook
+    load_prompts(
+        resolve_path(p.prompts_file)
+    )  # no prompt / duplicates: refused before any notebook
     names = only or NOTEBOOKS
     unknown = [n for n in names if n not in NOTEBOOKS]
     if unknown:
         raise ValueError(f"only={unknown}: unknown notebooks; choose from {NOTEBOOKS}")
-    if p.training_mode == "online" and only is None:  # 03 captures each batch itself: no dataset to extract
+    if (
+        p.training_mode == "online" and only is None
+    ):  # 03 captures each batch itself: no dataset to extract
         names = [n for n in names if not n.startswith("02")]
-        print(f"[eagle3nb] training_mode=online: skipping {[n for n in NOTEBOOKS if n.startswith('02')]} (the target runs inside 03)", flush=True)
+        print(
+            f"[eagle3nb] training_mode=online: skipping {[n for n in NOTEBOOKS if n.startswith('02')]} (the target runs inside 03)",
+            flush=True,
+        )
     rd = RunDir(p).make()
     rd.notebooks.mkdir(parents=True, exist_ok=True)
-    all_params = dict(p.model_dump(), interactive=False)  # headless: no widgets or progress bars; figures go to HTML
+    all_params = dict(
+        p.model_dump(), interactive=False
+    )  # headless: no widgets or progress bars; figures go to HTML
     (rd.root / "params.yaml").write_text(yaml.safe_dump(all_params, sort_keys=False))
     times = {}
     t_all = time.time()
@@ -66,12 +80,28 @@ def run_notebooks(params_file: str | Path, only: Optional[list[str]] = None, ove
         params = {k: all_params[k] for k in declared if k in all_params}
         t0 = time.time()
         print(f"[eagle3nb] {name}: running -> {rd.notebooks / (name + '.ipynb')}", flush=True)
-        pm.execute_notebook(str(src), str(rd.notebooks / f"{name}.ipynb"), parameters=params, cwd=str(NB_DIR), kernel_name="python3", progress_bar=False, log_output=log_output)
+        pm.execute_notebook(
+            str(src),
+            str(rd.notebooks / f"{name}.ipynb"),
+            parameters=params,
+            cwd=str(NB_DIR),
+            kernel_name="python3",
+            progress_bar=False,
+            log_output=log_output,
+        )
         times[name] = round(time.time() - t0, 2)
         print(f"[eagle3nb] {name}: done in {times[name]:.1f} s", flush=True)
         update_metrics(rd.metrics, "timing", {"notebook_seconds": dict(times)})
     if only is None:
-        update_metrics(rd.metrics, "timing", {"notebook_seconds": times, "total_seconds": round(time.time() - t_all, 2), "training_mode": p.training_mode})
+        update_metrics(
+            rd.metrics,
+            "timing",
+            {
+                "notebook_seconds": times,
+                "total_seconds": round(time.time() - t_all, 2),
+                "training_mode": p.training_mode,
+            },
+        )
     return rd.root
 
 

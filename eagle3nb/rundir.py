@@ -13,7 +13,6 @@ if TYPE_CHECKING:  # a type only: params imports this module
     from eagle3nb.params import RunParams
 
 
-
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 

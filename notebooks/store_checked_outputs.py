@@ -24,7 +24,11 @@ def strip(nb, executed=None):
         if c.cell_type != "code":
             continue
         keep = c.source.lstrip().startswith("# NBVAL_CHECK_OUTPUT")
-        c.outputs = executed.cells[i].outputs if (keep and executed is not None) else ([] if not keep else c.outputs)
+        c.outputs = (
+            executed.cells[i].outputs
+            if (keep and executed is not None)
+            else ([] if not keep else c.outputs)
+        )
         for o in c.outputs:
             o.pop("execution_count", None)
         c.execution_count = i if keep else None  # nbval skips reference cells that look unrun
@@ -40,7 +44,12 @@ def main():
         executed = None
         if run:
             executed = nbformat.read(path, as_version=4)
-            NotebookClient(executed, timeout=1200, kernel_name="python3", resources={"metadata": {"path": str(NB)}}).execute()
+            NotebookClient(
+                executed,
+                timeout=1200,
+                kernel_name="python3",
+                resources={"metadata": {"path": str(NB)}},
+            ).execute()
         nbformat.write(strip(nb, executed), path)
         print("stored", path.name)
 

@@ -1,6 +1,12 @@
 import torch
 
-from eagle3nb.drafter.acceptance import AcceptanceStats, draft_chain, evaluate_acceptance, greedy_generate, speculative_generate
+from eagle3nb.drafter.acceptance import (
+    AcceptanceStats,
+    draft_chain,
+    evaluate_acceptance,
+    greedy_generate,
+    speculative_generate,
+)
 from eagle3nb.target.capture import capture_boundaries
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3nb.training.objective import shift_left
@@ -27,7 +33,9 @@ def test_output_equals_plain_greedy_untrained_drafter(target):
     d = drafter_for(model)
     for text in ["Once upon a time, there was a", "Tom and Sam went to the"]:
         p = tok(text).input_ids
-        new, st = speculative_generate(model, d, p, [1, 2, 4], k=4, max_new_tokens=40, eos_token_id=tok.eos_token_id)
+        new, st = speculative_generate(
+            model, d, p, [1, 2, 4], k=4, max_new_tokens=40, eos_token_id=tok.eos_token_id
+        )
         assert new == greedy_generate(model, p, 40, tok.eos_token_id)
         assert st.cycles > 0 and st.emitted_tokens == len(new)
 
@@ -58,7 +66,9 @@ def test_evaluate_reports_consistent_numbers(target):
     model, tok, _ = target
     d = drafter_for(model)
     prompts = [tok("One day, a big dog").input_ids]
-    r = evaluate_acceptance(model, d, prompts, [1, 2, 4], k=3, max_new_tokens=12, eos_token_id=tok.eos_token_id)
+    r = evaluate_acceptance(
+        model, d, prompts, [1, 2, 4], k=3, max_new_tokens=12, eos_token_id=tok.eos_token_id
+    )
     a = r["per_position_acceptance"]
     assert r["greedy_mismatches"] == []
     assert abs(r["tau"] - (1 + sum(a))) < 1e-12
@@ -81,7 +91,9 @@ def test_verifier_bookkeeping_with_fake_oracle_drafts(target, monkeypatch):
         return [t if i < right else (t + 1) % 512 for i, t in enumerate(nxt)]
 
     monkeypatch.setattr(acc, "draft_chain", fake_oracle_draft_chain)
-    new, st = acc.speculative_generate(model, None, p, [1, 2, 4], k=k, max_new_tokens=60, eos_token_id=None)
+    new, st = acc.speculative_generate(
+        model, None, p, [1, 2, 4], k=k, max_new_tokens=60, eos_token_id=None
+    )
     assert new == truth
     # each cycle emits right + 1 tokens; the last cycle may be cut by max_new_tokens
     assert st.accepted_per_pos == [st.cycles, st.cycles, 0, 0]

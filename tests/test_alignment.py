@@ -17,7 +17,11 @@ def test_sglang_ids_measured_at_their_boundaries(target):
     assert v["ok"] and v["measured"] == [1, 2, 4]
     # the same capture declared with vLLM's reading of ids [0, 1, 3] is off by +1
     v2 = alignment_verdict(err, bnds, [0, 1, 3], "float32")
-    assert not v2["ok"] and [s["verdict"] for s in v2["slots"]] == ["off by +1", "off by +1", "off by +1"]
+    assert not v2["ok"] and [s["verdict"] for s in v2["slots"]] == [
+        "off by +1",
+        "off by +1",
+        "off by +1",
+    ]
     assert alignment_figure(err, bnds, [1, 2, 4], "hf-transformers").data[0].z is not None
 
 
@@ -29,7 +33,12 @@ def test_noise_beyond_tolerance_is_no_match_and_bf16_within(target):
     bf16 = exact.to(torch.bfloat16).float()
     err, bnds = alignment_matrix(bf16, ref, 2)
     assert alignment_verdict(err, bnds, [1, 2], "bfloat16")["ok"]
-    assert not alignment_verdict(err, bnds, [1, 2], "float32")["ok"]  # bf16 rounding is not float32-exact
+    assert not alignment_verdict(err, bnds, [1, 2], "float32")[
+        "ok"
+    ]  # bf16 rounding is not float32-exact
     noisy = exact + 0.5 * exact.std() * torch.randn_like(exact)
     err, bnds = alignment_matrix(noisy, ref, 2)
-    assert [s["verdict"] for s in alignment_verdict(err, bnds, [1, 2], "bfloat16")["slots"]] == ["no match", "no match"]
+    assert [s["verdict"] for s in alignment_verdict(err, bnds, [1, 2], "bfloat16")["slots"]] == [
+        "no match",
+        "no match",
+    ]

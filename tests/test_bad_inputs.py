@@ -37,8 +37,19 @@ def _expect(path: Path) -> str:
 
 def test_every_params_kind_is_present():
     names = {f.stem for f in PARAM_FILES}
-    assert {"unknown_key", "wrong_type", "k_zero", "layer_ids_unsorted", "layer_ids_duplicate", "layer_ids_out_of_range",
-            "draft_vocab_too_big", "missing_model", "missing_prompts", "completion_with_template", "run_name_slash"} <= names
+    assert {
+        "unknown_key",
+        "wrong_type",
+        "k_zero",
+        "layer_ids_unsorted",
+        "layer_ids_duplicate",
+        "layer_ids_out_of_range",
+        "draft_vocab_too_big",
+        "missing_model",
+        "missing_prompts",
+        "completion_with_template",
+        "run_name_slash",
+    } <= names
 
 
 @pytest.mark.parametrize("path", PARAM_FILES, ids=[f.stem for f in PARAM_FILES])
@@ -47,7 +58,9 @@ def test_bad_params_file(path):
         check_against_model(load_params(path))
 
 
-@pytest.mark.parametrize("path", sorted((REPO_ROOT / "params").glob("*.yaml")), ids=lambda f: f.stem)
+@pytest.mark.parametrize(
+    "path", sorted((REPO_ROOT / "params").glob("*.yaml")), ids=lambda f: f.stem
+)
 def test_shipped_params_pass_model_checks(path):
     info = check_against_model(load_params(path))
     assert info["n_layers"] == 5 and info["vocab_size"] == 512
@@ -55,8 +68,14 @@ def test_shipped_params_pass_model_checks(path):
 
 def test_model_checks_return_what_the_run_captures():
     info = check_against_model(RunParams())
-    assert info["boundaries"] == [1, 2, 4] and info["layer_ids"] == [0, 1, 3]  # sglang: id = boundary - 1
-    info = check_against_model(RunParams(convention="vllm", layer_ids=[1, 3, 5], extract_engine="hf"))  # boundary N: HF only
+    assert info["boundaries"] == [1, 2, 4] and info["layer_ids"] == [
+        0,
+        1,
+        3,
+    ]  # sglang: id = boundary - 1
+    info = check_against_model(
+        RunParams(convention="vllm", layer_ids=[1, 3, 5], extract_engine="hf")
+    )  # boundary N: HF only
     assert info["boundaries"] == [1, 3, 5]
 
 
@@ -65,7 +84,10 @@ def test_run_notebooks_checks_the_model_before_any_notebook(tmp_path):
     from eagle3nb.run import run_notebooks
 
     with pytest.raises(ValueError, match=r"layer_ids=\[0, 1, 4\]"):
-        run_notebooks(BAD / "params" / "layer_ids_out_of_range.yaml", overrides={"outputs_dir": str(tmp_path), "run_name": "bad"})
+        run_notebooks(
+            BAD / "params" / "layer_ids_out_of_range.yaml",
+            overrides={"outputs_dir": str(tmp_path), "run_name": "bad"},
+        )
     assert not (tmp_path / "bad").exists()
 
 
@@ -99,9 +121,14 @@ def _tiny_model(tmp_path, n_layers):
 
 def test_too_few_layers_for_the_default_picker(tmp_path):
     m = _tiny_model(tmp_path, 2)
-    with pytest.raises(ValueError, match=r"layer_ids=None: no default aux layers for model=.* \(num_hidden_layers=2\).*>= 3 layers.*set layer_ids explicitly"):
+    with pytest.raises(
+        ValueError,
+        match=r"layer_ids=None: no default aux layers for model=.* \(num_hidden_layers=2\).*>= 3 layers.*set layer_ids explicitly",
+    ):
         check_against_model(RunParams(model=m))
-    assert check_against_model(RunParams(model=m, convention="vllm", layer_ids=[1, 2], extract_engine="hf"))["boundaries"] == [1, 2]
+    assert check_against_model(
+        RunParams(model=m, convention="vllm", layer_ids=[1, 2], extract_engine="hf")
+    )["boundaries"] == [1, 2]
 
 
 def test_default_boundaries_the_convention_cannot_capture(tmp_path):
@@ -112,7 +139,9 @@ def test_default_boundaries_the_convention_cannot_capture(tmp_path):
 
 def test_kv_heads_from_target_must_divide(tmp_path):
     # draft_num_heads 0 = the target's 8 heads; 3 kv heads do not divide them
-    with pytest.raises(ValueError, match=r"draft_num_heads=0 \(8 heads\) is not a multiple of draft_num_kv_heads=3"):
+    with pytest.raises(
+        ValueError, match=r"draft_num_heads=0 \(8 heads\) is not a multiple of draft_num_kv_heads=3"
+    ):
         check_against_model(RunParams(draft_num_heads=0, draft_num_kv_heads=3))
 
 
@@ -140,7 +169,9 @@ def exported(tmp_path_factory):
     d = Eagle3Drafter(DrafterConfig.for_target(tc, 256))
     counts = torch.randint(0, 100, (512,))  # a scattered draft vocab (offsets not all zero)
     d.set_vocab(*build_draft_vocab(counts, 256))
-    out = export_drafter(d, tmp_path_factory.mktemp("drafter") / "d", [1, 2, 4], 5, {"kind": "test"}, 1, 2)
+    out = export_drafter(
+        d, tmp_path_factory.mktemp("drafter") / "d", [1, 2, 4], 5, {"kind": "test"}, 1, 2
+    )
     load_drafter(out)  # the unbroken export loads
     return out
 
@@ -150,20 +181,39 @@ def _break_weights(sd):
 
 
 DRAFTER_CASES = {
-    "missing_lm_head": (lambda sd: sd.pop("lm_head.weight"), None, r"drafter .* lacks required tensors \['lm_head\.weight'\]; re-export it"),
-    "missing_d2t": (lambda sd: sd.pop("d2t"), None, r"lacks required tensors \['d2t'\]; re-export it"),
-    "missing_t2d": (lambda sd: sd.pop("t2d"), None, r"lacks required tensors \['t2d'\]; re-export it"),
+    "missing_lm_head": (
+        lambda sd: sd.pop("lm_head.weight"),
+        None,
+        r"drafter .* lacks required tensors \['lm_head\.weight'\]; re-export it",
+    ),
+    "missing_d2t": (
+        lambda sd: sd.pop("d2t"),
+        None,
+        r"lacks required tensors \['d2t'\]; re-export it",
+    ),
+    "missing_t2d": (
+        lambda sd: sd.pop("t2d"),
+        None,
+        r"lacks required tensors \['t2d'\]; re-export it",
+    ),
     "fc_width": (
-        lambda sd: sd.__setitem__("fc.weight", torch.zeros(64, 2 * 64)), None,
+        lambda sd: sd.__setitem__("fc.weight", torch.zeros(64, 2 * 64)),
+        None,
         r"fc\.weight: file \(64, 128\) vs config \(64, 192\) \(fc input width must be n_aux x target_hidden_size = 3 x 64\).*re-export the drafter",
     ),
     "draft_vocab_size_config": (
-        None, lambda cfg: cfg.__setitem__("draft_vocab_size", 200),
+        None,
+        lambda cfg: cfg.__setitem__("draft_vocab_size", 200),
         r"lm_head\.weight: file \(256, 64\) vs config \(200, 64\) \(lm_head rows must equal draft_vocab_size=200\).*correct config\.json",
     ),
-    "d2t_absolute_ids": (_break_weights, None, r"drafter .*model\.safetensors: d2t .*must hold offsets \(target = draft \+ d2t\[draft\]\).*rebuild"),
+    "d2t_absolute_ids": (
+        _break_weights,
+        None,
+        r"drafter .*model\.safetensors: d2t .*must hold offsets \(target = draft \+ d2t\[draft\]\).*rebuild",
+    ),
     "d2t_out_of_range": (
-        lambda sd: sd["d2t"].__setitem__(-1, 10_000), None,
+        lambda sd: sd["d2t"].__setitem__(-1, 10_000),
+        None,
         r"drafter .*model\.safetensors: d2t maps draft ids to target ids .*outside 0\.\.511.*rebuild it with build_draft_vocab",
     ),
 }

@@ -47,7 +47,9 @@ def _refuse_save(model, path, contents_manager, **kwargs):
 c.ContentsManager.pre_save_hook = _refuse_save
 c.FileCheckpoints.checkpoint_dir = {checkpoints!r}
 """
-BROWSER_RUN_TIMEOUT_S = 720  # hard cap for the node script (it has per-notebook timeouts of its own)
+BROWSER_RUN_TIMEOUT_S = (
+    720  # hard cap for the node script (it has per-notebook timeouts of its own)
+)
 
 
 def _free_port() -> int:
@@ -81,7 +83,11 @@ def _connects(host: str, port: int) -> bool:
 
 
 def _snapshot(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and ".ipynb_checkpoints" not in p.parts}
+    return {
+        str(p.relative_to(folder)): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and ".ipynb_checkpoints" not in p.parts
+    }
 
 
 def _write_json(path: Path, obj) -> None:
@@ -121,7 +127,8 @@ def jupyter_lab(tmp_path):
         PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
     )
     cmd = [
-        str(jupyter), "lab",
+        str(jupyter),
+        "lab",
         "--no-browser",
         "--ip=127.0.0.1",
         f"--port={port}",
@@ -134,38 +141,62 @@ def jupyter_lab(tmp_path):
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")  # CI containers run as root
     # No news feed, update check or extension manager (no internet needed).
-    _write_json(home / "config" / "jupyter_lab_config.json", {"LabApp": {"news_url": None, "check_for_updates_class": "jupyterlab.NeverCheckForUpdate", "extension_manager": "readonly"}})
+    _write_json(
+        home / "config" / "jupyter_lab_config.json",
+        {
+            "LabApp": {
+                "news_url": None,
+                "check_for_updates_class": "jupyterlab.NeverCheckForUpdate",
+                "extension_manager": "readonly",
+            }
+        },
+    )
     # The server refuses every save (and records the attempt): the stored notebooks cannot be written,
     # whatever the browser does. Checkpoints go to the temporary dir, not notebooks/.ipynb_checkpoints.
     saves = tmp_path / "save_attempts.log"
-    (home / "config" / "jupyter_server_config.py").write_text(SERVER_CONFIG.format(saves=str(saves), checkpoints=str(home / "checkpoints")))
+    (home / "config" / "jupyter_server_config.py").write_text(
+        SERVER_CONFIG.format(saves=str(saves), checkpoints=str(home / "checkpoints"))
+    )
     # JupyterLab user settings: no autosave; no "receive news?" toast over the screenshots.
     settings = home / "lab-settings" / "@jupyterlab"
-    _write_json(settings / "docmanager-extension" / "plugin.jupyterlab-settings", {"autosave": False})
-    _write_json(settings / "apputils-extension" / "notification.jupyterlab-settings", {"fetchNews": "false", "checkForUpdates": False})
+    _write_json(
+        settings / "docmanager-extension" / "plugin.jupyterlab-settings", {"autosave": False}
+    )
+    _write_json(
+        settings / "apputils-extension" / "notification.jupyterlab-settings",
+        {"fetchNews": "false", "checkForUpdates": False},
+    )
     log = tmp_path / "jupyter-lab.log"
     with open(log, "wb") as logf:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True
+        )
     try:
         t0 = time.monotonic()
         while True:
             if proc.poll() is not None:
                 pytest.fail(f"jupyter lab exited with {proc.returncode}:\n{_tail(log)}")
             try:
-                req = urllib.request.Request(f"{base}/api/status", headers={"Authorization": f"token {token}"})
+                req = urllib.request.Request(
+                    f"{base}/api/status", headers={"Authorization": f"token {token}"}
+                )
                 with urllib.request.urlopen(req, timeout=2) as r:
                     if r.status == 200:
                         break
             except (urllib.error.URLError, OSError):
                 pass
             if time.monotonic() - t0 > SERVER_START_TIMEOUT_S:
-                pytest.fail(f"jupyter lab did not answer /api/status within {SERVER_START_TIMEOUT_S}s:\n{_tail(log)}")
+                pytest.fail(
+                    f"jupyter lab did not answer /api/status within {SERVER_START_TIMEOUT_S}s:\n{_tail(log)}"
+                )
             time.sleep(0.25)
         print(f"\n[browser] jupyter lab up at {base} in {time.monotonic() - t0:.1f}s (log: {log})")
         yield base, token, proc, port, log, saves
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # its own session: the server and the kernels it started
+            os.killpg(
+                proc.pid, signal.SIGTERM
+            )  # its own session: the server and the kernels it started
             try:
                 proc.wait(timeout=15)
             except subprocess.TimeoutExpired:
@@ -186,10 +217,14 @@ def test_notebooks_run_in_jupyterlab_chromium(jupyter_lab):
     # The server must listen on the loopback interface only.
     addrs = _listen_addresses(port)
     if addrs:  # Linux: the listening sockets themselves
-        assert all(a == "0100007F" for a in addrs), f"jupyter lab listens on {addrs} (hex), not 127.0.0.1 only"
+        assert all(a == "0100007F" for a in addrs), (
+            f"jupyter lab listens on {addrs} (hex), not 127.0.0.1 only"
+        )
     assert _connects("127.0.0.1", port)
     if sys.platform.startswith("linux"):
-        assert not _connects("127.0.0.2", port), "jupyter lab accepts connections on 127.0.0.2: bound to a wildcard address"
+        assert not _connects("127.0.0.2", port), (
+            "jupyter lab accepts connections on 127.0.0.2: bound to a wildcard address"
+        )
 
     nb_dir = REPO / "notebooks"
     before, clean_before = _snapshot(nb_dir), _git_notebooks_clean()
@@ -198,18 +233,29 @@ def test_notebooks_run_in_jupyterlab_chromium(jupyter_lab):
     try:
         r = subprocess.run(
             ["node", str(SCRIPT), base, token, str(SCREENSHOTS)],
-            cwd=REPO, timeout=BROWSER_RUN_TIMEOUT_S, text=True, capture_output=True,
+            cwd=REPO,
+            timeout=BROWSER_RUN_TIMEOUT_S,
+            text=True,
+            capture_output=True,
             env={**os.environ, "EAGLE3NB_CHROMIUM": CHROMIUM},
         )
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        pytest.fail(f"browser run exceeded {BROWSER_RUN_TIMEOUT_S}s:\n{out[-6000:]}\n--- jupyter lab log ---\n{_tail(log)}")
+        pytest.fail(
+            f"browser run exceeded {BROWSER_RUN_TIMEOUT_S}s:\n{out[-6000:]}\n--- jupyter lab log ---\n{_tail(log)}"
+        )
     print(r.stdout)
-    (SCREENSHOTS / "run_notebooks.log").write_text(r.stdout + ("\n--- stderr ---\n" + r.stderr if r.stderr else ""))
+    (SCREENSHOTS / "run_notebooks.log").write_text(
+        r.stdout + ("\n--- stderr ---\n" + r.stderr if r.stderr else "")
+    )
     if r.stderr.strip():
         print("[browser] node stderr:\n" + r.stderr[-4000:])
-    print(f"[browser] node script: {time.monotonic() - t0:.1f}s, exit {r.returncode}; screenshots in {SCREENSHOTS}")
-    assert r.returncode == 0, f"browser run failed (exit {r.returncode}):\n{r.stdout[-6000:]}\n{r.stderr[-4000:]}\n--- jupyter lab log ---\n{_tail(log)}"
+    print(
+        f"[browser] node script: {time.monotonic() - t0:.1f}s, exit {r.returncode}; screenshots in {SCREENSHOTS}"
+    )
+    assert r.returncode == 0, (
+        f"browser run failed (exit {r.returncode}):\n{r.stdout[-6000:]}\n{r.stderr[-4000:]}\n--- jupyter lab log ---\n{_tail(log)}"
+    )
 
     # The stored notebooks stay as they were: nothing tried to save them through the server, and a
     # clean `git diff notebooks/` stays clean. (A change while git was already dirty can only come from
@@ -222,7 +268,9 @@ def test_notebooks_run_in_jupyterlab_chromium(jupyter_lab):
     if clean_before is None:
         assert not changed, f"notebooks changed during the browser run: {changed}"
     elif changed:
-        print(f"[browser] note: {changed} changed during the run, not through JupyterLab (no save attempt)")
+        print(
+            f"[browser] note: {changed} changed during the run, not through JupyterLab (no save attempt)"
+        )
 
 
 def _skip_reason() -> str | None:

@@ -6,7 +6,9 @@ from eagle3nb.target.capture import HFCaptureEngine, capture_boundaries
 
 def test_boundaries_equal_hf_hidden_states(target):
     model, tok, _ = target
-    ids = tok(["Once upon a time, there was a little dog named Max."], return_tensors="pt").input_ids
+    ids = tok(
+        ["Once upon a time, there was a little dog named Max."], return_tensors="pt"
+    ).input_ids
     n = model.config.num_hidden_layers
     st = capture_boundaries(model, ids, range(n + 1))
     hs = model(ids, output_hidden_states=True).hidden_states  # hs[N] is after the final norm
@@ -27,7 +29,11 @@ def test_capture_is_cloned_not_aliased(target):
 
 def test_padded_batch_equals_one_by_one(target):
     model, tok, _ = target
-    texts = ["Lily had a red ball.", "Once upon a time, there was a big tree in the middle of a field and a bird", "Tom ran."]
+    texts = [
+        "Lily had a red ball.",
+        "Once upon a time, there was a big tree in the middle of a field and a bird",
+        "Tom ran.",
+    ]
     samples = [tok(t).input_ids for t in texts]
     batched = HFCaptureEngine(model, "sglang", batch_size=3).capture(samples, [0, 1, 3])
     single = HFCaptureEngine(model, "sglang", batch_size=1).capture(samples, [0, 1, 3])

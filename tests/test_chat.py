@@ -1,4 +1,5 @@
 """Tests for eagle3nb.text.chat with the tiny local stories260K tokenizer (+ ChatML special tokens)."""
+
 import sys
 from pathlib import Path
 
@@ -8,7 +9,16 @@ from transformers import AutoTokenizer
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from eagle3nb.text.chat import CHATML_TEMPLATE, CHATML_TEMPLATE_WITH_GENERATION, chat_sample, chat_turns_from_generation, completion_sample, encode_prompt, template_hash, template_text
+from eagle3nb.text.chat import (
+    CHATML_TEMPLATE,
+    CHATML_TEMPLATE_WITH_GENERATION,
+    chat_sample,
+    chat_turns_from_generation,
+    completion_sample,
+    encode_prompt,
+    template_hash,
+    template_text,
+)
 
 TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "shared/models/stories260K-hd32"
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -66,7 +76,9 @@ def test_completion_sample(tok):
 
 
 @pytest.mark.parametrize("messages", [TWO_TURN, FOUR_TURN], ids=["2turn", "4turn"])
-@pytest.mark.parametrize("template", [CHATML_TEMPLATE, CHATML_TEMPLATE_WITH_GENERATION], ids=["prefix", "gentags"])
+@pytest.mark.parametrize(
+    "template", [CHATML_TEMPLATE, CHATML_TEMPLATE_WITH_GENERATION], ids=["prefix", "gentags"]
+)
 def test_chat_sample_marks_assistant_content_and_im_end(tok, messages, template):
     ids, mask = chat_sample(tok, messages, chat_template=template)
     assert len(ids) == len(mask)
@@ -87,7 +99,9 @@ def test_prefix_path_equals_generation_tag_path(tok, messages):
 def test_tokenizer_chat_template_is_used(tok):
     tok.chat_template = CHATML_TEMPLATE
     try:
-        assert chat_sample(tok, TWO_TURN) == chat_sample(tok, TWO_TURN, chat_template=CHATML_TEMPLATE)
+        assert chat_sample(tok, TWO_TURN) == chat_sample(
+            tok, TWO_TURN, chat_template=CHATML_TEMPLATE
+        )
         assert template_text(tok, mode="chat") == CHATML_TEMPLATE
     finally:
         tok.chat_template = None
@@ -97,8 +111,15 @@ def test_encode_prompt_chat_is_prefix_of_sample(tok):
     prompt, reply = "Tell me a story.", "Once upon a time."
     p = encode_prompt(tok, prompt, "chat", chat_template=CHATML_TEMPLATE)
     assert isinstance(p, list) and all(isinstance(t, int) for t in p)
-    assert p == tok(f"{IM_START}user\n{prompt}{IM_END}\n{IM_START}assistant\n", add_special_tokens=False).input_ids
-    ids, mask = chat_sample(tok, chat_turns_from_generation(prompt, reply), chat_template=CHATML_TEMPLATE)
+    assert (
+        p
+        == tok(
+            f"{IM_START}user\n{prompt}{IM_END}\n{IM_START}assistant\n", add_special_tokens=False
+        ).input_ids
+    )
+    ids, mask = chat_sample(
+        tok, chat_turns_from_generation(prompt, reply), chat_template=CHATML_TEMPLATE
+    )
     assert ids[: len(p)] == p and mask.index(1) == len(p)
 
 

@@ -1,6 +1,12 @@
 import pytest
 
-from eagle3nb.target.conventions import CONVENTIONS, boundary_table, check_boundaries, get_convention, pick_default_boundaries
+from eagle3nb.target.conventions import (
+    CONVENTIONS,
+    boundary_table,
+    check_boundaries,
+    get_convention,
+    pick_default_boundaries,
+)
 
 
 @pytest.mark.parametrize("n", [3, 4, 5, 6, 7, 8, 12, 32, 61, 80])
@@ -23,7 +29,14 @@ def test_default_picker_values_by_hand():
 
 def test_engine_defaults_at_32_layers_match_reference_table():
     # ../shared/reference/conventions.md section 1, "physical default (N=32)"
-    expect = {"sglang": [2, 16, 29], "vllm": [2, 16, 29], "speculators_le_0.4": [3, 17, 30], "speculators_ge_0.5": [2, 16, 29], "specforge": [2, 16, 29], "eagle": [2, 16, 29]}
+    expect = {
+        "sglang": [2, 16, 29],
+        "vllm": [2, 16, 29],
+        "speculators_le_0.4": [3, 17, 30],
+        "speculators_ge_0.5": [2, 16, 29],
+        "specforge": [2, 16, 29],
+        "eagle": [2, 16, 29],
+    }
     for name, b in expect.items():
         assert get_convention(name).default_boundaries(32) == b, name
 

@@ -16,8 +16,23 @@ def samples_from(tok, texts):
     return out
 
 
-TEXTS = ["Once upon a time there was a cat.", "Tom had a big red ball and a dog.", "The sun was warm.", "Mia liked to sing songs with her mom.", "Ben ran to the park."]
-MAN = {"target": {"name": "stories260K-hd32"}, "engine": {"name": "hf-transformers"}, "convention": "sglang", "layer_ids": [0, 1, 3], "aux_boundaries": [1, 2, 4], "final_boundary": 5, "dtype": "float32", "template": {"mode": "completion"}}
+TEXTS = [
+    "Once upon a time there was a cat.",
+    "Tom had a big red ball and a dog.",
+    "The sun was warm.",
+    "Mia liked to sing songs with her mom.",
+    "Ben ran to the park.",
+]
+MAN = {
+    "target": {"name": "stories260K-hd32"},
+    "engine": {"name": "hf-transformers"},
+    "convention": "sglang",
+    "layer_ids": [0, 1, 3],
+    "aux_boundaries": [1, 2, 4],
+    "final_boundary": 5,
+    "dtype": "float32",
+    "template": {"mode": "completion"},
+}
 
 
 def test_write_read_round_trip_and_resume(target, tmp_path):
@@ -36,7 +51,9 @@ def test_write_read_round_trip_and_resume(target, tmp_path):
     ref = eng.capture([x[1] for x in s], [0, 1, 3])
     for i in range(5):
         assert ds[i]["input_ids"].tolist() == s[i][1] and ds[i]["loss_mask"].tolist() == s[i][2]
-        torch.testing.assert_close(ds[i]["aux"], ref[i].aux, atol=1e-5, rtol=1e-5)  # batch shapes differ: float32 noise only
+        torch.testing.assert_close(
+            ds[i]["aux"], ref[i].aux, atol=1e-5, rtol=1e-5
+        )  # batch shapes differ: float32 noise only
         torch.testing.assert_close(ds[i]["final"], ref[i].final, atol=1e-5, rtol=1e-5)
     # rerun after losing the last shard: only that shard is redone
     (tmp_path / "ds" / "shard-00002.safetensors").unlink()
@@ -44,13 +61,21 @@ def test_write_read_round_trip_and_resume(target, tmp_path):
     write_dataset(tmp_path / "ds", s, capture, MAN, shard_size=2)
     assert calls == [1] and len(AuxDataset(tmp_path / "ds")) == 5
     b = collate([ds[0], ds[2]])
-    assert b["input_ids"].shape == (2, max(len(s[0][1]), len(s[2][1]))) and b["attn_mask"].sum() == len(s[0][1]) + len(s[2][1])
+    assert b["input_ids"].shape == (2, max(len(s[0][1]), len(s[2][1]))) and b[
+        "attn_mask"
+    ].sum() == len(s[0][1]) + len(s[2][1])
 
 
 def test_corrupt_shard_is_named(target, tmp_path):
     model, tok, _ = target
     eng = HFCaptureEngine(model, "sglang")
-    write_dataset(tmp_path / "ds", samples_from(tok, TEXTS), lambda xs: eng.capture(xs, [0, 1, 3]), MAN, shard_size=2)
+    write_dataset(
+        tmp_path / "ds",
+        samples_from(tok, TEXTS),
+        lambda xs: eng.capture(xs, [0, 1, 3]),
+        MAN,
+        shard_size=2,
+    )
     f = tmp_path / "ds" / "shard-00001.safetensors"
     raw = bytearray(f.read_bytes())
     raw[-5] ^= 0xFF
@@ -68,12 +93,24 @@ def test_other_settings_refused_on_resume(target, tmp_path):
     s = samples_from(tok, TEXTS)
     write_dataset(tmp_path / "ds", s, lambda xs: eng.capture(xs, [0, 1, 3]), MAN, shard_size=2)
     with pytest.raises(ManifestMismatch, match="layer_ids"):
-        write_dataset(tmp_path / "ds", s, lambda xs: eng.capture(xs, [0, 1, 2]), dict(MAN, layer_ids=[0, 1, 2], aux_boundaries=[1, 2, 3]), shard_size=2)
+        write_dataset(
+            tmp_path / "ds",
+            s,
+            lambda xs: eng.capture(xs, [0, 1, 2]),
+            dict(MAN, layer_ids=[0, 1, 2], aux_boundaries=[1, 2, 3]),
+            shard_size=2,
+        )
 
 
 def test_nonfinite_and_empty_mask_samples_skipped_and_counted(tmp_path):
     def fake_engine_capture(xs):  # a fake engine (tests only): NaN rows for sample text length 4
-        return [Captured(aux=torch.full((len(x), 6), float("nan")) if len(x) == 4 else torch.ones(len(x), 6), final=torch.ones(len(x), 2)) for x in xs]
+        return [
+            Captured(
+                aux=torch.full((len(x), 6), float("nan")) if len(x) == 4 else torch.ones(len(x), 6),
+                final=torch.ones(len(x), 2),
+            )
+            for x in xs
+        ]
 
     s = [(0, [1, 2, 3], [0, 1, 1]), (1, [1, 2, 3, 4], [0, 1, 1, 1]), (2, [1, 5], [0, 0])]
     man = write_dataset(tmp_path / "ds", s, fake_engine_capture, MAN, shard_size=8)

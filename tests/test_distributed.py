@@ -24,7 +24,17 @@ from eagle3nb.steps.generate import generate_step
 from eagle3nb.steps.train import train_step
 from eagle3nb.training.loop import FAULT_ENV
 
-BASE = dict(max_train_prompts=11, max_new_tokens=12, batch_size=5, max_steps=9, warmup_steps=2, ttt_steps=3, checkpoint_every=3, interactive=False, draft_intermediate_size=64)
+BASE = dict(
+    max_train_prompts=11,
+    max_new_tokens=12,
+    batch_size=5,
+    max_steps=9,
+    warmup_steps=2,
+    ttt_steps=3,
+    checkpoint_every=3,
+    interactive=False,
+    draft_intermediate_size=64,
+)
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +88,12 @@ def test_two_processes_train_the_weights_of_one(one_and_two, target):
     for a, b in zip(h1, h2):  # global-batch loss and per-step accuracy, all-reduced over ranks
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
         assert b["step_acc"] == pytest.approx(a["step_acc"], abs=1e-6)
-    head0 = target[0].lm_head.weight.detach()[torch.arange(w1["d2t"].numel()) + w1["d2t"]]  # lm_head's init
-    assert (w1["lm_head.weight"] - head0).abs().max() > 100 * 1e-5  # training moved weights far beyond the tolerance
+    head0 = target[0].lm_head.weight.detach()[
+        torch.arange(w1["d2t"].numel()) + w1["d2t"]
+    ]  # lm_head's init
+    assert (
+        w1["lm_head.weight"] - head0
+    ).abs().max() > 100 * 1e-5  # training moved weights far beyond the tolerance
 
 
 def test_fsdp_two_processes_train_the_weights_of_one(run, one_and_two):
@@ -103,10 +117,15 @@ def test_rank_killed_mid_epoch_resumes_to_the_uninterrupted_weights(run, one_and
         del os.environ[FAULT_ENV]
     ck = RunDir(q).train / "checkpoints"
     assert json.loads((ck / "latest.json").read_text())["step"] == 6
-    assert sorted(x.name for x in (ck / "step-00000006").glob("rank-*.pt")) == ["rank-00000.pt", "rank-00001.pt"]
+    assert sorted(x.name for x in (ck / "step-00000006").glob("rank-*.pt")) == [
+        "rank-00000.pt",
+        "rank-00001.pt",
+    ]
     st = torch.load(ck / "step-00000006" / "rank-00001.pt", weights_only=False)
     n = json.loads((RunDir(q).dataset / "manifest.json").read_text())["n_samples"]
-    assert st["step"] == 6 and st["position"] == divmod(6, -(-n // 5))  # (epoch, batch) = mid-epoch data position
+    assert st["step"] == 6 and st["position"] == divmod(
+        6, -(-n // 5)
+    )  # (epoch, batch) = mid-epoch data position
     out = train_step(q, progress=False)  # rerun: resumes at step 6
     assert out["stats"]["steps"] == 9
     w_res, w_full = _weights(q), _weights(two)
@@ -116,9 +135,19 @@ def test_rank_killed_mid_epoch_resumes_to_the_uninterrupted_weights(run, one_and
 
 
 def test_cli_refuses_bad_input_before_work(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "eagle3nb.steps.train", str(tmp_path / "nope.yaml")], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    r = subprocess.run(
+        [sys.executable, "-m", "eagle3nb.steps.train", str(tmp_path / "nope.yaml")],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.getcwd()),
+    )
     assert r.returncode == 2 and "params file" in r.stderr and "does not exist" in r.stderr
     f = tmp_path / "p.yaml"
     f.write_text("nproc_per_node: 2\nnode_rank: 1\n")
-    r = subprocess.run([sys.executable, "-m", "eagle3nb.steps.train", str(f)], capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=os.getcwd()))
+    r = subprocess.run(
+        [sys.executable, "-m", "eagle3nb.steps.train", str(f)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.getcwd()),
+    )
     assert r.returncode == 2 and "node_rank=1 must be below nnodes=1" in r.stderr

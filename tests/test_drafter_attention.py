@@ -16,10 +16,21 @@ pytest.importorskip("torch.nn.attention.flex_attention")
 
 def make(nh=4, nkv=2, seed=0):
     torch.manual_seed(seed)
-    c = DrafterConfig(hidden_size=16, target_hidden_size=12, intermediate_size=24, num_attention_heads=nh, num_key_value_heads=nkv, head_dim=16,  # flex's GPU kernel needs head_dim >= 16
-                      vocab_size=23, draft_vocab_size=17, n_aux=3)
+    c = DrafterConfig(
+        hidden_size=16,
+        target_hidden_size=12,
+        intermediate_size=24,
+        num_attention_heads=nh,
+        num_key_value_heads=nkv,
+        head_dim=16,  # flex's GPU kernel needs head_dim >= 16
+        vocab_size=23,
+        draft_vocab_size=17,
+        n_aux=3,
+    )
     d = Eagle3Drafter(c, torch.randn(23, 16))
-    d.set_vocab(torch.tensor([0] * 10 + [6] * 7), torch.tensor([True] * 10 + [False] * 6 + [True] * 7))
+    d.set_vocab(
+        torch.tensor([0] * 10 + [6] * 7), torch.tensor([True] * 10 + [False] * 6 + [True] * 7)
+    )
     return d
 
 
@@ -53,11 +64,22 @@ def compare(nh, nkv, lengths, dev, grads):
         hidden, cache, outs = aux, [], []
         with torch.no_grad():
             for j in range(k):
-                o, lg, kv = d.step(ids, hidden, (idx + j)[None].expand(len(lengths), T).to(dev), cache, idx.to(dev), attn.bool())
+                o, lg, kv = d.step(
+                    ids,
+                    hidden,
+                    (idx + j)[None].expand(len(lengths), T).to(dev),
+                    cache,
+                    idx.to(dev),
+                    attn.bool(),
+                )
                 cache.append(kv)
                 hidden = o
                 outs.append(lg[attn.bool()])
-        res[impl] = (r, {n: p.grad.clone() for n, p in d.named_parameters() if p.grad is not None}, outs)
+        res[impl] = (
+            r,
+            {n: p.grad.clone() for n, p in d.named_parameters() if p.grad is not None},
+            outs,
+        )
     (re, ge, oe), (rf, gf, of) = res["eager"], res["flex"]
     torch.testing.assert_close(rf.loss, re.loss, rtol=1e-5, atol=1e-6)
     assert rf.step_count == re.step_count and rf.step_acc == pytest.approx(re.step_acc, abs=1e-6)
@@ -77,7 +99,9 @@ def test_flex_equals_eager_steps_and_loss_cpu(nh, nkv, lengths):
     compare(nh, nkv, lengths, "cpu", grads=False)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="flex backward needs CUDA; run on the GPU box")
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="flex backward needs CUDA; run on the GPU box"
+)
 @pytest.mark.parametrize("nh,nkv,lengths", CASES)
 def test_flex_equals_eager_with_grads_cuda(nh, nkv, lengths):
     compare(nh, nkv, lengths, "cuda", grads=True)

@@ -17,7 +17,15 @@ ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{FAKE_DIR}"}
 
 
 def _client(tmp_path, **opts):
-    return EngineClient("module:fake_engine_backend", "unused", options=opts, python=sys.executable, workdir_parent=tmp_path, env=ENV, startup_timeout=60)
+    return EngineClient(
+        "module:fake_engine_backend",
+        "unused",
+        options=opts,
+        python=sys.executable,
+        workdir_parent=tmp_path,
+        env=ENV,
+        startup_timeout=60,
+    )
 
 
 def test_protocol_roundtrip_and_tensors(tmp_path):
@@ -37,18 +45,30 @@ def test_protocol_roundtrip_and_tensors(tmp_path):
 
 def test_engine_errors_are_raised_with_the_engine_message(tmp_path):
     with _client(tmp_path) as c:
-        with pytest.raises(ValueError, match=r"fake_engine_backend engine, capture: layer_ids=\[-1\]: negative"):
+        with pytest.raises(
+            ValueError, match=r"fake_engine_backend engine, capture: layer_ids=\[-1\]: negative"
+        ):
             c.capture([[1]], [-1])
         assert c.generate([[1]], 1, [0]) == [[2]]  # still serving after an error
 
 
 def test_start_failure_names_the_error(tmp_path):
-    with pytest.raises(EngineError, match="failed to start: ValueError: fake engine asked to fail at start"):
+    with pytest.raises(
+        EngineError, match="failed to start: ValueError: fake engine asked to fail at start"
+    ):
         _client(tmp_path, fail_start=True)
 
 
 def test_request_timeout_stops_the_worker(tmp_path):
-    c = EngineClient("module:fake_engine_backend", "unused", options={"sleep": 30}, python=sys.executable, workdir_parent=tmp_path, env=ENV, request_timeout=2)
+    c = EngineClient(
+        "module:fake_engine_backend",
+        "unused",
+        options={"sleep": 30},
+        python=sys.executable,
+        workdir_parent=tmp_path,
+        env=ENV,
+        request_timeout=2,
+    )
     pid = c.pid
     with pytest.raises(EngineError, match="no answer to capture within 2 s"):
         c.capture([[1]], [0])
@@ -58,7 +78,9 @@ def test_request_timeout_stops_the_worker(tmp_path):
 
 
 def test_missing_engine_venv_names_param_and_setup():
-    with pytest.raises(FileNotFoundError, match=r"vllm_python='/nope/bin/python'.*bash \.ci/setup_engines\.sh"):
+    with pytest.raises(
+        FileNotFoundError, match=r"vllm_python='/nope/bin/python'.*bash \.ci/setup_engines\.sh"
+    ):
         EngineClient("vllm", "m", python="/nope/bin/python", param="vllm_python")
     with pytest.raises(ValueError, match="engine='nope' is unknown"):
         EngineClient("nope", "m", python=None)
@@ -68,18 +90,26 @@ def test_in_process_mode_refuses_missing_engine_package():
     import importlib.util
 
     if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vllm imports in this environment (GPU box): the in-process refusal cannot be shown")
-    with pytest.raises(ImportError, match=r"vllm_python='' runs vllm in this process.*bash \.ci/setup_engines\.sh"):
+        pytest.skip(
+            "vllm imports in this environment (GPU box): the in-process refusal cannot be shown"
+        )
+    with pytest.raises(
+        ImportError, match=r"vllm_python='' runs vllm in this process.*bash \.ci/setup_engines\.sh"
+    ):
         check_engine_python("vllm", "", "vllm_python")
 
 
 def test_in_process_mode_same_contract(tmp_path, monkeypatch):
     """python '' runs the backend in this process (GPU box): same answers, no worker, temp folder removed."""
     monkeypatch.syspath_prepend(str(FAKE_DIR))
-    with EngineClient("module:fake_engine_backend", "unused", python="", workdir_parent=tmp_path) as c:
+    with EngineClient(
+        "module:fake_engine_backend", "unused", python="", workdir_parent=tmp_path
+    ) as c:
         assert c.pid is None and c.info()["pid"] == os.getpid()
         assert c.generate([[1, 2]], 3, [0]) == [[3, 4, 5]]
         out = c.capture([[1, 2, 3]], [0, 2])[0]
-        assert out["aux"].shape == (3, 8) and torch.equal(out["final"][:, 0], torch.tensor([1.0, 2.0, 3.0]))
+        assert out["aux"].shape == (3, 8) and torch.equal(
+            out["final"][:, 0], torch.tensor([1.0, 2.0, 3.0])
+        )
         wd = Path(c.workdir)
     assert not wd.exists()

@@ -9,7 +9,15 @@ from eagle3nb.drafter.export import export_drafter
 def exported_config(tmp_path, model, norm_before_residual=False):
     c = DrafterConfig.for_target(model.config, 512, num_attention_heads=2, num_key_value_heads=2)
     c.norm_before_residual = norm_before_residual
-    out = export_drafter(Eagle3Drafter(c, model.get_input_embeddings().weight.detach()), tmp_path / "d", [1, 2, 4], 5, {}, 1, 2)
+    out = export_drafter(
+        Eagle3Drafter(c, model.get_input_embeddings().weight.detach()),
+        tmp_path / "d",
+        [1, 2, 4],
+        5,
+        {},
+        1,
+        2,
+    )
     return json.loads((out / "config.json").read_text())
 
 
@@ -22,7 +30,11 @@ def test_both_engines_read_back_the_trained_boundaries(target, tmp_path):
     assert all(r["ok"] for r in rep.values())
     # every shape flag survives export as the engines read it
     f = read_as_engine(cfg, "vllm", 5)["flags"]
-    assert f["num_attention_heads"] == 2 and f["draft_vocab_size"] == 512 and f["target_hidden_size"] == 64
+    assert (
+        f["num_attention_heads"] == 2
+        and f["draft_vocab_size"] == 512
+        and f["target_hidden_size"] == 64
+    )
 
 
 def test_engine_default_ids_when_key_missing_are_reported(target, tmp_path):

@@ -24,16 +24,30 @@ from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient
 from eagle3nb.drafter.export import load_drafter
 
 VLLM_PY = DEFAULT_ENGINE_PYTHONS["vllm"]
-pytestmark = pytest.mark.skipif(not Path(VLLM_PY).is_file(), reason=f"vLLM engine venv absent ({VLLM_PY}); create it with `bash .ci/setup_engines.sh`")
+pytestmark = pytest.mark.skipif(
+    not Path(VLLM_PY).is_file(),
+    reason=f"vLLM engine venv absent ({VLLM_PY}); create it with `bash .ci/setup_engines.sh`",
+)
 
-SAMPLES = [[1, 400, 300, 20, 55, 66, 301, 17], [1, 5, 6, 7], [1, 33, 260, 261, 262, 263, 264, 265, 266, 267, 268, 269]]
+SAMPLES = [
+    [1, 400, 300, 20, 55, 66, 301, 17],
+    [1, 5, 6, 7],
+    [1, 33, 260, 261, 262, 263, 264, 265, 266, 267, 268, 269],
+]
 BF16_TOL = 2e-2  # relative Frobenius error, bf16 vLLM vs the float32 HF reference; measured 1.5e-3 (b=0) to 1.1e-2 (b=4), 1.6e-2 at b=N
 
 
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory):
     path = models.resolve_model("stories260K-hd32")
-    with EngineClient("vllm", path, "float32", python=VLLM_PY, param="vllm_python", workdir_parent=tmp_path_factory.mktemp("engine")) as c:
+    with EngineClient(
+        "vllm",
+        path,
+        "float32",
+        python=VLLM_PY,
+        param="vllm_python",
+        workdir_parent=tmp_path_factory.mktemp("engine"),
+    ) as c:
         yield c
 
 
@@ -57,9 +71,13 @@ def test_captured_states_equal_hf_boundaries_float32(vllm, target):
         assert float(err.diagonal().max()) < 1e-5
         hf = model(torch.tensor([s]), output_hidden_states=True).hidden_states
         for b in range(n):  # the HF tensors themselves (not the workbook's hooks)
-            assert torch.allclose(got["aux"][:, b * 64 : (b + 1) * 64], hf[b][0], atol=1e-5, rtol=1e-5)
+            assert torch.allclose(
+                got["aux"][:, b * 64 : (b + 1) * 64], hf[b][0], atol=1e-5, rtol=1e-5
+            )
         assert torch.allclose(got["final"], ref[n], atol=1e-5, rtol=1e-5)
-        assert not torch.allclose(got["final"], hf[n][0], atol=1e-3)  # HF's hidden_states[N] is after the norm
+        assert not torch.allclose(
+            got["final"], hf[n][0], atol=1e-3
+        )  # HF's hidden_states[N] is after the norm
 
 
 def test_one_by_one_equals_batched(vllm):
@@ -68,7 +86,9 @@ def test_one_by_one_equals_batched(vllm):
     for s, b in zip(SAMPLES, batched):
         one = vllm.capture([s], ids)[0]
         assert one["aux"].shape == b["aux"].shape == (len(s), 3 * 64)
-        assert torch.allclose(one["aux"], b["aux"], atol=1e-5, rtol=1e-5) and torch.allclose(one["final"], b["final"], atol=1e-5, rtol=1e-5)
+        assert torch.allclose(one["aux"], b["aux"], atol=1e-5, rtol=1e-5) and torch.allclose(
+            one["final"], b["final"], atol=1e-5, rtol=1e-5
+        )
 
 
 def test_uncapturable_id_raises(vllm):
@@ -101,7 +121,19 @@ def trained_run(tmp_path_factory):
     """A drafter trained by the workbook on HF-captured data at SGLang's capture point (SGLang ids),
     exported with vLLM ids at the top level: the cross-engine case of the issue."""
     out = tmp_path_factory.mktemp("runs")
-    p = params.RunParams(outputs_dir=str(out), run_name="vllm-accept", max_train_prompts=96, max_new_tokens=48, draft_intermediate_size=344, batch_size=16, max_steps=150, warmup_steps=10, max_eval_prompts=12, eval_max_new_tokens=48, interactive=False)
+    p = params.RunParams(
+        outputs_dir=str(out),
+        run_name="vllm-accept",
+        max_train_prompts=96,
+        max_new_tokens=48,
+        draft_intermediate_size=344,
+        batch_size=16,
+        max_steps=150,
+        warmup_steps=10,
+        max_eval_prompts=12,
+        eval_max_new_tokens=48,
+        interactive=False,
+    )
     generate_step(p, progress=False)
     extract_sglang_step(p, progress=False)
     train_step(p, progress=False)
@@ -115,17 +147,32 @@ def test_vllm_served_acceptance_matches_simulator(vllm, target, trained_run):
     p = trained_run
     rd = RunDir(p)
     eos = models.stop_token_ids(model, tok)
-    held = [r["prompt_ids"] for r in read_jsonl(rd.generated) if r["split"] == "heldout"][: p.max_eval_prompts]
+    held = [r["prompt_ids"] for r in read_jsonl(rd.generated) if r["split"] == "heldout"][
+        : p.max_eval_prompts
+    ]
     drafter, cfg = load_drafter(rd.drafter, model.get_input_embeddings().weight.detach().float())
-    sim = evaluate_acceptance(model, drafter, held, cfg["eagle3nb"]["aux_boundaries"], p.k, p.eval_max_new_tokens, eos, check_greedy=False)
+    sim = evaluate_acceptance(
+        model,
+        drafter,
+        held,
+        cfg["eagle3nb"]["aux_boundaries"],
+        p.k,
+        p.eval_max_new_tokens,
+        eos,
+        check_greedy=False,
+    )
     got = vllm.serve_acceptance(rd.drafter, held, p.k, p.eval_max_new_tokens, eos)
     assert got["outputs"] == vllm.generate(held, p.eval_max_new_tokens, eos)
     assert got["num_drafts"] > 50 and len(got["accepted_per_pos"]) == p.k
-    assert got["tau"] > 1.3, f"trained drafter barely accepted under vLLM (tau {got['tau']:.2f}): served boundaries wrong?"
+    assert got["tau"] > 1.3, (
+        f"trained drafter barely accepted under vLLM (tau {got['tau']:.2f}): served boundaries wrong?"
+    )
     for i, (a, b) in enumerate(zip(got["per_position_acceptance"], sim["per_position_acceptance"])):
         q = (a + b) / 2
         noise = 3 * math.sqrt(max(q * (1 - q), 0.01) * (1 / got["num_drafts"] + 1 / sim["cycles"]))
-        assert abs(a - b) <= noise, f"a_{i + 1}: vLLM {a:.3f} vs simulator {b:.3f} (noise {noise:.3f})"
+        assert abs(a - b) <= noise, (
+            f"a_{i + 1}: vLLM {a:.3f} vs simulator {b:.3f} (noise {noise:.3f})"
+        )
     assert abs(got["tau"] - sim["tau"]) <= 0.15 * sim["tau"]
 
 
@@ -143,7 +190,9 @@ def test_worker_listens_on_loopback_only(vllm):
     assert all(a.startswith(("127.0.0.1:", "[::1]:")) for a in mine), mine
 
 
-def test_sglang_ids_in_vllms_key_show_the_drop_in_vllm_and_simulator(vllm, target, trained_run, tmp_path):
+def test_sglang_ids_in_vllms_key_show_the_drop_in_vllm_and_simulator(
+    vllm, target, trained_run, tmp_path
+):
     """The user's failure served for real: the exported drafter with SGLang's ids ([0, 1, 3]) written
     into vLLM's top-level key. vLLM then feeds boundaries [0, 1, 3]; its own counters drop, and
     match the simulator fed the same boundaries."""
@@ -156,14 +205,20 @@ def test_sglang_ids_in_vllms_key_show_the_drop_in_vllm_and_simulator(vllm, targe
     wrong = tmp_path / "drafter-sglang-ids-in-vllm-key"
     shutil.copytree(rd.drafter, wrong)
     cfg = json.loads((wrong / "config.json").read_text())
-    cfg["eagle_aux_hidden_state_layer_ids"] = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]  # [0, 1, 3]
+    cfg["eagle_aux_hidden_state_layer_ids"] = cfg["eagle_config"][
+        "eagle_aux_hidden_state_layer_ids"
+    ]  # [0, 1, 3]
     (wrong / "config.json").write_text(json.dumps(cfg))
     eos = models.stop_token_ids(model, tok)
-    held = [r["prompt_ids"] for r in read_jsonl(rd.generated) if r["split"] == "heldout"][: p.max_eval_prompts]
+    held = [r["prompt_ids"] for r in read_jsonl(rd.generated) if r["split"] == "heldout"][
+        : p.max_eval_prompts
+    ]
     drafter, _ = load_drafter(rd.drafter, model.get_input_embeddings().weight.detach().float())
     right = vllm.serve_acceptance(rd.drafter, held, p.k, p.eval_max_new_tokens, eos)
     got = vllm.serve_acceptance(wrong, held, p.k, p.eval_max_new_tokens, eos)
-    sim = evaluate_acceptance(model, drafter, held, [0, 1, 3], p.k, p.eval_max_new_tokens, eos, check_greedy=False)
+    sim = evaluate_acceptance(
+        model, drafter, held, [0, 1, 3], p.k, p.eval_max_new_tokens, eos, check_greedy=False
+    )
     assert got["tau"] < right["tau"] - 0.2, (got["tau"], right["tau"])
     assert got["outputs"] == right["outputs"]  # still lossless: only the speed drops
     for i, (a, b) in enumerate(zip(got["per_position_acceptance"], sim["per_position_acceptance"])):

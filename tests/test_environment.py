@@ -9,7 +9,11 @@ from eagle3nb.rundir import REPO_ROOT
 
 
 def names(reqs):
-    return {re.split(r"[<>=!~\[ ]", r.strip(), maxsplit=1)[0].lower() for r in reqs if r.strip() and not r.startswith("-")}
+    return {
+        re.split(r"[<>=!~\[ ]", r.strip(), maxsplit=1)[0].lower()
+        for r in reqs
+        if r.strip() and not r.startswith("-")
+    }
 
 
 def test_environment_yml_matches_pyproject():
@@ -18,4 +22,6 @@ def test_environment_yml_matches_pyproject():
     proj = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
     ci = proj["dependencies"] + proj["optional-dependencies"]["dev"]
     assert names(pip) == names(ci)
-    assert "torch==2.13.0" in pip and "torch==2.13.0" in (REPO_ROOT / ".ci" / "setup.sh").read_text()
+    assert (
+        "torch==2.13.0" in pip and "torch==2.13.0" in (REPO_ROOT / ".ci" / "setup.sh").read_text()
+    )

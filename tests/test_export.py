@@ -11,7 +11,9 @@ from eagle3nb.drafter.vocab import build_draft_vocab
 
 def make_drafter(model, dv=256):
     torch.manual_seed(1)
-    d = Eagle3Drafter(DrafterConfig.for_target(model.config, dv), model.get_input_embeddings().weight.detach())
+    d = Eagle3Drafter(
+        DrafterConfig.for_target(model.config, dv), model.get_input_embeddings().weight.detach()
+    )
     counts = torch.arange(512).flip(0)
     d.set_vocab(*build_draft_vocab(counts, dv))
     for p in d.parameters():

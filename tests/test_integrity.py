@@ -17,13 +17,28 @@ from eagle3nb.target.capture import Captured
 from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.dataset.write import DiskFullError, write_dataset
 
-MAN = {"target": {"name": "fake"}, "engine": {"name": "fake-engine-for-tests"}, "convention": "sglang", "layer_ids": [0], "aux_boundaries": [1], "final_boundary": 2, "dtype": "float32", "template": {"mode": "completion"}}
+MAN = {
+    "target": {"name": "fake"},
+    "engine": {"name": "fake-engine-for-tests"},
+    "convention": "sglang",
+    "layer_ids": [0],
+    "aux_boundaries": [1],
+    "final_boundary": 2,
+    "dtype": "float32",
+    "template": {"mode": "completion"},
+}
 SAMPLES = [(i, list(range(1, 4 + i % 5)), [0] + [1] * (2 + i % 5)) for i in range(12)]
 
 
 def fake_engine_capture(xs):
     """A fake engine (tests only): states are a function of the token ids, so any rerun agrees."""
-    return [Captured(aux=torch.tensor(x, dtype=torch.float32)[:, None].repeat(1, 2), final=torch.tensor(x, dtype=torch.float32)[:, None].repeat(1, 2) * -1) for x in xs]
+    return [
+        Captured(
+            aux=torch.tensor(x, dtype=torch.float32)[:, None].repeat(1, 2),
+            final=torch.tensor(x, dtype=torch.float32)[:, None].repeat(1, 2) * -1,
+        )
+        for x in xs
+    ]
 
 
 CHILD = textwrap.dedent(
@@ -58,7 +73,9 @@ def test_kill_9_mid_extraction_loses_nothing_and_rerun_has_no_duplicates(tmp_pat
         AuxDataset(out)  # a later step never reads a half-finished dataset
     listed = {s["file"] for s in m["shards"]}
     calls = []
-    write_dataset(out, SAMPLES, lambda xs: calls.append(1) or fake_engine_capture(xs), MAN, shard_size=2)
+    write_dataset(
+        out, SAMPLES, lambda xs: calls.append(1) or fake_engine_capture(xs), MAN, shard_size=2
+    )
     assert len(calls) == 6 - len(listed)  # finished shards were skipped
     assert not list(out.glob("*.tmp"))
     ds = AuxDataset(out)
@@ -85,7 +102,10 @@ def test_disk_full_gives_clear_error_and_keeps_earlier_shards(tmp_path, monkeypa
     with pytest.raises(DiskFullError, match="disk full while writing shard-00002.safetensors"):
         write_dataset(out, SAMPLES, fake_engine_capture, MAN, shard_size=2)
     m = json.loads((out / "manifest.json").read_text())
-    assert [s["file"] for s in m["shards"]] == ["shard-00000.safetensors", "shard-00001.safetensors"] and not m["complete"]
+    assert [s["file"] for s in m["shards"]] == [
+        "shard-00000.safetensors",
+        "shard-00001.safetensors",
+    ] and not m["complete"]
     assert not (out / "shard-00002.safetensors").exists() and not list(out.glob("*.tmp"))
     monkeypatch.setattr(dsmod, "save_file", real)
     write_dataset(out, SAMPLES, fake_engine_capture, MAN, shard_size=2)  # space freed: resume
@@ -93,8 +113,12 @@ def test_disk_full_gives_clear_error_and_keeps_earlier_shards(tmp_path, monkeypa
 
 
 def test_wrong_row_count_from_engine_is_an_error(tmp_path):
-    def fake_engine_dropping_rows(xs):  # a fake engine (tests only) returning another request's rows
-        return [Captured(aux=torch.zeros(len(x) - 1, 2), final=torch.zeros(len(x) - 1, 2)) for x in xs]
+    def fake_engine_dropping_rows(
+        xs,
+    ):  # a fake engine (tests only) returning another request's rows
+        return [
+            Captured(aux=torch.zeros(len(x) - 1, 2), final=torch.zeros(len(x) - 1, 2)) for x in xs
+        ]
 
     with pytest.raises(RuntimeError, match="rows for sample"):
         write_dataset(tmp_path / "ds", SAMPLES, fake_engine_dropping_rows, MAN, shard_size=4)

@@ -10,16 +10,35 @@ from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.dataset.write import write_dataset
 from eagle3nb.training.batches import BatchPlan, OfflineSource, padding_stats
 
-TEXTS = ["Once upon a time there was a cat.", "Tom had a big red ball and a dog. The dog ran after it all day long.", "The sun was warm.", "Mia liked to sing songs with her mom and dad every night.", "Ben ran.", "A bird sat on a tree and sang a happy song."]
+TEXTS = [
+    "Once upon a time there was a cat.",
+    "Tom had a big red ball and a dog. The dog ran after it all day long.",
+    "The sun was warm.",
+    "Mia liked to sing songs with her mom and dad every night.",
+    "Ben ran.",
+    "A bird sat on a tree and sang a happy song.",
+]
 
 
 @pytest.fixture(scope="module")
 def ds_dir(target, tmp_path_factory):
     model, tok, _ = target
     eng = HFCaptureEngine(model, "sglang")
-    s = [(i, tok(t).input_ids, [0] * 2 + [1] * (len(tok(t).input_ids) - 2)) for i, t in enumerate(TEXTS)]
+    s = [
+        (i, tok(t).input_ids, [0] * 2 + [1] * (len(tok(t).input_ids) - 2))
+        for i, t in enumerate(TEXTS)
+    ]
     d = tmp_path_factory.mktemp("ds")
-    man = {"target": {}, "engine": {}, "convention": "sglang", "layer_ids": [0, 1, 3], "aux_boundaries": [1, 2, 4], "final_boundary": 5, "dtype": "float32", "template": {}}
+    man = {
+        "target": {},
+        "engine": {},
+        "convention": "sglang",
+        "layer_ids": [0, 1, 3],
+        "aux_boundaries": [1, 2, 4],
+        "final_boundary": 5,
+        "dtype": "float32",
+        "template": {},
+    }
     write_dataset(d, s, lambda xs: eng.capture(xs, [0, 1, 3]), man, shard_size=4)  # 2 shards
     return d
 
@@ -65,9 +84,14 @@ def test_either_mode_names_a_corrupt_shard(ds_dir, tmp_path, mmap):
 
 @pytest.mark.parametrize("bucket", [True, False])
 def test_plan_is_deterministic_disjoint_and_covers_each_epoch(bucket):
-    lengths = [int(x) for x in torch.randint(3, 90, (103,), generator=torch.Generator().manual_seed(1))]
+    lengths = [
+        int(x) for x in torch.randint(3, 90, (103,), generator=torch.Generator().manual_seed(1))
+    ]
     G, world = 10, 3
-    plan, again = BatchPlan(lengths, G, seed=5, bucket=bucket, bucket_window=4), BatchPlan(lengths, G, seed=5, bucket=bucket, bucket_window=4)
+    plan, again = (
+        BatchPlan(lengths, G, seed=5, bucket=bucket, bucket_window=4),
+        BatchPlan(lengths, G, seed=5, bucket=bucket, bucket_window=4),
+    )
     assert plan.steps_per_epoch == 11  # ceil(103 / 10): the short last batch is kept
     for epoch in range(3):
         seen = []
@@ -77,7 +101,9 @@ def test_plan_is_deterministic_disjoint_and_covers_each_epoch(bucket):
             assert b == again.global_batch_at(step)  # same (seed, epoch) -> same order
             parts = [plan.rank_slice(b, r, world) for r in range(world)]
             flat = [x for p in parts for x in p]
-            assert sorted(flat) == sorted(b) and len(set(flat)) == len(flat)  # disjoint, union = batch
+            assert sorted(flat) == sorted(b) and len(set(flat)) == len(
+                flat
+            )  # disjoint, union = batch
             assert max(map(len, parts)) - min(map(len, parts)) <= 1
             seen += b
         assert sorted(seen) == list(range(103))  # every sample exactly once per epoch
@@ -86,8 +112,13 @@ def test_plan_is_deterministic_disjoint_and_covers_each_epoch(bucket):
 
 
 def test_bucketing_cuts_padding_counted_by_hand():
-    lengths = [int(x) for x in torch.randint(3, 90, (200,), generator=torch.Generator().manual_seed(2))]
-    plan, plain = BatchPlan(lengths, 8, seed=0, bucket=True), BatchPlan(lengths, 8, seed=0, bucket=False)
+    lengths = [
+        int(x) for x in torch.randint(3, 90, (200,), generator=torch.Generator().manual_seed(2))
+    ]
+    plan, plain = (
+        BatchPlan(lengths, 8, seed=0, bucket=True),
+        BatchPlan(lengths, 8, seed=0, bucket=False),
+    )
     for p in (plan, plain):  # padded = sum over rank batches of samples x longest, recomputed here
         real = padded = 0
         for s in range(p.steps_per_epoch):
@@ -96,14 +127,19 @@ def test_bucketing_cuts_padding_counted_by_hand():
                 real, padded = real + sum(L), padded + len(L) * max(L)
         st = padding_stats(p, world=2)
         assert (st["real_tokens"], st["padded_tokens"]) == (real, padded) and real == sum(lengths)
-    assert padding_stats(plan, 2)["padding_fraction"] < 0.5 * padding_stats(plain, 2)["padding_fraction"]
+    assert (
+        padding_stats(plan, 2)["padding_fraction"]
+        < 0.5 * padding_stats(plain, 2)["padding_fraction"]
+    )
 
 
 def test_source_batches_resume_at_a_step_and_fill_empty_ranks(ds_dir):
     # 6 samples: batches of 4 and 2
     src = OfflineSource(AuxDataset(ds_dir, mmap=True), global_batch=4, seed=3)
     full = list(src.batches(0, 6, rank=0, world=1))
-    assert [b["input_ids"].shape[0] for b in full] == [len(src.plan.global_batch_at(s)) for s in range(6)]
+    assert [b["input_ids"].shape[0] for b in full] == [
+        len(src.plan.global_batch_at(s)) for s in range(6)
+    ]
     tail = list(src.batches(3, 6, rank=0, world=1))  # a resumed run restarts at its step
     for a, b in zip(full[3:], tail):
         assert all(torch.equal(a[k], b[k]) for k in a)

@@ -18,13 +18,27 @@ from eagle3nb.rundir import REPO_ROOT, RunDir
 from eagle3nb.params import load_params
 
 # the real params file, shrunk so the test takes about a minute (same convention, ids and export)
-SMALL = {"max_train_prompts": 96, "max_new_tokens": 48, "max_steps": 250, "warmup_steps": 20, "batch_size": 16, "max_eval_prompts": 16, "eval_max_new_tokens": 48, "interactive": False}
+SMALL = {
+    "max_train_prompts": 96,
+    "max_new_tokens": 48,
+    "max_steps": 250,
+    "warmup_steps": 20,
+    "batch_size": 16,
+    "max_eval_prompts": 16,
+    "eval_max_new_tokens": 48,
+    "interactive": False,
+}
 
 
 @pytest.fixture(scope="module")
 def data_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("mismatch")
-    p = load_params(REPO_ROOT / "params" / "mismatch.yaml", outputs_dir=str(out), allow_manifest_mismatch=False, **SMALL)
+    p = load_params(
+        REPO_ROOT / "params" / "mismatch.yaml",
+        outputs_dir=str(out),
+        allow_manifest_mismatch=False,
+        **SMALL,
+    )
     generate_step(p, progress=False)
     extract_sglang_step(p, progress=False)
     return p
@@ -33,7 +47,10 @@ def data_run(tmp_path_factory):
 def test_refused_before_training(data_run):
     rd = RunDir(data_run)
     assert json.loads((rd.dataset / "manifest.json").read_text())["aux_boundaries"] == [2, 3, 5]
-    with pytest.raises(ValueError, match=r"export_layer_ids='engine_default'.*boundaries \[1, 2, 4\].*\[2, 3, 5\].*allow_manifest_mismatch"):
+    with pytest.raises(
+        ValueError,
+        match=r"export_layer_ids='engine_default'.*boundaries \[1, 2, 4\].*\[2, 3, 5\].*allow_manifest_mismatch",
+    ):
         train_step(data_run, progress=False)
     assert not rd.drafter.exists() and not any(rd.train.glob("*")) if rd.train.exists() else True
 

@@ -8,7 +8,17 @@ from eagle3nb.training.objective import shift_left, target_probs, ttt_inputs, tt
 
 def tiny_drafter(seed=0, vocab=11, dv=11):
     torch.manual_seed(seed)
-    c = DrafterConfig(hidden_size=8, target_hidden_size=6, intermediate_size=12, num_attention_heads=2, num_key_value_heads=1, head_dim=4, vocab_size=vocab, draft_vocab_size=dv, n_aux=3)
+    c = DrafterConfig(
+        hidden_size=8,
+        target_hidden_size=6,
+        intermediate_size=12,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=4,
+        vocab_size=vocab,
+        draft_vocab_size=dv,
+        n_aux=3,
+    )
     return Eagle3Drafter(c, torch.randn(vocab, 8))
 
 
@@ -87,9 +97,29 @@ def test_empty_mask_gives_zero_loss_not_nan():
     d = tiny_drafter()
     norm, head = torch.nn.Identity(), torch.nn.Linear(6, 11, bias=False)
     ids = torch.randint(0, 11, (2, 5))
-    r = ttt_loss(d, ids, torch.randn(2, 5, 18), torch.randn(2, 5, 6), torch.zeros(2, 5), torch.ones(2, 5), norm, head, k=3)
+    r = ttt_loss(
+        d,
+        ids,
+        torch.randn(2, 5, 18),
+        torch.randn(2, 5, 6),
+        torch.zeros(2, 5),
+        torch.ones(2, 5),
+        norm,
+        head,
+        k=3,
+    )
     assert r.loss.item() == 0.0 and r.step_count == [0, 0, 0]
-    r = ttt_loss(d, ids, torch.randn(2, 5, 18), torch.randn(2, 5, 6), torch.ones(2, 5), torch.ones(2, 5), norm, head, k=3)
+    r = ttt_loss(
+        d,
+        ids,
+        torch.randn(2, 5, 18),
+        torch.randn(2, 5, 6),
+        torch.ones(2, 5),
+        torch.ones(2, 5),
+        norm,
+        head,
+        k=3,
+    )
     assert math.isfinite(r.loss.item()) and r.loss.item() > 0
     r.loss.backward()
     assert d.fc.weight.grad is not None and d.embed_tokens.weight.grad is None  # embeddings frozen

@@ -9,16 +9,46 @@ from eagle3nb.dataset.write import write_dataset
 from eagle3nb.training.online import OnlineSource
 from eagle3nb.training.loop import TrainConfig, train_drafter
 
-TEXTS = ["Once upon a time there was a cat. The cat liked to play.", "Tom had a big red ball and a dog.", "The sun was warm and the sky was blue.", "Mia liked to sing songs with her mom.", "Ben ran to the park to see his friend.", "Lily saw a bird in the tree and she smiled.", "The little dog barked at the big truck.", "Hi."]
-MAN = {"target": {}, "engine": {}, "convention": "sglang", "layer_ids": [0, 1, 3], "aux_boundaries": [1, 2, 4], "final_boundary": 5, "dtype": "float32", "template": {}}
-CFG = TrainConfig(batch_size=3, max_steps=30, warmup_steps=3, ttt_steps=3, draft_vocab_size=128, draft_num_heads=0, draft_num_kv_heads=0, log_every=1, aux_noise=0.1)
+TEXTS = [
+    "Once upon a time there was a cat. The cat liked to play.",
+    "Tom had a big red ball and a dog.",
+    "The sun was warm and the sky was blue.",
+    "Mia liked to sing songs with her mom.",
+    "Ben ran to the park to see his friend.",
+    "Lily saw a bird in the tree and she smiled.",
+    "The little dog barked at the big truck.",
+    "Hi.",
+]
+MAN = {
+    "target": {},
+    "engine": {},
+    "convention": "sglang",
+    "layer_ids": [0, 1, 3],
+    "aux_boundaries": [1, 2, 4],
+    "final_boundary": 5,
+    "dtype": "float32",
+    "template": {},
+}
+CFG = TrainConfig(
+    batch_size=3,
+    max_steps=30,
+    warmup_steps=3,
+    ttt_steps=3,
+    draft_vocab_size=128,
+    draft_num_heads=0,
+    draft_num_kv_heads=0,
+    log_every=1,
+    aux_noise=0.1,
+)
 
 
 def _samples(tok):
     out = []
     for i, t in enumerate(TEXTS):
         ids = tok(t).input_ids
-        mask = [0] * len(ids) if t == "Hi." else [0] * 3 + [1] * (len(ids) - 3)  # "Hi.": empty loss mask, skipped by both
+        mask = (
+            [0] * len(ids) if t == "Hi." else [0] * 3 + [1] * (len(ids) - 3)
+        )  # "Hi.": empty loss mask, skipped by both
         out.append((i, ids, mask))
     return out
 
@@ -36,10 +66,15 @@ def test_online_training_equals_offline(target, tmp_path, capture_batch):
     eng = HFCaptureEngine(model, "sglang", batch_size=capture_batch)
     write_dataset(tmp_path / "ds", s, lambda xs: eng.capture(xs, [0, 1, 3]), MAN, shard_size=3)
     off = AuxDataset(tmp_path / "ds")
-    on = OnlineSource(s, model, [0, 1, 3], "sglang", {k: MAN[k] for k in ("target", "dtype", "template")})
+    on = OnlineSource(
+        s, model, [0, 1, 3], "sglang", {k: MAN[k] for k in ("target", "dtype", "template")}
+    )
     # same samples, same order
     assert [x["sample_id"] for x in on.items] == [x["sample_id"] for x in off]
-    assert on.manifest["aux_boundaries"] == off.manifest["aux_boundaries"] and on.manifest["n_tokens"] == off.manifest["n_tokens"]
+    assert (
+        on.manifest["aux_boundaries"] == off.manifest["aux_boundaries"]
+        and on.manifest["n_tokens"] == off.manifest["n_tokens"]
+    )
     d_off, r_off = train_drafter(off, model, CFG, tmp_path / "off")
     d_on, r_on = train_drafter(on, model, CFG, tmp_path / "on")
     assert on.captured_tokens > 0 and on.capture_seconds > 0  # the target really ran in the loop
@@ -68,7 +103,9 @@ def test_online_batch_equals_stored_collate(target, tmp_path):
     for k in a:
         assert a[k].shape == b[k].shape and a[k].dtype == b[k].dtype, k
         torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-5, msg=k)
-    wrong = OnlineSource(s, model, [1, 2, 3], "sglang", {}).batch(idx, "cpu")  # boundaries [2, 3, 4]
+    wrong = OnlineSource(s, model, [1, 2, 3], "sglang", {}).batch(
+        idx, "cpu"
+    )  # boundaries [2, 3, 4]
     assert (wrong["aux"] - a["aux"]).abs().max() > 0.1  # the comparison can fail
 
 
@@ -79,12 +116,31 @@ def test_run_online_skips_extraction_and_trains(tmp_path):
     from eagle3nb.rundir import REPO_ROOT
     from eagle3nb.run import run_notebooks
 
-    root = run_notebooks(REPO_ROOT / "params" / "smoke.yaml", overrides={"outputs_dir": str(tmp_path), "run_name": "online", "training_mode": "online"})
-    assert not (root / "dataset").exists() and not (root / "notebooks" / "02b_extract_sglang.ipynb").exists()
+    root = run_notebooks(
+        REPO_ROOT / "params" / "smoke.yaml",
+        overrides={"outputs_dir": str(tmp_path), "run_name": "online", "training_mode": "online"},
+    )
+    assert (
+        not (root / "dataset").exists()
+        and not (root / "notebooks" / "02b_extract_sglang.ipynb").exists()
+    )
     m = json.loads((root / "metrics.json").read_text())
-    assert "extract" not in m and m["train"]["training_mode"] == "online" and m["train"]["steps"] == 20
-    assert m["train"]["online"]["target_capture_seconds"] > 0 and m["timing"]["training_mode"] == "online"
-    assert sorted(m["timing"]["notebook_seconds"]) == ["01_generate", "03_train", "04_eval_acceptance"]
+    assert (
+        "extract" not in m and m["train"]["training_mode"] == "online" and m["train"]["steps"] == 20
+    )
+    assert (
+        m["train"]["online"]["target_capture_seconds"] > 0
+        and m["timing"]["training_mode"] == "online"
+    )
+    assert sorted(m["timing"]["notebook_seconds"]) == [
+        "01_generate",
+        "03_train",
+        "04_eval_acceptance",
+    ]
     assert m["eval"]["greedy_mismatches"] == 0
     dman = json.loads((root / "drafter" / "manifest.json").read_text())
-    assert dman["training_mode"] == "online" and dman["dataset_engine"]["online"] and dman["aux_boundaries"] == [1, 2, 4]
+    assert (
+        dman["training_mode"] == "online"
+        and dman["dataset_engine"]["online"]
+        and dman["aux_boundaries"] == [1, 2, 4]
+    )

@@ -28,7 +28,9 @@ FIX = f"run `{params.SYNC_COMMAND}` (writes the notebooks' parameters cells and 
 def _cell(name):
     nb = nbformat.read(REPO_ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
     cells = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
-    assert len(cells) == 1, f"notebooks/{name}.ipynb: {len(cells)} cells tagged 'parameters'; a notebook needs exactly one"
+    assert len(cells) == 1, (
+        f"notebooks/{name}.ipynb: {len(cells)} cells tagged 'parameters'; a notebook needs exactly one"
+    )
     return cells[0].source
 
 
@@ -40,14 +42,33 @@ def test_notebook_list_is_the_notebooks_folder():
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_parameters_cell_is_rendered_from_runparams(name):
     have, want = _cell(name), params.parameters_cell(name)
-    diff = "\n".join(difflib.unified_diff(have.splitlines(), want.splitlines(), f"notebooks/{name}.ipynb (stored)", "RunParams (rendered)", lineterm=""))
-    assert have == want, f"the parameters cell of notebooks/{name}.ipynb differs from RunParams; {FIX}\n{diff}"
+    diff = "\n".join(
+        difflib.unified_diff(
+            have.splitlines(),
+            want.splitlines(),
+            f"notebooks/{name}.ipynb (stored)",
+            "RunParams (rendered)",
+            lineterm="",
+        )
+    )
+    assert have == want, (
+        f"the parameters cell of notebooks/{name}.ipynb differs from RunParams; {FIX}\n{diff}"
+    )
 
 
 def test_readme_parameter_table_is_rendered_from_runparams():
     text = (REPO_ROOT / "README.md").read_text()
     want = params._readme_with_table(text)
-    diff = "\n".join(difflib.unified_diff(text.splitlines(), want.splitlines(), "README.md (stored)", "RunParams (rendered)", lineterm="", n=0))
+    diff = "\n".join(
+        difflib.unified_diff(
+            text.splitlines(),
+            want.splitlines(),
+            "README.md (stored)",
+            "RunParams (rendered)",
+            lineterm="",
+            n=0,
+        )
+    )
     assert text == want, f"the README's parameter table differs from RunParams; {FIX}\n{diff}"
 
 
@@ -64,12 +85,20 @@ def test_every_field_is_declared_by_a_notebook_or_is_run_level():
     enabled_by = set(run.ENABLED_BY.values())  # the run-level switches eagle3nb.run reads
     for key, field in RunParams.model_fields.items():
         where = params.declared_by(key)
-        assert field.description and "\n" not in field.description, f"{key}: needs a one-line help (description)"
+        assert field.description and "\n" not in field.description, (
+            f"{key}: needs a one-line help (description)"
+        )
         if where == RUN_LEVEL:
-            assert key in enabled_by, f"{key} is marked run-level but eagle3nb.run does not read it; name the notebooks that declare it"
+            assert key in enabled_by, (
+                f"{key} is marked run-level but eagle3nb.run does not read it; name the notebooks that declare it"
+            )
             continue
-        assert where and set(where) <= set(NOTEBOOKS), f"{key}: notebooks={where}; name at least one of {NOTEBOOKS} (or RUN_LEVEL)"
-        assert set(field.json_schema_extra.get("notebook_help", {})) <= set(where), f"{key}: notebook_help for a notebook that does not declare it"
+        assert where and set(where) <= set(NOTEBOOKS), (
+            f"{key}: notebooks={where}; name at least one of {NOTEBOOKS} (or RUN_LEVEL)"
+        )
+        assert set(field.json_schema_extra.get("notebook_help", {})) <= set(where), (
+            f"{key}: notebook_help for a notebook that does not declare it"
+        )
     assert enabled_by <= {k for k in RunParams.model_fields if params.declared_by(k) == RUN_LEVEL}
 
 
@@ -84,5 +113,11 @@ def test_smoke_yaml_is_the_notebook_defaults():
 def test_train_config_defaults_are_runparams_defaults():
     shared = [f for f in dataclasses.fields(TrainConfig) if f.name in RunParams.model_fields]
     assert len(shared) >= 19  # the training settings steps.train passes from the run's parameters
-    differ = {f.name: (f.default, params.default_of(f.name)) for f in shared if f.default != params.default_of(f.name)}
-    assert differ == {}, f"TrainConfig default vs RunParams default: {differ}; make eagle3nb/training/loop.py TrainConfig agree"
+    differ = {
+        f.name: (f.default, params.default_of(f.name))
+        for f in shared
+        if f.default != params.default_of(f.name)
+    }
+    assert differ == {}, (
+        f"TrainConfig default vs RunParams default: {differ}; make eagle3nb/training/loop.py TrainConfig agree"
+    )

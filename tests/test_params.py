@@ -33,7 +33,9 @@ def test_device_parameter():
     from eagle3nb.params import RunParams, resolve_device
 
     assert resolve_device(RunParams(device="cpu")) == "cpu"
-    assert resolve_device(RunParams(device="auto")) == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device(RunParams(device="auto")) == (
+        "cuda" if torch.cuda.is_available() else "cpu"
+    )
     with pytest.raises(ValueError, match="device"):
         RunParams(device="tpu")
     if not torch.cuda.is_available():

@@ -12,7 +12,10 @@ from eagle3nb.run import NOTEBOOKS, run_notebooks
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("outputs")
-    root = run_notebooks(REPO_ROOT / "params" / "smoke.yaml", overrides={"outputs_dir": str(out), "run_name": "ci-smoke"})
+    root = run_notebooks(
+        REPO_ROOT / "params" / "smoke.yaml",
+        overrides={"outputs_dir": str(out), "run_name": "ci-smoke"},
+    )
     return root
 
 
@@ -20,11 +23,21 @@ def test_run_leaves_every_artefact(smoke_run):
     r = smoke_run
     for nb in NOTEBOOKS:
         assert (r / "notebooks" / f"{nb}.ipynb").is_file()
-    assert (r / "data" / "generated.jsonl").is_file() and (r / "data" / "generation_manifest.json").is_file()
+    assert (r / "data" / "generated.jsonl").is_file() and (
+        r / "data" / "generation_manifest.json"
+    ).is_file()
     man = json.loads((r / "dataset" / "manifest.json").read_text())
     # aux states from SGLang's own model path; boundary N from HF, and the manifest says so
-    assert man["complete"] and man["engine"]["name"] == "sglang" and man["engine"]["version"] == "0.5.23" and man["engine"]["layer_ids"] == [0, 1, 3]
-    assert man["final_state"]["engine"] == "hf-transformers" and man["final_state"]["check_vs_sglang_logprobs"]["ok"]
+    assert (
+        man["complete"]
+        and man["engine"]["name"] == "sglang"
+        and man["engine"]["version"] == "0.5.23"
+        and man["engine"]["layer_ids"] == [0, 1, 3]
+    )
+    assert (
+        man["final_state"]["engine"] == "hf-transformers"
+        and man["final_state"]["check_vs_sglang_logprobs"]["ok"]
+    )
     assert man["aux_boundaries"] == [1, 2, 4] and man["layer_ids"] == [0, 1, 3]
     for key in ("target", "dtype", "template", "seed", "git_commit", "eagle3nb_version"):
         assert key in man, key
@@ -44,25 +57,60 @@ def test_metrics(smoke_run):
     for label, tau in e["tau"].items():
         a = e["per_position_acceptance"][label]
         assert 1.0 <= tau <= 6.0 and abs(tau - (1 + sum(a))) < 1e-3, label
-    assert set(e["tau"]) == {"trained", "untrained", "trained, boundaries +1", "trained, served by vLLM 0.32.0"}
-    v = e["vllm_served"]  # vLLM's own counters for the same drafter and prompts as the simulator's "trained"
-    assert v["greedy_mismatches_vs_vllm_plain"] == v["mismatches_vs_hf_greedy"] == 0 and v["compared_with"] == "trained"
-    assert v["counters"]["num_drafts"] == v["simulator_cycles"] and max(v["abs_diff_per_position"]) <= 0.05
+    assert set(e["tau"]) == {
+        "trained",
+        "untrained",
+        "trained, boundaries +1",
+        "trained, served by vLLM 0.32.0",
+    }
+    v = e[
+        "vllm_served"
+    ]  # vLLM's own counters for the same drafter and prompts as the simulator's "trained"
+    assert (
+        v["greedy_mismatches_vs_vllm_plain"] == v["mismatches_vs_hf_greedy"] == 0
+        and v["compared_with"] == "trained"
+    )
+    assert (
+        v["counters"]["num_drafts"] == v["simulator_cycles"]
+        and max(v["abs_diff_per_position"]) <= 0.05
+    )
     sp = m["engines"]["vllm"]
-    assert sp["generate_tokens_per_s"] > 0 and sp["extract_tokens_per_s"] > 0 and sp["capture_overhead_ratio"] > 0
+    assert (
+        sp["generate_tokens_per_s"] > 0
+        and sp["extract_tokens_per_s"] > 0
+        and sp["capture_overhead_ratio"] > 0
+    )
     assert m["extract_vllm"]["n_samples"] == 24 and m["alignment"]["vllm"]["measured"] == [1, 2, 4]
     assert m["extract"]["n_samples"] == m["generate"]["n_train_prompts"] == 24
     assert m["train"]["steps"] == 20
-    assert set(m["timing"]["notebook_seconds"]) == set(NOTEBOOKS) and m["timing"]["total_seconds"] > 0
+    assert (
+        set(m["timing"]["notebook_seconds"]) == set(NOTEBOOKS) and m["timing"]["total_seconds"] > 0
+    )
     assert set(m["checks"]) == set(NOTEBOOKS) and all(m["checks"].values())
     al = m["alignment"]["sglang"]
-    assert al["declared"] == al["measured"] == [1, 2, 4] and al["verdicts"] == ["matches"] * 3 and al["max_error"] <= 1e-5
-    assert m["extract"]["engine"] == "sglang" and m["extract"]["final_state_engine"] == "hf-transformers"
-    drift = m["engine_drift"]["median_relative_deviation_from_hf_float32"]  # same probe tokens, same boundaries
-    assert max(drift["sglang float32"].values()) <= 1e-5 and 1e-3 < max(drift["hf-transformers bfloat16"].values()) < 5e-2
+    assert (
+        al["declared"] == al["measured"] == [1, 2, 4]
+        and al["verdicts"] == ["matches"] * 3
+        and al["max_error"] <= 1e-5
+    )
+    assert (
+        m["extract"]["engine"] == "sglang"
+        and m["extract"]["final_state_engine"] == "hf-transformers"
+    )
+    drift = m["engine_drift"][
+        "median_relative_deviation_from_hf_float32"
+    ]  # same probe tokens, same boundaries
+    assert (
+        max(drift["sglang float32"].values()) <= 1e-5
+        and 1e-3 < max(drift["hf-transformers bfloat16"].values()) < 5e-2
+    )
     assert any(k.startswith("vllm float32") for k in drift)  # 02a's dataset is in the run folder
     eng = m["export"]["engines"]
-    assert eng["sglang"]["boundaries"] == eng["vllm"]["boundaries"] == [1, 2, 4] and eng["sglang"]["ok"] and eng["vllm"]["ok"]
+    assert (
+        eng["sglang"]["boundaries"] == eng["vllm"]["boundaries"] == [1, 2, 4]
+        and eng["sglang"]["ok"]
+        and eng["vllm"]["ok"]
+    )
 
 
 def test_mismatched_boundaries_refused_before_training(smoke_run, tmp_path):
@@ -79,8 +127,18 @@ def test_mismatched_boundaries_refused_before_training(smoke_run, tmp_path):
         train_step(p, progress=False)
 
 
-@pytest.mark.parametrize("field, value", [("dtype", "bfloat16"), ("convention", "vllm"), ("template", {"mode": "chat", "sha256": "0" * 64}), ("target", {"sha256": "f" * 64})])
-def test_dataset_from_other_settings_refused_by_03_unless_overridden(smoke_run, tmp_path, field, value):
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("dtype", "bfloat16"),
+        ("convention", "vllm"),
+        ("template", {"mode": "chat", "sha256": "0" * 64}),
+        ("target", {"sha256": "f" * 64}),
+    ],
+)
+def test_dataset_from_other_settings_refused_by_03_unless_overridden(
+    smoke_run, tmp_path, field, value
+):
     import shutil
 
     from eagle3nb.manifest import ManifestMismatch, atomic_write_json
@@ -94,5 +152,13 @@ def test_dataset_from_other_settings_refused_by_03_unless_overridden(smoke_run, 
     atomic_write_json(d / "manifest.json", man)
     with pytest.raises(ManifestMismatch, match=field):
         train_step(RunParams(outputs_dir=str(tmp_path), run_name="ci-smoke"), progress=False)
-    out = train_step(RunParams(outputs_dir=str(tmp_path), run_name="ci-smoke", max_steps=2, allow_manifest_mismatch=True), progress=False)
+    out = train_step(
+        RunParams(
+            outputs_dir=str(tmp_path),
+            run_name="ci-smoke",
+            max_steps=2,
+            allow_manifest_mismatch=True,
+        ),
+        progress=False,
+    )
     assert out["stats"]["steps"] == 2

@@ -21,7 +21,14 @@ def test_launch_env_cpu_has_switch_and_shim(tmp_path):
 
 
 def test_launch_env_gpu_has_neither_even_if_inherited(tmp_path):
-    env = sb.launch_env("cuda:1", tmp_path, base={"SGLANG_USE_CPU_ENGINE": "1", "LD_LIBRARY_PATH": f"{tmp_path}/cpu-shim{os.pathsep}/usr/local/cuda/lib64"})
+    env = sb.launch_env(
+        "cuda:1",
+        tmp_path,
+        base={
+            "SGLANG_USE_CPU_ENGINE": "1",
+            "LD_LIBRARY_PATH": f"{tmp_path}/cpu-shim{os.pathsep}/usr/local/cuda/lib64",
+        },
+    )
     assert "SGLANG_USE_CPU_ENGINE" not in env and env["LD_LIBRARY_PATH"] == "/usr/local/cuda/lib64"
     assert env["CUDA_VISIBLE_DEVICES"] == "1"
 
@@ -36,7 +43,9 @@ def test_launch_env_refuses_missing_shim_and_auto(tmp_path):
 @pytest.mark.skipif(os.geteuid() != 0, reason="unshare -n needs root here")
 def test_loopback_prefix_gives_a_namespace_with_lo_only():
     pre = sb.loopback_prefix()
-    out = subprocess.run([*pre, "ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [*pre, "ip", "-o", "link"], capture_output=True, text=True, check=True
+    ).stdout
     assert [ln.split(":")[1].strip() for ln in out.splitlines()] == ["lo"]
     assert "UP" in out.split("<", 1)[1].split(">", 1)[0]  # lo was brought up
 
@@ -50,7 +59,10 @@ def test_drift_figure_deviation_is_per_token_relative_error():
     g = torch.Generator().manual_seed(0)
     ref = {1: torch.randn(6, 4, generator=g), 2: torch.randn(6, 4, generator=g)}
     other = {b: x * 1.01 for b, x in ref.items()}  # exactly 1% off on every token
-    fig = engine_drift_figure({"hf-transformers float32 (reference)": ref, "engine-x bfloat16": other}, "hf-transformers float32 (reference)")
+    fig = engine_drift_figure(
+        {"hf-transformers float32 (reference)": ref, "engine-x bfloat16": other},
+        "hf-transformers float32 (reference)",
+    )
     devs = [t for t in fig.data if t.xaxis in ("x2", "x4")]
     assert len(devs) == 2  # one deviation histogram per boundary, none for the reference itself
     for t in devs:

@@ -17,10 +17,19 @@ from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
 from eagle3nb.text.generation import generate_batch
 
 PY = DEFAULT_ENGINE_PYTHONS["sglang"]
-pytestmark = pytest.mark.skipif(not os.path.isfile(PY), reason=f"SGLang venv absent ({PY}); create it with `bash .ci/setup_engines.sh`")
+pytestmark = pytest.mark.skipif(
+    not os.path.isfile(PY),
+    reason=f"SGLang venv absent ({PY}); create it with `bash .ci/setup_engines.sh`",
+)
 
 IDS = [0, 1, 3]  # SGLang ids -> boundaries 1, 2, 4 of the 5-layer target
-SAMPLES = [[1, 20, 30, 40, 50, 60, 70], [1, 7, 8], [1, 20, 30, 40, 50, 60, 70], [1, 20, 30], [1] + list(range(100, 160))]
+SAMPLES = [
+    [1, 20, 30, 40, 50, 60, 70],
+    [1, 7, 8],
+    [1, 20, 30, 40, 50, 60, 70],
+    [1, 20, 30],
+    [1] + list(range(100, 160)),
+]
 
 
 @pytest.fixture(scope="module")
@@ -42,13 +51,24 @@ def hf():
 
 def _hf_hidden(model, ids):
     with torch.no_grad():
-        return model(torch.tensor([ids]), output_hidden_states=True).hidden_states  # HF's own, no hooks of ours
+        return model(
+            torch.tensor([ids]), output_hidden_states=True
+        ).hidden_states  # HF's own, no hooks of ours
 
 
 def test_info_names_sglang_on_cpu(sgl):
     info = sgl[0].info()
-    assert info["engine_name"] == "sglang" and info["engine_version"] == "0.5.23" and info["convention"] == "sglang"
-    assert info["device"] == "cpu" and info["cpu_engine_switch"] and info["cpu_shim"] and not info["final_boundary_capturable"]
+    assert (
+        info["engine_name"] == "sglang"
+        and info["engine_version"] == "0.5.23"
+        and info["convention"] == "sglang"
+    )
+    assert (
+        info["device"] == "cpu"
+        and info["cpu_engine_switch"]
+        and info["cpu_shim"]
+        and not info["final_boundary_capturable"]
+    )
 
 
 def test_captured_equals_hf_hidden_states_id_plus_1_float32(sgl, hf):
@@ -114,10 +134,17 @@ def test_nothing_listens_beyond_loopback(sgl):
     if os.geteuid() != 0:
         pytest.skip("nsenter into the worker's namespace needs root")
     pid = sgl[0].pid
-    links = subprocess.run(["nsenter", "-t", str(pid), "-n", "ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
+    links = subprocess.run(
+        ["nsenter", "-t", str(pid), "-n", "ip", "-o", "link"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     ifaces = [ln.split(":")[1].strip() for ln in links.splitlines() if ln.strip()]
     assert ifaces == ["lo"], ifaces
-    ss = subprocess.run(["nsenter", "-t", str(pid), "-n", "ss", "-Hltn"], capture_output=True, text=True, check=True).stdout
+    ss = subprocess.run(
+        ["nsenter", "-t", str(pid), "-n", "ss", "-Hltn"], capture_output=True, text=True, check=True
+    ).stdout
     addrs = [ln.split()[3].rsplit(":", 1)[0] for ln in ss.splitlines() if ln.strip()]
     assert addrs, "the engine is up, so its scheduler must be listening somewhere"
     assert all(a in ("127.0.0.1", "[::1]", "*", "0.0.0.0", "[::]") for a in addrs), addrs

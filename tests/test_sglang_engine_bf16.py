@@ -20,7 +20,10 @@ from eagle3nb.target import models
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
 
 PY = DEFAULT_ENGINE_PYTHONS["sglang"]
-pytestmark = pytest.mark.skipif(not os.path.isfile(PY), reason=f"SGLang venv absent ({PY}); create it with `bash .ci/setup_engines.sh`")
+pytestmark = pytest.mark.skipif(
+    not os.path.isfile(PY),
+    reason=f"SGLang venv absent ({PY}); create it with `bash .ci/setup_engines.sh`",
+)
 
 IDS = [0, 1, 3]
 SAMPLES = [[1, 20, 30, 40, 50, 60, 70], [1, 7, 8], [1] + list(range(100, 160))]

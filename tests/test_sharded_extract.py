@@ -21,7 +21,15 @@ from eagle3nb.params import RunParams
 def generated(tmp_path_factory):
     out = tmp_path_factory.mktemp("outputs")
     # engine hf: sharded extraction workers each load an HF engine (SGLang with workers > 1 is refused)
-    p = RunParams(outputs_dir=str(out), run_name="one", max_train_prompts=20, max_new_tokens=24, shard_size=1, interactive=False, extract_engine="hf")
+    p = RunParams(
+        outputs_dir=str(out),
+        run_name="one",
+        max_train_prompts=20,
+        max_new_tokens=24,
+        shard_size=1,
+        interactive=False,
+        extract_engine="hf",
+    )
     generate_step(p, progress=False)
     return p
 
@@ -38,8 +46,12 @@ def test_two_workers_equal_one_and_lost_worker_redone(generated, monkeypatch):
     written = sum(f.stat().st_size for f in RunDir(generated).dataset.glob("shard-*.safetensors"))
     assert r1["stats"]["disk"]["shard_bytes"] == written  # the estimate shown before capture, exact
     sp = r1["stats"]["capture_speed"]
-    assert sp["measured_on_tokens"] == sum(len(x[1]) for x in extract.train_samples(RunDir(generated))[:128])
-    assert sp["capture_overhead_ratio"] == pytest.approx(sp["plain_forward_tokens_per_s"] / sp["capture_tokens_per_s"], rel=2e-3)
+    assert sp["measured_on_tokens"] == sum(
+        len(x[1]) for x in extract.train_samples(RunDir(generated))[:128]
+    )
+    assert sp["capture_overhead_ratio"] == pytest.approx(
+        sp["plain_forward_tokens_per_s"] / sp["capture_tokens_per_s"], rel=2e-3
+    )
     p2 = _copy_run(generated, "two").model_copy(update={"extract_workers": 2})
     rd2 = RunDir(p2)
     real_launch = extract.launch_workers
@@ -49,7 +61,9 @@ def test_two_workers_equal_one_and_lost_worker_redone(generated, monkeypatch):
         procs = real_launch(plan_file, workers)
         rec = rd2.dataset / "workers" / "worker-00001.json"
         deadline = time.time() + 120
-        while time.time() < deadline and not (rec.exists() and json.loads(rec.read_text())["shards"]):
+        while time.time() < deadline and not (
+            rec.exists() and json.loads(rec.read_text())["shards"]
+        ):
             time.sleep(0.002)
         os.kill(procs[1].pid, signal.SIGKILL)  # lost mid-slice
         procs[1].wait()
@@ -57,7 +71,10 @@ def test_two_workers_equal_one_and_lost_worker_redone(generated, monkeypatch):
         return procs
 
     monkeypatch.setattr(extract, "launch_workers", launch_then_kill_worker_1)
-    with pytest.raises(RuntimeError, match=r"missing .* from worker\(s\) \[1\] of 2.*worker 1 exit code -9 \(killed\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"missing .* from worker\(s\) \[1\] of 2.*worker 1 exit code -9 \(killed\)",
+    ):
         extract_sglang_step(p2, progress=False)
     n_shards = len(one["shards"])
     assert 1 <= killed["done"] < n_shards // 2  # the kill really cut worker 1's slice short
@@ -74,10 +91,14 @@ def test_two_workers_equal_one_and_lost_worker_redone(generated, monkeypatch):
     assert not (rd2.dataset / "workers").exists() and not list(rd2.dataset.glob("*.tmp"))
     ds1, ds2 = AuxDataset(RunDir(generated).dataset), AuxDataset(rd2.dataset)
     ids2 = [x["sample_id"] for x in ds2]
-    assert len(ids2) == len(set(ids2)) == two["n_samples"] == one["n_samples"]  # no duplicate, none lost
+    assert (
+        len(ids2) == len(set(ids2)) == two["n_samples"] == one["n_samples"]
+    )  # no duplicate, none lost
     assert ids2 == [x["sample_id"] for x in ds1]
     for a, b in zip(ds1, ds2):
-        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["loss_mask"], b["loss_mask"])
+        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(
+            a["loss_mask"], b["loss_mask"]
+        )
         # same samples per forward (shard_size 1) but another thread count: float32 noise at most
         torch.testing.assert_close(a["aux"], b["aux"], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(a["final"], b["final"], rtol=1e-5, atol=1e-5)

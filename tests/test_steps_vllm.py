@@ -20,15 +20,36 @@ from eagle3nb.steps.train import train_step
 from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
 
-pytestmark = pytest.mark.skipif(not Path(DEFAULT_ENGINE_PYTHONS["vllm"]).is_file(), reason=f"vLLM engine venv absent ({DEFAULT_ENGINE_PYTHONS['vllm']}); create it with `bash .ci/setup_engines.sh`")
+pytestmark = pytest.mark.skipif(
+    not Path(DEFAULT_ENGINE_PYTHONS["vllm"]).is_file(),
+    reason=f"vLLM engine venv absent ({DEFAULT_ENGINE_PYTHONS['vllm']}); create it with `bash .ci/setup_engines.sh`",
+)
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    p = params.RunParams(outputs_dir=str(tmp_path_factory.mktemp("out")), run_name="v", max_train_prompts=8, max_new_tokens=16, max_steps=10, max_eval_prompts=4, eval_max_new_tokens=16, generate_engine="vllm", interactive=False)
-    p = p.model_copy(update={k: v for k, v in {"extract_engine": "hf"}.items() if k in params.RunParams.model_fields})  # 02b on HF: the independent reference
+    p = params.RunParams(
+        outputs_dir=str(tmp_path_factory.mktemp("out")),
+        run_name="v",
+        max_train_prompts=8,
+        max_new_tokens=16,
+        max_steps=10,
+        max_eval_prompts=4,
+        eval_max_new_tokens=16,
+        generate_engine="vllm",
+        interactive=False,
+    )
+    p = p.model_copy(
+        update={
+            k: v for k, v in {"extract_engine": "hf"}.items() if k in params.RunParams.model_fields
+        }
+    )  # 02b on HF: the independent reference
     check_against_model(p)
-    out = {"01": generate_step(p, progress=False), "02a": extract_vllm_step(p, progress=False), "02b": extract_sglang_step(p, progress=False)}
+    out = {
+        "01": generate_step(p, progress=False),
+        "02a": extract_vllm_step(p, progress=False),
+        "02b": extract_sglang_step(p, progress=False),
+    }
     return p, out
 
 
@@ -43,23 +64,40 @@ def test_02a_dataset_is_vllms_and_equals_hf_boundaries(run):
     p, out = run
     rd = RunDir(p)
     v, h = AuxDataset(rd.dataset_vllm), AuxDataset(rd.dataset)
-    assert v.manifest["engine"]["name"] == "vllm" and v.manifest["engine"]["version"] == "0.32.0" and v.manifest["convention"] == "vllm"
-    assert v.manifest["layer_ids"] == [1, 2, 4] and v.manifest["aux_boundaries"] == h.manifest["aux_boundaries"] == [1, 2, 4]
+    assert (
+        v.manifest["engine"]["name"] == "vllm"
+        and v.manifest["engine"]["version"] == "0.32.0"
+        and v.manifest["convention"] == "vllm"
+    )
+    assert v.manifest["layer_ids"] == [1, 2, 4] and v.manifest["aux_boundaries"] == h.manifest[
+        "aux_boundaries"
+    ] == [1, 2, 4]
     assert v.manifest["final_state"]["engine"] == "vllm"
     assert len(v) == len(h) > 0
     for i in range(len(v)):
         a, b = v[i], h[i]
-        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["loss_mask"], b["loss_mask"])
-        assert torch.allclose(a["aux"], b["aux"], atol=1e-5, rtol=1e-5) and torch.allclose(a["final"], b["final"], atol=1e-5, rtol=1e-5)
+        assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(
+            a["loss_mask"], b["loss_mask"]
+        )
+        assert torch.allclose(a["aux"], b["aux"], atol=1e-5, rtol=1e-5) and torch.allclose(
+            a["final"], b["final"], atol=1e-5, rtol=1e-5
+        )
     assert out["02a"]["alignment"]["ok"] and out["02a"]["alignment"]["measured"] == [1, 2, 4]
 
 
 def test_engine_speed_metrics(run):
     p, out = run
     e = json.loads(RunDir(p).metrics.read_text())["engines"]["vllm"]
-    for k in ("generate_tokens_per_s", "prefill_tokens_per_s_without_capture", "extract_tokens_per_s", "generate_tokens_per_s_01"):
+    for k in (
+        "generate_tokens_per_s",
+        "prefill_tokens_per_s_without_capture",
+        "extract_tokens_per_s",
+        "generate_tokens_per_s_01",
+    ):
         assert e[k] > 0
-    assert e["capture_overhead_ratio"] == pytest.approx(e["prefill_tokens_per_s_without_capture"] / e["extract_tokens_per_s"], rel=1e-2)
+    assert e["capture_overhead_ratio"] == pytest.approx(
+        e["prefill_tokens_per_s_without_capture"] / e["extract_tokens_per_s"], rel=1e-2
+    )
 
 
 def test_02a_stops_when_vllm_captures_other_boundaries(run, monkeypatch):
@@ -73,7 +111,10 @@ def test_02a_stops_when_vllm_captures_other_boundaries(run, monkeypatch):
         (dst.generated.parent / f.name).write_bytes(f.read_bytes())
     wrong = conventions.Convention(**{**conventions.CONVENTIONS["vllm"].__dict__, "offset": 1})
     monkeypatch.setitem(conventions.CONVENTIONS, "vllm", wrong)
-    with pytest.raises(ValueError, match=r"vllm captured boundaries \[0, 1, 3\] for vllm ids \[0, 1, 3\], declared \[1, 2, 4\].*allow_boundary_mismatch=True"):
+    with pytest.raises(
+        ValueError,
+        match=r"vllm captured boundaries \[0, 1, 3\] for vllm ids \[0, 1, 3\], declared \[1, 2, 4\].*allow_boundary_mismatch=True",
+    ):
         extract_vllm_step(p2, progress=False)
     assert not (dst.dataset_vllm / "manifest.json").exists()
 
@@ -82,11 +123,19 @@ def test_train_from_02a_and_vllm_served_acceptance(run):
     p, _ = run
     p3 = p.model_copy(update={"train_on": "vllm"})
     tr = train_step(p3, progress=False)
-    assert json.loads((tr["export_dir"] / "manifest.json").read_text())["dataset_engine"]["name"] == "vllm"
+    assert (
+        json.loads((tr["export_dir"] / "manifest.json").read_text())["dataset_engine"]["name"]
+        == "vllm"
+    )
     ev = eval_step(p3, progress=False)
     v = ev["stats"]["vllm_served"]
     assert v["greedy_mismatches_vs_vllm_plain"] == 0 and v["mismatches_vs_hf_greedy"] == 0
-    assert v["counters"]["num_drafts"] > 0 and sum(v["counters"]["accepted_per_pos"]) == v["counters"]["num_accepted_tokens"]
-    assert ev["stats"]["engines"][f"trained, served by vLLM {v['engine_version']}"].startswith("vllm")
+    assert (
+        v["counters"]["num_drafts"] > 0
+        and sum(v["counters"]["accepted_per_pos"]) == v["counters"]["num_accepted_tokens"]
+    )
+    assert ev["stats"]["engines"][f"trained, served by vLLM {v['engine_version']}"].startswith(
+        "vllm"
+    )
     # same drafter, same prompts, greedy: the counters agree with the simulator (noise: 10-step drafter)
     assert all(d <= 0.1 for d in v["abs_diff_per_position"]), v

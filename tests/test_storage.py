@@ -9,17 +9,40 @@ import torch
 from eagle3nb.target.capture import HFCaptureEngine
 from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.dataset.write import shard_plan, write_dataset
-from eagle3nb.dataset.layout import dequantize_aux, estimate_dataset_bytes, quantize_aux, shard_file_bytes, shard_layout
+from eagle3nb.dataset.layout import (
+    dequantize_aux,
+    estimate_dataset_bytes,
+    quantize_aux,
+    shard_file_bytes,
+    shard_layout,
+)
 
-TEXTS = ["Once upon a time there was a cat.", "Tom had a big red ball and a dog.", "The sun was warm.", "Mia liked to sing songs with her mom.", "Ben ran to the park.", "Lily saw a bird in the tree and she smiled."]
-MAN = {"target": {"name": "stories260K-hd32"}, "engine": {"name": "hf-transformers"}, "convention": "sglang", "layer_ids": [0, 1, 3], "aux_boundaries": [1, 2, 4], "final_boundary": 5, "template": {"mode": "completion"}}
+TEXTS = [
+    "Once upon a time there was a cat.",
+    "Tom had a big red ball and a dog.",
+    "The sun was warm.",
+    "Mia liked to sing songs with her mom.",
+    "Ben ran to the park.",
+    "Lily saw a bird in the tree and she smiled.",
+]
+MAN = {
+    "target": {"name": "stories260K-hd32"},
+    "engine": {"name": "hf-transformers"},
+    "convention": "sglang",
+    "layer_ids": [0, 1, 3],
+    "aux_boundaries": [1, 2, 4],
+    "final_boundary": 5,
+    "template": {"mode": "completion"},
+}
 
 
 def _samples(tok):
     out = []
     for i, t in enumerate(TEXTS):
         ids = tok(t).input_ids
-        mask = [0] * len(ids) if i == 2 else [0] * 3 + [1] * (len(ids) - 3)  # sample 2: empty loss mask, skipped
+        mask = (
+            [0] * len(ids) if i == 2 else [0] * 3 + [1] * (len(ids) - 3)
+        )  # sample 2: empty loss mask, skipped
         out.append((i, ids, mask))
     return out
 
@@ -33,7 +56,15 @@ def test_estimate_equals_bytes_written(target, tmp_path, dtype, aux_storage):
     H, n_aux = model.config.hidden_size, 3
     lens = [[len(x[1]) for x in chunk if any(x[2])] for _, chunk in shard_plan(s, 4)]
     est = estimate_dataset_bytes(lens, n_aux, H, dtype, aux_storage)
-    man = write_dataset(tmp_path / "ds", s, lambda xs: eng.capture(xs, [0, 1, 3]), dict(MAN, dtype=str(dtype)), shard_size=4, dtype=dtype, aux_storage=aux_storage)
+    man = write_dataset(
+        tmp_path / "ds",
+        s,
+        lambda xs: eng.capture(xs, [0, 1, 3]),
+        dict(MAN, dtype=str(dtype)),
+        shard_size=4,
+        dtype=dtype,
+        aux_storage=aux_storage,
+    )
     sizes = [(tmp_path / "ds" / sh["file"]).stat().st_size for sh in man["shards"]]
     assert est["shard_bytes"] == sum(sizes)  # exact, headers included
     for sh, ls, size in zip(man["shards"], lens, sizes):
@@ -44,13 +75,17 @@ def test_estimate_equals_bytes_written(target, tmp_path, dtype, aux_storage):
     n_tok, n_smp = sum(map(sum, lens)), sum(map(len, lens))
     payload = n_tok * (per_tok + 9) + n_smp * 16 + len(lens) * 8
     assert est["per_token_bytes"] == per_tok + 9
-    assert 0 < sum(sizes) - payload < len(lens) * 1024  # the rest is the JSON headers (a few hundred B each)
+    assert (
+        0 < sum(sizes) - payload < len(lens) * 1024
+    )  # the rest is the JSON headers (a few hundred B each)
 
 
 def test_int8_round_trip_bound_by_hand():
     g = torch.Generator().manual_seed(0)
     n_aux, H = 3, 16
-    x = torch.randn(50, n_aux * H, generator=g) * torch.logspace(-3, 3, 50)[:, None]  # magnitudes over 6 decades
+    x = (
+        torch.randn(50, n_aux * H, generator=g) * torch.logspace(-3, 3, 50)[:, None]
+    )  # magnitudes over 6 decades
     x[7, H : 2 * H] = 0  # an all-zero slot
     x[9, 5] = 1e4  # an outlier dominates its slot's scale
     q, scale = quantize_aux(x, n_aux)
@@ -69,9 +104,20 @@ def test_int8_dataset_error_recorded_and_loader_dequantises(target, tmp_path):
     model, tok, _ = target
     eng = HFCaptureEngine(model, "sglang")
     s = _samples(tok)
-    man = write_dataset(tmp_path / "q", s, lambda xs: eng.capture(xs, [0, 1, 3]), dict(MAN, dtype="float32"), shard_size=4, aux_storage="int8")
+    man = write_dataset(
+        tmp_path / "q",
+        s,
+        lambda xs: eng.capture(xs, [0, 1, 3]),
+        dict(MAN, dtype="float32"),
+        shard_size=4,
+        aux_storage="int8",
+    )
     ds = AuxDataset(tmp_path / "q")
-    assert man["aux_storage"] == "int8" and json.loads((tmp_path / "q" / "manifest.json").read_text())["aux_quantization"] == man["aux_quantization"]
+    assert (
+        man["aux_storage"] == "int8"
+        and json.loads((tmp_path / "q" / "manifest.json").read_text())["aux_quantization"]
+        == man["aux_quantization"]
+    )
     kept = [x for x in s if any(x[2])]
     ref = {x[0]: c.aux for x, c in zip(kept, eng.capture([x[1] for x in kept], [0, 1, 3]))}
     num = den = 0.0
@@ -84,13 +130,22 @@ def test_int8_dataset_error_recorded_and_loader_dequantises(target, tmp_path):
         d = r - a.double().numpy()
         num, den = num + (d**2).sum(), den + (r**2).sum()
         for i in range(3):
-            per[i] += [(d[:, i * H : (i + 1) * H] ** 2).sum(), (r[:, i * H : (i + 1) * H] ** 2).sum()]
-        assert np.abs(d).max() <= np.abs(r).max() / 254 * 1.001  # never more than half a step of the largest slot
+            per[i] += [
+                (d[:, i * H : (i + 1) * H] ** 2).sum(),
+                (r[:, i * H : (i + 1) * H] ** 2).sum(),
+            ]
+        assert (
+            np.abs(d).max() <= np.abs(r).max() / 254 * 1.001
+        )  # never more than half a step of the largest slot
     rel = (num / den) ** 0.5
     q = man["aux_quantization"]
-    assert q["relative_error"] == pytest.approx(rel, rel=1e-4, abs=1e-6)  # capture batches differ: float32 noise
+    assert q["relative_error"] == pytest.approx(
+        rel, rel=1e-4, abs=1e-6
+    )  # capture batches differ: float32 noise
     for i, b in enumerate([1, 2, 4]):
-        assert q["relative_error_per_boundary"][str(b)] == pytest.approx((per[i, 0] / per[i, 1]) ** 0.5, rel=1e-4, abs=1e-6)
+        assert q["relative_error_per_boundary"][str(b)] == pytest.approx(
+            (per[i, 0] / per[i, 1]) ** 0.5, rel=1e-4, abs=1e-6
+        )
     assert 0 < rel < 0.02  # int8 per-token absmax on this model: well under 2 %
     # final (boundary N) is stored unquantised: exactly the engine's float32 states
     fin = {x[0]: c.final for x, c in zip(kept, eng.capture([x[1] for x in kept], [0, 1, 3]))}

@@ -21,14 +21,22 @@ def test_split_is_deterministic_and_disjoint():
     ps = [f"prompt {i}" for i in range(200)]
     tr, ho = split_prompts(ps, 0.2, seed=0)
     tr2, ho2 = split_prompts(list(reversed(ps)), 0.2, seed=0)
-    assert set(ho) == set(ho2) and set(tr) | set(ho) == set(ps) and not set(tr) & set(ho)  # order-independent
+    assert (
+        set(ho) == set(ho2) and set(tr) | set(ho) == set(ps) and not set(tr) & set(ho)
+    )  # order-independent
     assert 20 <= len(ho) <= 60
 
 
 def test_prompt_longer_than_context_refused_before_generation(tmp_path):
     f = tmp_path / "long.txt"
-    f.write_text("Tom ran. " * 400 + "\n" + "Lily sang a song.\nBen had a dog.\nMia saw a cat.\nMax ate a cake.\n")
-    p = RunParams(prompts_file=str(f), outputs_dir=str(tmp_path), heldout_fraction=0.5, max_new_tokens=8)
+    f.write_text(
+        "Tom ran. " * 400
+        + "\n"
+        + "Lily sang a song.\nBen had a dog.\nMia saw a cat.\nMax ate a cake.\n"
+    )
+    p = RunParams(
+        prompts_file=str(f), outputs_dir=str(tmp_path), heldout_fraction=0.5, max_new_tokens=8
+    )
     with pytest.raises(ValueError, match="exceeds the context of 512"):
         generate_step(p, progress=False)
     assert not (tmp_path / "smoke" / "data" / "generated.jsonl").exists()

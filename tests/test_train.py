@@ -8,16 +8,34 @@ from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.dataset.write import write_dataset
 from eagle3nb.training.loop import TrainConfig, lr_lambda, train_drafter
 
-TEXTS = ["Once upon a time there was a cat. The cat liked to play.", "Tom had a big red ball and a dog.", "The sun was warm and the sky was blue.", "Mia liked to sing songs with her mom.", "Ben ran to the park to see his friend."]
+TEXTS = [
+    "Once upon a time there was a cat. The cat liked to play.",
+    "Tom had a big red ball and a dog.",
+    "The sun was warm and the sky was blue.",
+    "Mia liked to sing songs with her mom.",
+    "Ben ran to the park to see his friend.",
+]
 
 
 @pytest.fixture(scope="module")
 def tiny_ds(target, tmp_path_factory):
     model, tok, _ = target
     eng = HFCaptureEngine(model, "sglang")
-    s = [(i, tok(t).input_ids, [0] * 3 + [1] * (len(tok(t).input_ids) - 3)) for i, t in enumerate(TEXTS)]
+    s = [
+        (i, tok(t).input_ids, [0] * 3 + [1] * (len(tok(t).input_ids) - 3))
+        for i, t in enumerate(TEXTS)
+    ]
     d = tmp_path_factory.mktemp("ds")
-    man = {"target": {}, "engine": {}, "convention": "sglang", "layer_ids": [0, 1, 3], "aux_boundaries": [1, 2, 4], "final_boundary": 5, "dtype": "float32", "template": {}}
+    man = {
+        "target": {},
+        "engine": {},
+        "convention": "sglang",
+        "layer_ids": [0, 1, 3],
+        "aux_boundaries": [1, 2, 4],
+        "final_boundary": 5,
+        "dtype": "float32",
+        "template": {},
+    }
     write_dataset(d, s, lambda xs: eng.capture(xs, [0, 1, 3]), man, shard_size=2)
     return AuxDataset(d)
 
@@ -49,11 +67,23 @@ def test_lr_schedule_by_hand():
 
 def test_training_lowers_loss_and_resume_equals_uninterrupted(target, tiny_ds, tmp_path):
     model, _, _ = target
-    cfg = TrainConfig(batch_size=2, max_steps=12, warmup_steps=2, checkpoint_every=4, ttt_steps=3, draft_vocab_size=128, draft_num_heads=0, draft_num_kv_heads=0, log_every=1)
+    cfg = TrainConfig(
+        batch_size=2,
+        max_steps=12,
+        warmup_steps=2,
+        checkpoint_every=4,
+        ttt_steps=3,
+        draft_vocab_size=128,
+        draft_num_heads=0,
+        draft_num_kv_heads=0,
+        log_every=1,
+    )
     d_full, rep = train_drafter(tiny_ds, model, cfg, tmp_path / "a")
     assert rep["history"][-1]["loss"] < rep["history"][0]["loss"]
     with pytest.raises(KeyboardInterrupt):
-        train_drafter(tiny_ds, model, cfg, tmp_path / "b", progress=StopAt(6))  # last checkpoint: step 4
+        train_drafter(
+            tiny_ds, model, cfg, tmp_path / "b", progress=StopAt(6)
+        )  # last checkpoint: step 4
     assert json.loads((tmp_path / "b" / "checkpoints" / "latest.json").read_text())["step"] == 4
     d_res, rep_res = train_drafter(tiny_ds, model, cfg, tmp_path / "b")
     for (k, a), b in zip(d_full.state_dict().items(), d_res.state_dict().values()):
@@ -71,11 +101,22 @@ def test_batches_without_loss_tokens_are_counted_not_applied(target, tiny_ds, tm
 
     model, _, _ = target
     ds = NoLoss(tiny_ds.path)
-    cfg = TrainConfig(batch_size=2, max_steps=3, warmup_steps=1, ttt_steps=2, draft_vocab_size=128, draft_num_heads=0, draft_num_kv_heads=0, init_head_from_target=False)
+    cfg = TrainConfig(
+        batch_size=2,
+        max_steps=3,
+        warmup_steps=1,
+        ttt_steps=2,
+        draft_vocab_size=128,
+        draft_num_heads=0,
+        draft_num_kv_heads=0,
+        init_head_from_target=False,
+    )
     torch.manual_seed(0)
     d, rep = train_drafter(ds, model, cfg, tmp_path / "e")
     assert rep["empty_batches"] == 3 and all(h["loss"] == 0.0 for h in rep["history"])
-    d0, _ = __import__("eagle3nb.training.loop", fromlist=["build_drafter"]).build_drafter(ds, model, cfg)
+    d0, _ = __import__("eagle3nb.training.loop", fromlist=["build_drafter"]).build_drafter(
+        ds, model, cfg
+    )
     for (k, a), b in zip(d.state_dict().items(), d0.state_dict().values()):
         assert torch.equal(a, b), k  # no update, no weight drift
 
@@ -87,12 +128,26 @@ def test_attention_setting_reaches_the_drafter_and_is_validated(target, tiny_ds,
     from eagle3nb.training.loop import TrainConfig
 
     model = target[0]
-    cfg = TrainConfig(draft_vocab_size=64, draft_num_heads=0, draft_num_kv_heads=0, batch_size=4, max_steps=3, warmup_steps=1, checkpoint_every=100)
+    cfg = TrainConfig(
+        draft_vocab_size=64,
+        draft_num_heads=0,
+        draft_num_kv_heads=0,
+        batch_size=4,
+        max_steps=3,
+        warmup_steps=1,
+        checkpoint_every=100,
+    )
     d_e, _ = train_drafter(tiny_ds, model, cfg, tmp_path / "eager")
-    d_f, _ = train_drafter(tiny_ds, model, TrainConfig(**{**cfg.__dict__, "attention": "flex"}), tmp_path / "flex")
-    assert d_f.midlayer.self_attn.attn_impl == "flex" and d_e.midlayer.self_attn.attn_impl == "eager"
+    d_f, _ = train_drafter(
+        tiny_ds, model, TrainConfig(**{**cfg.__dict__, "attention": "flex"}), tmp_path / "flex"
+    )
+    assert (
+        d_f.midlayer.self_attn.attn_impl == "flex" and d_e.midlayer.self_attn.attn_impl == "eager"
+    )
     for (k, a), b in zip(d_e.state_dict().items(), d_f.state_dict().values()):
         torch.testing.assert_close(b, a, rtol=0, atol=1e-6, msg=k)
     with pytest.raises(ValueError, match="attention='flash'"):
         TrainConfig(attention="flash")
-    assert "attention" not in TrainConfig(attention="flex").identity()  # how, not what: resumable either way
+    assert (
+        "attention" not in TrainConfig(attention="flex").identity()
+    )  # how, not what: resumable either way

@@ -5,7 +5,13 @@ from eagle3nb.drafter.vocab import build_draft_vocab, check_draft_vocab, count_l
 
 
 def test_counts_only_loss_bearing_tokens():
-    counts = count_loss_tokens([(torch.tensor([1, 5, 5, 7]), torch.tensor([0, 1, 1, 1])), (torch.tensor([5, 9]), torch.tensor([1, 0]))], 10)
+    counts = count_loss_tokens(
+        [
+            (torch.tensor([1, 5, 5, 7]), torch.tensor([0, 1, 1, 1])),
+            (torch.tensor([5, 9]), torch.tensor([1, 0])),
+        ],
+        10,
+    )
     assert counts.tolist() == [0, 0, 0, 0, 0, 3, 0, 1, 0, 0]
 
 

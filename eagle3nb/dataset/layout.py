@@ -23,13 +23,34 @@ from typing import Sequence
 
 import torch
 
-__all__ = ["AUX_STORAGE", "shard_layout", "header_bytes", "shard_file_bytes", "estimate_dataset_bytes", "quantize_aux", "dequantize_aux", "relative_error", "ST_DTYPES", "METADATA"]
+__all__ = [
+    "AUX_STORAGE",
+    "shard_layout",
+    "header_bytes",
+    "shard_file_bytes",
+    "estimate_dataset_bytes",
+    "quantize_aux",
+    "dequantize_aux",
+    "relative_error",
+    "ST_DTYPES",
+    "METADATA",
+]
 
-AUX_STORAGE = ("dtype", "int8")  # "dtype": aux stored in the capture dtype; "int8": per-token scales
+AUX_STORAGE = (
+    "dtype",
+    "int8",
+)  # "dtype": aux stored in the capture dtype; "int8": per-token scales
 METADATA = {"format": "eagle3nb-aux-dataset"}  # safetensors __metadata__ of every shard
 # safetensors dtype tags, in the order its serializer sorts tensors (descending tag, then name);
 # safetensors/src/tensor.rs `Dtype` and `prepare`
-ST_DTYPES = {torch.int64: "I64", torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int8: "I8", torch.uint8: "U8"}
+ST_DTYPES = {
+    torch.int64: "I64",
+    torch.float32: "F32",
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+}
 _ST_ORDER = ["U8", "I8", "F16", "BF16", "F32", "I64"]  # ascending, as in the Rust enum
 
 
@@ -37,7 +58,9 @@ def _nbytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def shard_layout(lens: Sequence[int], n_aux: int, hidden: int, dtype: torch.dtype, aux_storage: str = "dtype") -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+def shard_layout(
+    lens: Sequence[int], n_aux: int, hidden: int, dtype: torch.dtype, aux_storage: str = "dtype"
+) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
     """``{tensor name: (dtype, shape)}`` of one shard holding samples of ``lens`` tokens.
 
     Args:
@@ -93,7 +116,13 @@ def shard_file_bytes(layout: dict, metadata: dict | None = METADATA) -> int:
     return header_bytes(layout, metadata) + data
 
 
-def estimate_dataset_bytes(shard_lens: Sequence[Sequence[int]], n_aux: int, hidden: int, dtype: torch.dtype, aux_storage: str = "dtype") -> dict:
+def estimate_dataset_bytes(
+    shard_lens: Sequence[Sequence[int]],
+    n_aux: int,
+    hidden: int,
+    dtype: torch.dtype,
+    aux_storage: str = "dtype",
+) -> dict:
     """Disk need of a dataset, before any capture.
 
     Args:
@@ -105,11 +134,28 @@ def estimate_dataset_bytes(shard_lens: Sequence[Sequence[int]], n_aux: int, hidd
         "formula": text, "n_tokens", "n_samples", "n_shards"}``. Samples later found non-finite
         are dropped by the writer, so the real size can only be smaller.
     """
-    total = sum(shard_file_bytes(shard_layout(ls, n_aux, hidden, dtype, aux_storage)) for ls in shard_lens)
+    total = sum(
+        shard_file_bytes(shard_layout(ls, n_aux, hidden, dtype, aux_storage)) for ls in shard_lens
+    )
     b = _nbytes(dtype)
-    per_tok = (n_aux * hidden + n_aux * 4 if aux_storage == "int8" else n_aux * hidden * b) + hidden * b + 9
-    formula = (f"tokens x (n_aux x H x 1 + n_aux x 4 + H x {b}) + tokens x 9" if aux_storage == "int8" else f"tokens x (n_aux + 1) x H x {b} + tokens x 9") + " + samples x 16 + shards x (8 + header)"
-    return {"shard_bytes": int(total), "per_token_bytes": int(per_tok), "formula": formula, "n_tokens": int(sum(sum(x) for x in shard_lens)), "n_samples": int(sum(len(x) for x in shard_lens)), "n_shards": len(shard_lens)}
+    per_tok = (
+        (n_aux * hidden + n_aux * 4 if aux_storage == "int8" else n_aux * hidden * b)
+        + hidden * b
+        + 9
+    )
+    formula = (
+        f"tokens x (n_aux x H x 1 + n_aux x 4 + H x {b}) + tokens x 9"
+        if aux_storage == "int8"
+        else f"tokens x (n_aux + 1) x H x {b} + tokens x 9"
+    ) + " + samples x 16 + shards x (8 + header)"
+    return {
+        "shard_bytes": int(total),
+        "per_token_bytes": int(per_tok),
+        "formula": formula,
+        "n_tokens": int(sum(sum(x) for x in shard_lens)),
+        "n_samples": int(sum(len(x) for x in shard_lens)),
+        "n_shards": len(shard_lens),
+    }
 
 
 def quantize_aux(aux: torch.Tensor, n_aux: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -134,10 +180,12 @@ def dequantize_aux(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``[N, n_aux*H] float32`` from :func:`quantize_aux`'s ``(q, scale)``."""
     N, A = q.shape
     n_aux = scale.shape[1]
-    return (q.float().reshape(N, n_aux, A // n_aux if n_aux else 0) * scale[..., None]).reshape(N, A)
+    return (q.float().reshape(N, n_aux, A // n_aux if n_aux else 0) * scale[..., None]).reshape(
+        N, A
+    )
 
 
 def relative_error(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     """``(sum (x-y)^2, sum x^2)`` in float64, to accumulate a dataset-wide ``||x-y|| / ||x||``."""
-    d = (x.double() - y.double())
+    d = x.double() - y.double()
     return float((d * d).sum()), float((x.double() ** 2).sum())

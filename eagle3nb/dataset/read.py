@@ -44,15 +44,23 @@ def open_manifest(path: Path, verify: bool = True) -> dict:
     """
     man = read_json(path / "manifest.json", "dataset manifest")
     if man.get("kind") != DATASET_KIND:
-        raise ValueError(f"{path}/manifest.json is not an eagle3nb dataset manifest (kind={man.get('kind')!r}, expected {DATASET_KIND!r}); point at the dataset folder 02b wrote (outputs/<run_name>/dataset)")
+        raise ValueError(
+            f"{path}/manifest.json is not an eagle3nb dataset manifest (kind={man.get('kind')!r}, expected {DATASET_KIND!r}); point at the dataset folder 02b wrote (outputs/<run_name>/dataset)"
+        )
     if not man.get("complete"):
-        raise ValueError(f"dataset {path} is incomplete (manifest.json complete={man.get('complete')!r}: extraction interrupted); rerun 02b with the same params to finish it")
+        raise ValueError(
+            f"dataset {path} is incomplete (manifest.json complete={man.get('complete')!r}: extraction interrupted); rerun 02b with the same params to finish it"
+        )
     for s in man["shards"]:
         f = path / s["file"]
         if not f.is_file():
-            raise ValueError(f"shard {f} is listed in {path}/manifest.json but missing; rerun 02b with the same params to redo it")
+            raise ValueError(
+                f"shard {f} is listed in {path}/manifest.json but missing; rerun 02b with the same params to redo it"
+            )
         if verify and sha256_file(f) != s["sha256"]:
-            raise ValueError(f"shard {f} is corrupt: its sha256 differs from the manifest; rerun 02b after deleting it")
+            raise ValueError(
+                f"shard {f} is corrupt: its sha256 differs from the manifest; rerun 02b after deleting it"
+            )
     return man
 
 

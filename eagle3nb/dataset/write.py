@@ -25,13 +25,37 @@ from typing import Callable, Sequence
 import torch
 from safetensors.torch import save_file
 
-from eagle3nb.manifest import ManifestMismatch, atomic_write_json, publish_permissions, read_json, sha256_file
+from eagle3nb.manifest import (
+    ManifestMismatch,
+    atomic_write_json,
+    publish_permissions,
+    read_json,
+    sha256_file,
+)
 from eagle3nb.dataset.read import DATASET_KIND, FORMAT_VERSION
-from eagle3nb.dataset.layout import AUX_STORAGE, METADATA, dequantize_aux, quantize_aux, shard_layout
+from eagle3nb.dataset.layout import (
+    AUX_STORAGE,
+    METADATA,
+    dequantize_aux,
+    quantize_aux,
+    shard_layout,
+)
 
 
 # settings that must match for a rerun to resume instead of starting over
-_RESUME_KEYS = ("target", "engine", "convention", "layer_ids", "aux_boundaries", "dtype", "template", "shard_size", "n_input_samples", "generation_sha256", "aux_storage")
+_RESUME_KEYS = (
+    "target",
+    "engine",
+    "convention",
+    "layer_ids",
+    "aux_boundaries",
+    "dtype",
+    "template",
+    "shard_size",
+    "n_input_samples",
+    "generation_sha256",
+    "aux_storage",
+)
 
 
 WORKERS_DIR = "workers"  # progress files of a sharded extraction's workers (removed once merged)
@@ -61,7 +85,10 @@ def _save_atomic(tensors: dict, path: Path, metadata: dict) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         if e.errno == errno.ENOSPC:
-            raise DiskFullError(errno.ENOSPC, f"disk full while writing {path.name}; earlier shards and manifest.json are intact: free space in {path.parent} and rerun to resume") from e
+            raise DiskFullError(
+                errno.ENOSPC,
+                f"disk full while writing {path.name}; earlier shards and manifest.json are intact: free space in {path.parent} and rerun to resume",
+            ) from e
         raise
     except BaseException:
         if os.path.exists(tmp):
@@ -73,14 +100,19 @@ def shard_plan(samples: Sequence, shard_size: int) -> list[tuple[str, Sequence]]
     """``[(shard file name, its samples)]``: consecutive chunks of ``shard_size`` samples. Names
     depend only on the sample order and ``shard_size``, not on how many workers write them, so a
     rerun with another worker count reuses every finished shard."""
-    return [(f"shard-{i // shard_size:05d}.safetensors", samples[i : i + shard_size]) for i in range(0, len(samples), shard_size)]
+    return [
+        (f"shard-{i // shard_size:05d}.safetensors", samples[i : i + shard_size])
+        for i in range(0, len(samples), shard_size)
+    ]
 
 
 def _settings_key(man: dict) -> str:
     import hashlib
     import json
 
-    return hashlib.sha256(json.dumps({k: man.get(k) for k in _RESUME_KEYS}, sort_keys=True, default=str).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps({k: man.get(k) for k in _RESUME_KEYS}, sort_keys=True, default=str).encode()
+    ).hexdigest()
 
 
 def _finished(out: Path, man: dict, names: set[str]) -> dict[str, dict]:
@@ -91,15 +123,27 @@ def _finished(out: Path, man: dict, names: set[str]) -> dict[str, dict]:
     if mpath.exists():
         for s in read_json(mpath).get("shards", []):
             cand[s["file"]] = s
-    for w in sorted((out / WORKERS_DIR).glob("worker-*.json")) if (out / WORKERS_DIR).is_dir() else []:
+    for w in (
+        sorted((out / WORKERS_DIR).glob("worker-*.json")) if (out / WORKERS_DIR).is_dir() else []
+    ):
         rec = read_json(w)
         if rec.get("settings") == key:
             for s in rec.get("shards", []):
                 cand[s["file"]] = s
-    return {n: s for n, s in cand.items() if n in names and (out / n).exists() and sha256_file(out / n) == s["sha256"]}
+    return {
+        n: s
+        for n, s in cand.items()
+        if n in names and (out / n).exists() and sha256_file(out / n) == s["sha256"]
+    }
 
 
-def prepare_dataset(out_dir: str | os.PathLike, samples: Sequence, manifest: dict, shard_size: int = 64, aux_storage: str = "dtype") -> dict:
+def prepare_dataset(
+    out_dir: str | os.PathLike,
+    samples: Sequence,
+    manifest: dict,
+    shard_size: int = 64,
+    aux_storage: str = "dtype",
+) -> dict:
     """Create ``out_dir`` and its incomplete ``manifest.json`` (settings only), refusing a folder
     holding a dataset made with other settings. Returns the manifest base.
 
@@ -115,13 +159,22 @@ def prepare_dataset(out_dir: str | os.PathLike, samples: Sequence, manifest: dic
         raise ValueError(f"aux_storage={aux_storage!r}: use one of {list(AUX_STORAGE)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    man = dict(manifest, kind=DATASET_KIND, format_version=FORMAT_VERSION, shard_size=shard_size, n_input_samples=len(samples), aux_storage=aux_storage)
+    man = dict(
+        manifest,
+        kind=DATASET_KIND,
+        format_version=FORMAT_VERSION,
+        shard_size=shard_size,
+        n_input_samples=len(samples),
+        aux_storage=aux_storage,
+    )
     mpath = out / "manifest.json"
     if mpath.exists():
         old = read_json(mpath)
         diff = [k for k in _RESUME_KEYS if old.get(k) != man.get(k)]
         if diff:
-            raise ManifestMismatch(f"{out} holds a dataset made with other settings ({', '.join(diff)} differ); delete the folder or use another run_name")
+            raise ManifestMismatch(
+                f"{out} holds a dataset made with other settings ({', '.join(diff)} differ); delete the folder or use another run_name"
+            )
         if old.get("complete"):
             return man
         shards = old.get("shards", [])
@@ -131,7 +184,17 @@ def prepare_dataset(out_dir: str | os.PathLike, samples: Sequence, manifest: dic
     return man
 
 
-def write_dataset(out_dir: str | os.PathLike, samples: Sequence[tuple[int, list[int], list[int]]], capture: Callable, manifest: dict, shard_size: int = 64, dtype: torch.dtype = torch.float32, progress=None, aux_storage: str = "dtype", worker: tuple[int, int] | None = None) -> dict:
+def write_dataset(
+    out_dir: str | os.PathLike,
+    samples: Sequence[tuple[int, list[int], list[int]]],
+    capture: Callable,
+    manifest: dict,
+    shard_size: int = 64,
+    dtype: torch.dtype = torch.float32,
+    progress=None,
+    aux_storage: str = "dtype",
+    worker: tuple[int, int] | None = None,
+) -> dict:
     """Capture and store aux states for ``samples``, resuming a compatible partial run.
 
     Args:
@@ -160,11 +223,22 @@ def write_dataset(out_dir: str | os.PathLike, samples: Sequence[tuple[int, list[
     if worker is None:
         man = prepare_dataset(out, samples, manifest, shard_size, aux_storage)
     else:  # the launcher ran prepare_dataset; a worker only checks it writes into the same dataset
-        man = dict(manifest, kind=DATASET_KIND, format_version=FORMAT_VERSION, shard_size=shard_size, n_input_samples=len(samples), aux_storage=aux_storage)
-        old = read_json(out / "manifest.json", "dataset manifest (written by the extraction launcher)")
+        man = dict(
+            manifest,
+            kind=DATASET_KIND,
+            format_version=FORMAT_VERSION,
+            shard_size=shard_size,
+            n_input_samples=len(samples),
+            aux_storage=aux_storage,
+        )
+        old = read_json(
+            out / "manifest.json", "dataset manifest (written by the extraction launcher)"
+        )
         diff = [k for k in _RESUME_KEYS if old.get(k) != man.get(k)]
         if diff:
-            raise ManifestMismatch(f"worker {worker}: {out} holds a dataset made with other settings ({', '.join(diff)} differ)")
+            raise ManifestMismatch(
+                f"worker {worker}: {out} holds a dataset made with other settings ({', '.join(diff)} differ)"
+            )
     mpath = out / "manifest.json"
     plan = shard_plan(samples, shard_size)
     mine = [(n, c) for i, (n, c) in enumerate(plan) if worker is None or i % worker[1] == worker[0]]
@@ -186,9 +260,13 @@ def write_dataset(out_dir: str | os.PathLike, samples: Sequence[tuple[int, list[
         rows = []
         for s, c in zip(keep, caps):
             if len(s[1]) != c.aux.shape[0]:
-                raise RuntimeError(f"engine returned {c.aux.shape[0]} rows for sample {s[0]} of {len(s[1])} tokens")
+                raise RuntimeError(
+                    f"engine returned {c.aux.shape[0]} rows for sample {s[0]} of {len(s[1])} tokens"
+                )
             if c.aux.shape[1] != n_aux * c.final.shape[1]:
-                raise RuntimeError(f"engine returned aux states {c.aux.shape[1]} wide for {n_aux} aux boundaries x H={c.final.shape[1]}")
+                raise RuntimeError(
+                    f"engine returned aux states {c.aux.shape[1]} wide for {n_aux} aux boundaries x H={c.final.shape[1]}"
+                )
             if not (torch.isfinite(c.aux).all() and torch.isfinite(c.final).all()):
                 skipped["nonfinite"].append(int(s[0]))
                 continue
@@ -196,15 +274,23 @@ def write_dataset(out_dir: str | os.PathLike, samples: Sequence[tuple[int, list[
         if len(caps) != len(keep):
             raise RuntimeError(f"engine returned {len(caps)} captures for {len(keep)} samples")
         lens = [len(s[1]) for s, _ in rows]
-        H = rows[0][1].final.shape[1] if rows else int(man.get("target", {}).get("hidden_size") or 0)
+        H = (
+            rows[0][1].final.shape[1]
+            if rows
+            else int(man.get("target", {}).get("hidden_size") or 0)
+        )
         layout = shard_layout(lens, n_aux, H, dtype, aux_storage)
         aux = torch.cat([c.aux for _, c in rows]) if rows else torch.zeros(layout["aux"][1])
         t = {
             "input_ids": torch.tensor([x for s, _ in rows for x in s[1]], dtype=torch.long),
             "loss_mask": torch.tensor([x for s, _ in rows for x in s[2]], dtype=torch.uint8),
             "aux": aux.to(dtype),
-            "final": torch.cat([c.final for _, c in rows]).to(dtype) if rows else torch.zeros(layout["final"][1], dtype=dtype),
-            "offsets": torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist() if lens else []), dtype=torch.long),
+            "final": torch.cat([c.final for _, c in rows]).to(dtype)
+            if rows
+            else torch.zeros(layout["final"][1], dtype=dtype),
+            "offsets": torch.tensor(
+                [0] + list(torch.tensor(lens).cumsum(0).tolist() if lens else []), dtype=torch.long
+            ),
             "sample_ids": torch.tensor([int(s[0]) for s, _ in rows], dtype=torch.long),
         }
         entry = {"file": name}
@@ -212,28 +298,59 @@ def write_dataset(out_dir: str | os.PathLike, samples: Sequence[tuple[int, list[
             ref = t["aux"].float()  # the unquantised states as they would be stored
             t["aux"], t["aux_scale"] = quantize_aux(ref, n_aux)
             deq = dequantize_aux(t["aux"], t["aux_scale"])
-            err2 = ((ref - deq).double() ** 2).reshape(len(ref), n_aux, -1).sum(dim=(0, 2)) if len(ref) else torch.zeros(n_aux, dtype=torch.float64)
-            ref2 = (ref.double() ** 2).reshape(len(ref), n_aux, -1).sum(dim=(0, 2)) if len(ref) else torch.zeros(n_aux, dtype=torch.float64)
+            err2 = (
+                ((ref - deq).double() ** 2).reshape(len(ref), n_aux, -1).sum(dim=(0, 2))
+                if len(ref)
+                else torch.zeros(n_aux, dtype=torch.float64)
+            )
+            ref2 = (
+                (ref.double() ** 2).reshape(len(ref), n_aux, -1).sum(dim=(0, 2))
+                if len(ref)
+                else torch.zeros(n_aux, dtype=torch.float64)
+            )
             entry["aux_sq_error"], entry["aux_sq_norm"] = err2.tolist(), ref2.tolist()
         got = {k: (v.dtype, tuple(v.shape)) for k, v in t.items()}
         if got != layout:  # the disk estimate counts exactly this layout
-            raise RuntimeError(f"shard {name}: tensors {got} differ from the planned layout {layout}")
+            raise RuntimeError(
+                f"shard {name}: tensors {got} differ from the planned layout {layout}"
+            )
         _save_atomic({k: v.contiguous() for k, v in t.items()}, out / name, METADATA)
-        entry.update(n_samples=len(rows), n_tokens=int(sum(lens)), sha256=sha256_file(out / name), skipped=skipped)
+        entry.update(
+            n_samples=len(rows),
+            n_tokens=int(sum(lens)),
+            sha256=sha256_file(out / name),
+            skipped=skipped,
+        )
         shards.append(entry)
         if worker is None:
             atomic_write_json(mpath, dict(man, shards=shards, complete=False))
         else:
-            atomic_write_json(wpath, {"worker": worker[0], "workers": worker[1], "settings": _settings_key(man), "shards": shards})
+            atomic_write_json(
+                wpath,
+                {
+                    "worker": worker[0],
+                    "workers": worker[1],
+                    "settings": _settings_key(man),
+                    "shards": shards,
+                },
+            )
     if worker is not None:
-        rec = {"worker": worker[0], "workers": worker[1], "settings": _settings_key(man), "shards": shards}
+        rec = {
+            "worker": worker[0],
+            "workers": worker[1],
+            "settings": _settings_key(man),
+            "shards": shards,
+        }
         atomic_write_json(wpath, rec)
         return rec
     return _complete(out, man, shards)
 
 
 def _complete(out: Path, man: dict, shards: list[dict]) -> dict:
-    skipped = {k: sorted(x for s in shards for x in s.get("skipped", {}).get(k, [])) for k in ("nonfinite", "empty_loss_mask")}
+    skipped = {
+        k: sorted(x for s in shards for x in s.get("skipped", {}).get(k, []))
+        for k in ("nonfinite", "empty_loss_mask")
+    }
     man = dict(man, shards=shards, skipped=skipped, complete=True)
     man["n_samples"] = sum(s["n_samples"] for s in shards)
     man["n_tokens"] = sum(s["n_tokens"] for s in shards)
@@ -243,7 +360,10 @@ def _complete(out: Path, man: dict, shards: list[dict]) -> dict:
         man["aux_quantization"] = {
             "storage": "int8, symmetric, one float32 scale per token and aux slot (absmax / 127)",
             "relative_error": (sum(e2) / sum(r2)) ** 0.5 if sum(r2) > 0 else 0.0,
-            "relative_error_per_boundary": {str(b): ((e / r) ** 0.5 if r > 0 else 0.0) for b, e, r in zip(man["aux_boundaries"], e2, r2)},
+            "relative_error_per_boundary": {
+                str(b): ((e / r) ** 0.5 if r > 0 else 0.0)
+                for b, e, r in zip(man["aux_boundaries"], e2, r2)
+            },
             "relative_error_is": "||aux - dequantized|| / ||aux|| (Frobenius, over all stored tokens)",
         }
     atomic_write_json(out / "manifest.json", man)
@@ -252,7 +372,14 @@ def _complete(out: Path, man: dict, shards: list[dict]) -> dict:
     return man
 
 
-def merge_workers(out_dir: str | os.PathLike, samples: Sequence, manifest: dict, shard_size: int = 64, aux_storage: str = "dtype", workers: int = 1) -> dict:
+def merge_workers(
+    out_dir: str | os.PathLike,
+    samples: Sequence,
+    manifest: dict,
+    shard_size: int = 64,
+    aux_storage: str = "dtype",
+    workers: int = 1,
+) -> dict:
     """After the workers of a sharded extraction ended: check every planned shard is written and
     intact, write the complete ``manifest.json`` (shards in sample order) and remove the workers'
     progress files.
@@ -262,14 +389,26 @@ def merge_workers(out_dir: str | os.PathLike, samples: Sequence, manifest: dict,
             and ``manifest.json`` lists those present, so a rerun redoes only the missing ones.
     """
     out = Path(out_dir)
-    man = dict(manifest, kind=DATASET_KIND, format_version=FORMAT_VERSION, shard_size=shard_size, n_input_samples=len(samples), aux_storage=aux_storage)
+    man = dict(
+        manifest,
+        kind=DATASET_KIND,
+        format_version=FORMAT_VERSION,
+        shard_size=shard_size,
+        n_input_samples=len(samples),
+        aux_storage=aux_storage,
+    )
     plan = shard_plan(samples, shard_size)
     done = _finished(out, man, {n for n, _ in plan})
     missing = [(i, n) for i, (n, _) in enumerate(plan) if n not in done]
     if missing:
-        atomic_write_json(out / "manifest.json", dict(man, shards=[done[n] for n, _ in plan if n in done], complete=False))
+        atomic_write_json(
+            out / "manifest.json",
+            dict(man, shards=[done[n] for n, _ in plan if n in done], complete=False),
+        )
         lost = sorted({i % workers for i, _ in missing})
-        raise RuntimeError(f"{len(missing)} of {len(plan)} shards missing ({', '.join(n for _, n in missing[:5])}{' ...' if len(missing) > 5 else ''}) from worker(s) {lost} of {workers}: a worker was lost; rerun the extraction with the same params to redo only those")
+        raise RuntimeError(
+            f"{len(missing)} of {len(plan)} shards missing ({', '.join(n for _, n in missing[:5])}{' ...' if len(missing) > 5 else ''}) from worker(s) {lost} of {workers}: a worker was lost; rerun the extraction with the same params to redo only those"
+        )
     m = _complete(out, man, [done[n] for n, _ in plan])
     for stale in out.glob("*.tmp"):  # left by a lost worker; never listed
         stale.unlink()

@@ -25,7 +25,13 @@ from eagle3nb.target.capture import capture_boundaries, n_layers_of
 from eagle3nb.drafter.model import Eagle3Drafter
 from eagle3nb.target.models import as_stop_list
 
-__all__ = ["AcceptanceStats", "draft_chain", "speculative_generate", "greedy_generate", "evaluate_acceptance"]
+__all__ = [
+    "AcceptanceStats",
+    "draft_chain",
+    "speculative_generate",
+    "greedy_generate",
+    "evaluate_acceptance",
+]
 
 
 @dataclass
@@ -54,7 +60,9 @@ class AcceptanceStats:
         self.cycles += other.cycles
         self.accepted_total += other.accepted_total
         self.emitted_tokens += other.emitted_tokens
-        self.accepted_per_pos = [a + b for a, b in zip(self.accepted_per_pos, other.accepted_per_pos)]
+        self.accepted_per_pos = [
+            a + b for a, b in zip(self.accepted_per_pos, other.accepted_per_pos)
+        ]
 
     def summary(self) -> dict:
         """``per_position_acceptance`` [k] fractions, ``tau`` (tokens/cycle), ``draft_acceptance_rate``
@@ -76,7 +84,9 @@ class AcceptanceStats:
 
 
 @torch.no_grad()
-def draft_chain(drafter: Eagle3Drafter, tokens: torch.Tensor, aux: torch.Tensor, k: int) -> list[int]:
+def draft_chain(
+    drafter: Eagle3Drafter, tokens: torch.Tensor, aux: torch.Tensor, k: int
+) -> list[int]:
     """Propose k target-vocab tokens greedily.
 
     Args:
@@ -93,7 +103,9 @@ def draft_chain(drafter: Eagle3Drafter, tokens: torch.Tensor, aux: torch.Tensor,
     n = aux.shape[0]
     dev = aux.device
     idx = torch.arange(n, device=dev)
-    out, logits, kv = drafter.step(tokens[None, 1 : n + 1], aux[None], idx[None], [], idx)  # out: [1, n, H]
+    out, logits, kv = drafter.step(
+        tokens[None, 1 : n + 1], aux[None], idx[None], [], idx
+    )  # out: [1, n, H]
     cache = [kv]
     d = drafter.draft_to_target(logits[0, -1].argmax())  # scalar
     drafts = [int(d)]
@@ -109,7 +121,16 @@ def draft_chain(drafter: Eagle3Drafter, tokens: torch.Tensor, aux: torch.Tensor,
 
 
 @torch.no_grad()
-def speculative_generate(target, drafter: Eagle3Drafter, prompt_ids: Sequence[int], boundaries: Sequence[int], k: int, max_new_tokens: int, eos_token_id: int | None = None, trace: list | None = None):
+def speculative_generate(
+    target,
+    drafter: Eagle3Drafter,
+    prompt_ids: Sequence[int],
+    boundaries: Sequence[int],
+    k: int,
+    max_new_tokens: int,
+    eos_token_id: int | None = None,
+    trace: list | None = None,
+):
     """Greedy chain speculative decoding of one prompt.
 
     Args:
@@ -135,7 +156,9 @@ def speculative_generate(target, drafter: Eagle3Drafter, prompt_ids: Sequence[in
         st = capture_boundaries(target, full[None], sorted(set(bnds + [n_layers])))
         logits = target.lm_head(dec.norm(st[n_layers][0]))  # [L, vocab]
         n = seq.numel() - 1  # index of the newest verified token
-        greedy = logits[n:].argmax(-1).tolist()  # target choices for positions n+1 .. n+len(drafts)+1
+        greedy = (
+            logits[n:].argmax(-1).tolist()
+        )  # target choices for positions n+1 .. n+len(drafts)+1
         m = 0
         while m < len(drafts) and drafts[m] == greedy[m]:
             m += 1
@@ -160,16 +183,38 @@ def speculative_generate(target, drafter: Eagle3Drafter, prompt_ids: Sequence[in
 
 
 @torch.no_grad()
-def greedy_generate(target, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_id: int | list[int] | None) -> list[int]:
+def greedy_generate(
+    target, prompt_ids: Sequence[int], max_new_tokens: int, eos_token_id: int | list[int] | None
+) -> list[int]:
     """The target's plain greedy continuation (HF ``generate``, unpadded, KV cache); stops after
     any id in ``eos_token_id`` (an int or a list)."""
-    ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=next(target.parameters()).device)
+    ids = torch.tensor(
+        [list(prompt_ids)], dtype=torch.long, device=next(target.parameters()).device
+    )
     stops = as_stop_list(eos_token_id)
-    out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=stops or None, pad_token_id=stops[0] if stops else 0)
+    out = target.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=stops or None,
+        pad_token_id=stops[0] if stops else 0,
+    )
     return out[0, ids.shape[1] :].cpu().tolist()
 
 
-def evaluate_acceptance(target, drafter, prompts_ids: Sequence[Sequence[int]], boundaries, k: int, max_new_tokens: int, eos_token_id: int | None, check_greedy: bool = True, progress=None, n_traces: int = 3) -> dict:
+def evaluate_acceptance(
+    target,
+    drafter,
+    prompts_ids: Sequence[Sequence[int]],
+    boundaries,
+    k: int,
+    max_new_tokens: int,
+    eos_token_id: int | None,
+    check_greedy: bool = True,
+    progress=None,
+    n_traces: int = 3,
+) -> dict:
     """Run :func:`speculative_generate` over prompts and aggregate.
 
     Returns:
@@ -182,7 +227,9 @@ def evaluate_acceptance(target, drafter, prompts_ids: Sequence[Sequence[int]], b
     it = progress(prompts_ids) if progress else prompts_ids
     for i, p in enumerate(it):
         tr = [] if i < n_traces else None
-        new, st = speculative_generate(target, drafter, p, boundaries, k, max_new_tokens, eos_token_id, tr)
+        new, st = speculative_generate(
+            target, drafter, p, boundaries, k, max_new_tokens, eos_token_id, tr
+        )
         if tr is not None:
             traces.append({"prompt_ids": list(p), "cycles": tr})
         total.merge(st)

@@ -22,8 +22,35 @@ __all__ = ["ENGINE_READS", "read_as_engine", "engine_report"]
 
 # flag -> engines that read it (flags the trainer sets that change the computed function)
 ENGINE_READS = {
-    "sglang": {"ids_key": "eagle_config.eagle_aux_hidden_state_layer_ids", "flags": {"draft_vocab_size", "target_hidden_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta"}},
-    "vllm": {"ids_key": "eagle_aux_hidden_state_layer_ids", "flags": {"draft_vocab_size", "target_hidden_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "norm_before_residual"}},
+    "sglang": {
+        "ids_key": "eagle_config.eagle_aux_hidden_state_layer_ids",
+        "flags": {
+            "draft_vocab_size",
+            "target_hidden_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "rms_norm_eps",
+            "rope_theta",
+        },
+    },
+    "vllm": {
+        "ids_key": "eagle_aux_hidden_state_layer_ids",
+        "flags": {
+            "draft_vocab_size",
+            "target_hidden_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "rms_norm_eps",
+            "rope_theta",
+            "norm_before_residual",
+        },
+    },
 }
 # value an engine assumes for a flag it does not read
 ENGINE_ASSUMES = {"norm_before_residual": False}
@@ -57,7 +84,9 @@ def read_as_engine(cfg: dict, engine: str, target_n_layers: int) -> dict:
     return {"boundaries": b, "ids_source": src, "flags": flags}
 
 
-def engine_report(cfg: dict, trained_boundaries: list[int], target_n_layers: int, trainer_flags: dict) -> dict:
+def engine_report(
+    cfg: dict, trained_boundaries: list[int], target_n_layers: int, trainer_flags: dict
+) -> dict:
     """Per engine: the boundaries it will capture, whether they equal the trained ones, and the
     trainer flags it ignores while they differ from what it assumes (the drafter would compute
     another function there).
@@ -68,7 +97,19 @@ def engine_report(cfg: dict, trained_boundaries: list[int], target_n_layers: int
     out = {}
     for engine in ENGINE_READS:
         r = read_as_engine(cfg, engine, target_n_layers)
-        ignored = [k for k, v in trainer_flags.items() if k not in ENGINE_READS[engine]["flags"] and k in ENGINE_ASSUMES and v != ENGINE_ASSUMES[k]]
+        ignored = [
+            k
+            for k, v in trainer_flags.items()
+            if k not in ENGINE_READS[engine]["flags"]
+            and k in ENGINE_ASSUMES
+            and v != ENGINE_ASSUMES[k]
+        ]
         match = r["boundaries"] == list(trained_boundaries)
-        out[engine] = {"boundaries": r["boundaries"], "ids_source": r["ids_source"], "matches_training": match, "ignored_flags": ignored, "ok": match and not ignored}
+        out[engine] = {
+            "boundaries": r["boundaries"],
+            "ids_source": r["ids_source"],
+            "matches_training": match,
+            "ignored_flags": ignored,
+            "ok": match and not ignored,
+        }
     return out

@@ -34,14 +34,28 @@ ARCH = "LlamaForCausalLMEagle3"
 REQUIRED_TENSORS = ["fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"] + [
     f"midlayer.{n}.weight"
     for n in [
-        "input_layernorm", "hidden_norm", "post_attention_layernorm",
-        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+        "input_layernorm",
+        "hidden_norm",
+        "post_attention_layernorm",
+        "self_attn.q_proj",
+        "self_attn.k_proj",
+        "self_attn.v_proj",
+        "self_attn.o_proj",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
     ]
 ]
 
 
-def drafter_config_json(c: DrafterConfig, aux_boundaries: list[int], target_n_layers: int, bos: int | None, eos: int | None, serve_boundaries: list[int] | None = None) -> dict:
+def drafter_config_json(
+    c: DrafterConfig,
+    aux_boundaries: list[int],
+    target_n_layers: int,
+    bos: int | None,
+    eos: int | None,
+    serve_boundaries: list[int] | None = None,
+) -> dict:
     """The config.json for both engines (ids in each engine's own convention).
 
     ``serve_boundaries`` (default: ``aux_boundaries``) are the boundaries the written ids make the
@@ -49,7 +63,11 @@ def drafter_config_json(c: DrafterConfig, aux_boundaries: list[int], target_n_la
     apart from the trained ``aux_boundaries``, which stay recorded under ``eagle3nb``.
     """
     b = check_boundaries(aux_boundaries, target_n_layers, "aux_boundaries")
-    sb = b if serve_boundaries is None else check_boundaries(serve_boundaries, target_n_layers, "serve_boundaries")
+    sb = (
+        b
+        if serve_boundaries is None
+        else check_boundaries(serve_boundaries, target_n_layers, "serve_boundaries")
+    )
     sglang_ids = get_convention("sglang").boundaries_to_ids(sb, target_n_layers)
     vllm_ids = get_convention("vllm").boundaries_to_ids(sb, target_n_layers)
     return {
@@ -74,13 +92,29 @@ def drafter_config_json(c: DrafterConfig, aux_boundaries: list[int], target_n_la
         "bos_token_id": bos,
         "eos_token_id": eos,
         "torch_dtype": "float32",
-        "eagle_config": {"eagle_aux_hidden_state_layer_ids": sglang_ids, "use_aux_hidden_state": True},
+        "eagle_config": {
+            "eagle_aux_hidden_state_layer_ids": sglang_ids,
+            "use_aux_hidden_state": True,
+        },
         "eagle_aux_hidden_state_layer_ids": vllm_ids,
-        "eagle3nb": {"aux_boundaries": b, "target_num_hidden_layers": target_n_layers, "n_aux": c.n_aux},
+        "eagle3nb": {
+            "aux_boundaries": b,
+            "target_num_hidden_layers": target_n_layers,
+            "n_aux": c.n_aux,
+        },
     }
 
 
-def export_drafter(drafter: Eagle3Drafter, out_dir: str | os.PathLike, aux_boundaries: list[int], target_n_layers: int, manifest: dict, bos: int | None = None, eos: int | None = None, serve_boundaries: list[int] | None = None) -> Path:
+def export_drafter(
+    drafter: Eagle3Drafter,
+    out_dir: str | os.PathLike,
+    aux_boundaries: list[int],
+    target_n_layers: int,
+    manifest: dict,
+    bos: int | None = None,
+    eos: int | None = None,
+    serve_boundaries: list[int] | None = None,
+) -> Path:
     """Write ``config.json``, ``model.safetensors`` and ``manifest.json`` into ``out_dir``.
 
     ``serve_boundaries``: see :func:`drafter_config_json` (None = the trained boundaries).
@@ -92,9 +126,15 @@ def export_drafter(drafter: Eagle3Drafter, out_dir: str | os.PathLike, aux_bound
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".tmp"))
     try:
-        sd = {k: v.detach().cpu().contiguous() for k, v in drafter.state_dict().items() if not k.startswith("embed_tokens")}
+        sd = {
+            k: v.detach().cpu().contiguous()
+            for k, v in drafter.state_dict().items()
+            if not k.startswith("embed_tokens")
+        }
         save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        cfg = drafter_config_json(drafter.config, aux_boundaries, target_n_layers, bos, eos, serve_boundaries)
+        cfg = drafter_config_json(
+            drafter.config, aux_boundaries, target_n_layers, bos, eos, serve_boundaries
+        )
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         atomic_write_json(tmp / "manifest.json", manifest)
         for f in tmp.iterdir():
@@ -109,7 +149,9 @@ def export_drafter(drafter: Eagle3Drafter, out_dir: str | os.PathLike, aux_bound
     return out
 
 
-def load_drafter(path: str | os.PathLike, target_embed: torch.Tensor | None = None) -> tuple[Eagle3Drafter, dict]:
+def load_drafter(
+    path: str | os.PathLike, target_embed: torch.Tensor | None = None
+) -> tuple[Eagle3Drafter, dict]:
     """Load an exported drafter.
 
     Args:
@@ -127,29 +169,46 @@ def load_drafter(path: str | os.PathLike, target_embed: torch.Tensor | None = No
     path = Path(path)
     cfg = json.loads((path / "config.json").read_text())
     if ARCH not in cfg.get("architectures", []):
-        raise ValueError(f"{path}/config.json architectures={cfg.get('architectures')}; expected {ARCH!r}")
+        raise ValueError(
+            f"{path}/config.json architectures={cfg.get('architectures')}; expected {ARCH!r}"
+        )
     sd = load_file(str(path / "model.safetensors"))
     missing = [k for k in REQUIRED_TENSORS if k not in sd]
     if missing:
-        raise ValueError(f"drafter {path} lacks required tensors {missing}; re-export it (an engine would silently use random weights or an identity vocab)")
+        raise ValueError(
+            f"drafter {path} lacks required tensors {missing}; re-export it (an engine would silently use random weights or an identity vocab)"
+        )
     n_aux = cfg.get("eagle3nb", {}).get("n_aux") or len(cfg["eagle_aux_hidden_state_layer_ids"])
     c = DrafterConfig(
-        hidden_size=cfg["hidden_size"], target_hidden_size=cfg.get("target_hidden_size", cfg["hidden_size"]),
-        intermediate_size=cfg["intermediate_size"], num_attention_heads=cfg["num_attention_heads"],
-        num_key_value_heads=cfg["num_key_value_heads"], head_dim=cfg["head_dim"], vocab_size=cfg["vocab_size"],
-        draft_vocab_size=cfg.get("draft_vocab_size", cfg["vocab_size"]), n_aux=n_aux, rms_norm_eps=cfg["rms_norm_eps"],
-        rope_theta=cfg["rope_theta"], max_position_embeddings=cfg["max_position_embeddings"],
+        hidden_size=cfg["hidden_size"],
+        target_hidden_size=cfg.get("target_hidden_size", cfg["hidden_size"]),
+        intermediate_size=cfg["intermediate_size"],
+        num_attention_heads=cfg["num_attention_heads"],
+        num_key_value_heads=cfg["num_key_value_heads"],
+        head_dim=cfg["head_dim"],
+        vocab_size=cfg["vocab_size"],
+        draft_vocab_size=cfg.get("draft_vocab_size", cfg["vocab_size"]),
+        n_aux=n_aux,
+        rms_norm_eps=cfg["rms_norm_eps"],
+        rope_theta=cfg["rope_theta"],
+        max_position_embeddings=cfg["max_position_embeddings"],
         norm_before_residual=cfg.get("norm_before_residual", False),
     )
     d = Eagle3Drafter(c, target_embed)
-    expect = {k: tuple(v.shape) for k, v in d.state_dict().items() if not k.startswith("embed_tokens")}
+    expect = {
+        k: tuple(v.shape) for k, v in d.state_dict().items() if not k.startswith("embed_tokens")
+    }
     why = {
         "fc.weight": f"fc input width must be n_aux x target_hidden_size = {c.n_aux} x {c.target_hidden_size}",
         "lm_head.weight": f"lm_head rows must equal draft_vocab_size={c.draft_vocab_size}",
         "d2t": f"d2t length must equal draft_vocab_size={c.draft_vocab_size}",
         "t2d": f"t2d length must equal vocab_size={c.vocab_size}",
     }
-    bad = [f"{k}: file {tuple(sd[k].shape)} vs config {s}" + (f" ({why[k]})" if k in why else "") for k, s in expect.items() if k in sd and tuple(sd[k].shape) != s]
+    bad = [
+        f"{k}: file {tuple(sd[k].shape)} vs config {s}" + (f" ({why[k]})" if k in why else "")
+        for k, s in expect.items()
+        if k in sd and tuple(sd[k].shape) != s
+    ]
     if bad:
         raise ValueError(
             f"drafter {path}: model.safetensors contradicts config.json ({'; '.join(bad)}); re-export the "

@@ -34,10 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-try:  # flex attention: torch >= 2.5
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-except ImportError:  # pragma: no cover - older torch keeps the eager path
-    create_block_mask = flex_attention = None
+from eagle3nb.drafter.flex_attention import flex_attention, ttt_flex_attention
 
 __all__ = ["DrafterConfig", "Eagle3Drafter", "RMSNorm", "KV"]
 
@@ -61,7 +58,15 @@ class DrafterConfig:
     norm_before_residual: bool = False
 
     @classmethod
-    def for_target(cls, target_config, draft_vocab_size: int, n_aux: int = 3, num_attention_heads: int | None = None, num_key_value_heads: int | None = None, intermediate_size: int | None = None) -> "DrafterConfig":
+    def for_target(
+        cls,
+        target_config,
+        draft_vocab_size: int,
+        n_aux: int = 3,
+        num_attention_heads: int | None = None,
+        num_key_value_heads: int | None = None,
+        intermediate_size: int | None = None,
+    ) -> "DrafterConfig":
         """Drafter shaped like one decoder layer of the target (the usual EAGLE-3 choice); heads and
         MLP width may be overridden (head_dim stays the target's: vLLM's CPU backend needs >= 32).
 
@@ -73,8 +78,12 @@ class DrafterConfig:
         nh = num_attention_heads or c.num_attention_heads
         nkv = num_key_value_heads or min(nh, c.num_key_value_heads)
         if nh % nkv:
-            raise ValueError(f"num_attention_heads={nh} is not a multiple of num_key_value_heads={nkv}; pick divisible head counts")
-        rope = (getattr(c, "rope_parameters", None) or {}).get("rope_theta", getattr(c, "rope_theta", 10000.0))
+            raise ValueError(
+                f"num_attention_heads={nh} is not a multiple of num_key_value_heads={nkv}; pick divisible head counts"
+            )
+        rope = (getattr(c, "rope_parameters", None) or {}).get(
+            "rope_theta", getattr(c, "rope_theta", 10000.0)
+        )
         if not 1 <= draft_vocab_size <= c.vocab_size:
             raise ValueError(
                 f"draft_vocab_size={draft_vocab_size}: must be in 1..{c.vocab_size} (the target vocab); "
@@ -118,7 +127,9 @@ class RMSNorm(nn.Module):
 def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotary embedding (HF rotate_half layout). x: [B, h, T, d]; pos: [B, T] int64."""
     d = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d))  # [d/2]
+    inv = 1.0 / (
+        theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+    )  # [d/2]
     ang = pos.to(torch.float32)[..., None] * inv  # [B, T, d/2]
     emb = torch.cat([ang, ang], dim=-1)[:, None]  # [B, 1, T, d]
     cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
@@ -126,53 +137,10 @@ def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
-KV = tuple[torch.Tensor, torch.Tensor]  # (k, v) of one TTT step, each [B, n_kv_heads, T, d] (after RoPE)
+# (k, v) of one TTT step, each [B, n_kv_heads, T, d] (after RoPE)
+KV = tuple[torch.Tensor, torch.Tensor]
 
 ATTN_IMPLS = ("eager", "flex")
-_flex_compiled = None
-
-
-def _flex_fn():
-    """flex_attention compiled once per process (uncompiled it is a slow reference implementation)."""
-    global _flex_compiled
-    if _flex_compiled is None:
-        _flex_compiled = torch.compile(flex_attention, dynamic=False)
-    return _flex_compiled
-
-
-def ttt_flex_attention(q: torch.Tensor, ks: list[torch.Tensor], vs: list[torch.Tensor], key_mask: Optional[torch.Tensor], scale: float) -> torch.Tensor:
-    """TTT attention through flex attention, for the training layout (queries = step-0 positions).
-
-    Args:
-        q: ``[B, nh, T, d]`` queries of step j = len(ks) - 1 (after RoPE).
-        ks, vs: per step 0..j, ``[B, nkv, T, d]`` each (kv heads not repeated: flex does GQA).
-        key_mask: ``[B, T]`` bool, False on padding (step-0 keys only, as in the eager path) or None.
-        scale: score scale (1/sqrt(d)).
-
-    Returns:
-        ``[B, nh, T, d]``. The keys of all steps are concatenated to ``[B, nkv, (j+1)*T, d]``; key
-        index s*T + u is step s at position u. Query t sees step-0 keys u <= t (and not padding) and
-        the key of each later step at u = t. Blocks the mask rules out (all of the causal upper half,
-        all but the diagonal blocks of later steps) are skipped, so the cost stays that of causal
-        attention plus a sliver per step. A query that sees no key (a padding position whose
-        earlier keys are all padding) gets 0 here and a uniform average in the eager path; both
-        are outside the loss.
-    """
-    B, nh, T, _ = q.shape
-    k, v = torch.cat(ks, dim=2), torch.cat(vs, dim=2)  # [B, nkv, (j+1)*T, d]
-    km = None if key_mask is None or bool(key_mask.all()) else key_mask  # no padding: one mask for the batch
-
-    def mask_mod(b, h, qi, ki):
-        u = ki % T  # position of key ki within its step
-        first = (ki < T) & (u <= qi)
-        if km is not None:
-            first = first & km[b, u]
-        return first | ((ki >= T) & (u == qi))
-
-    on_gpu = q.is_cuda
-    bm = create_block_mask(mask_mod, B if km is not None else None, None, T, k.shape[2], device=q.device, _compile=on_gpu)
-    attn = _flex_fn() if on_gpu else flex_attention
-    return attn(q, k, v, block_mask=bm, scale=scale, enable_gqa=k.shape[1] != nh)
 
 
 class Eagle3Attention(nn.Module):
@@ -186,9 +154,18 @@ class Eagle3Attention(nn.Module):
         self.k_proj = nn.Linear(2 * c.hidden_size, nkv * hd, bias=False)
         self.v_proj = nn.Linear(2 * c.hidden_size, nkv * hd, bias=False)
         self.o_proj = nn.Linear(nh * hd, c.hidden_size, bias=False)
-        self.attn_impl = "eager"  # see the module docstring; set through Eagle3Drafter.set_attention
+        self.attn_impl = (
+            "eager"  # see the module docstring; set through Eagle3Drafter.set_attention
+        )
 
-    def forward(self, x: torch.Tensor, pos: torch.Tensor, cache: list[KV], q_index: torch.Tensor, key_mask: Optional[torch.Tensor]):
+    def forward(
+        self,
+        x: torch.Tensor,
+        pos: torch.Tensor,
+        cache: list[KV],
+        q_index: torch.Tensor,
+        key_mask: Optional[torch.Tensor],
+    ):
         """x: [B, Tq, 2H]; pos: [B, Tq] RoPE positions; cache: earlier steps' KV (step 0 first);
         q_index: [Tq] sequence index of each query (for the causal mask over step 0);
         key_mask: [B, T0] bool, False on padding keys. Returns ([B, Tq, H], this step's KV).
@@ -205,9 +182,15 @@ class Eagle3Attention(nn.Module):
         steps = cache + [(k, v)]  # per step [B, nkv, T_s, hd]
         scale = 1.0 / math.sqrt(hd)
         T0 = steps[0][0].shape[2]
-        flex_ok = q.is_cuda or not (torch.is_grad_enabled() and q.requires_grad)  # no flex backward on CPU
-        if self.attn_impl == "flex" and Tq == T0 and flex_ok:  # training layout: queries are the step-0 positions
-            o = ttt_flex_attention(q, [s[0] for s in steps], [s[1] for s in steps], key_mask, scale)  # [B, nh, Tq, hd]
+        flex_ok = q.is_cuda or not (
+            torch.is_grad_enabled() and q.requires_grad
+        )  # no flex backward on CPU
+        if (
+            self.attn_impl == "flex" and Tq == T0 and flex_ok
+        ):  # training layout: queries are the step-0 positions
+            o = ttt_flex_attention(
+                q, [s[0] for s in steps], [s[1] for s in steps], key_mask, scale
+            )  # [B, nh, Tq, hd]
         else:
             o = self._eager(q, steps, q_index, key_mask, scale)
         o = o.transpose(1, 2).reshape(B, Tq, nh * hd)  # [B, Tq, nh*hd]
@@ -217,7 +200,10 @@ class Eagle3Attention(nn.Module):
         """Reference path with the scores written out. q: [B, nh, Tq, hd] -> [B, nh, Tq, hd]."""
         nh, nkv = self.c.num_attention_heads, self.c.num_key_value_heads
         if nh != nkv:  # GQA: repeat kv heads to the query heads
-            steps = [(k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)) for k, v in steps]  # [B, nh, T_s, hd]
+            steps = [
+                (k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1))
+                for k, v in steps
+            ]  # [B, nh, T_s, hd]
         k0, v0 = steps[0]  # [B, nh, T0, hd]
         s0 = (q @ k0.transpose(-1, -2)) * scale  # [B, nh, Tq, T0]
         T0 = k0.shape[2]
@@ -297,7 +283,12 @@ class Eagle3Drafter(nn.Module):
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, c.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(c.draft_vocab_size, dtype=torch.long))
-        self.register_buffer("t2d", torch.ones(c.vocab_size, dtype=torch.bool) if c.draft_vocab_size == c.vocab_size else torch.zeros(c.vocab_size, dtype=torch.bool))
+        self.register_buffer(
+            "t2d",
+            torch.ones(c.vocab_size, dtype=torch.bool)
+            if c.draft_vocab_size == c.vocab_size
+            else torch.zeros(c.vocab_size, dtype=torch.bool),
+        )
 
     def set_vocab(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
         """Install the draft vocabulary mapping (see :mod:`eagle3nb.drafter.vocab`)."""
@@ -316,7 +307,9 @@ class Eagle3Drafter(nn.Module):
         if impl not in ATTN_IMPLS:
             raise ValueError(f"attention impl {impl!r}: use one of {ATTN_IMPLS}")
         if impl == "flex" and flex_attention is None:
-            raise ValueError(f"attention impl 'flex' needs torch >= 2.5 (flex attention); this is torch {torch.__version__}: use 'eager'")
+            raise ValueError(
+                f"attention impl 'flex' needs torch >= 2.5 (flex attention); this is torch {torch.__version__}: use 'eager'"
+            )
         self.midlayer.self_attn.attn_impl = impl
         return self
 

@@ -15,7 +15,9 @@ import torch
 __all__ = ["count_loss_tokens", "build_draft_vocab", "check_draft_vocab", "coverage"]
 
 
-def count_loss_tokens(samples: Iterable[tuple[torch.Tensor, torch.Tensor]], vocab_size: int) -> torch.Tensor:
+def count_loss_tokens(
+    samples: Iterable[tuple[torch.Tensor, torch.Tensor]], vocab_size: int
+) -> torch.Tensor:
     """Counts ``[vocab]`` int64 of target tokens at loss-bearing positions.
 
     Args:
@@ -29,12 +31,16 @@ def count_loss_tokens(samples: Iterable[tuple[torch.Tensor, torch.Tensor]], voca
         ids = torch.as_tensor(ids, dtype=torch.long)
         sel = ids[torch.as_tensor(mask).bool()]
         if sel.numel() and (sel.min() < 0 or sel.max() >= vocab_size):
-            raise ValueError(f"token id {int(sel.max())} outside the target vocab 0..{vocab_size - 1}")
+            raise ValueError(
+                f"token id {int(sel.max())} outside the target vocab 0..{vocab_size - 1}"
+            )
         counts += torch.bincount(sel, minlength=vocab_size)
     return counts
 
 
-def build_draft_vocab(counts: torch.Tensor, draft_vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def build_draft_vocab(
+    counts: torch.Tensor, draft_vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick the ``draft_vocab_size`` most frequent target ids; ties go to the lower id.
 
     When fewer distinct tokens were seen than ``draft_vocab_size``, the rest is filled with the lowest
@@ -52,7 +58,9 @@ def build_draft_vocab(counts: torch.Tensor, draft_vocab_size: int) -> tuple[torc
     """
     V = counts.numel()
     if not 1 <= draft_vocab_size <= V:
-        raise ValueError(f"draft_vocab_size={draft_vocab_size}: must be in 1..{V} (target vocab size)")
+        raise ValueError(
+            f"draft_vocab_size={draft_vocab_size}: must be in 1..{V} (target vocab size)"
+        )
     # stable sort on -count keeps lower ids first among equal counts (unseen ids count 0 -> padding)
     order = torch.sort(-counts.to(torch.long), stable=True).indices
     chosen = torch.sort(order[:draft_vocab_size]).values  # [draft_vocab] target ids, ascending
@@ -70,7 +78,9 @@ def check_draft_vocab(d2t: torch.Tensor, t2d: torch.Tensor) -> None:
             does not mark exactly the targets of ``d2t`` (e.g. ``d2t`` stored as absolute ids).
     """
     if d2t.dtype != torch.long or t2d.dtype != torch.bool:
-        raise ValueError(f"d2t must be int64 and t2d bool; got {d2t.dtype} and {t2d.dtype}; rebuild both with build_draft_vocab")
+        raise ValueError(
+            f"d2t must be int64 and t2d bool; got {d2t.dtype} and {t2d.dtype}; rebuild both with build_draft_vocab"
+        )
     tgt = torch.arange(d2t.numel()) + d2t
     V = t2d.numel()
     if tgt.min() < 0 or tgt.max() >= V:
@@ -79,7 +89,9 @@ def check_draft_vocab(d2t: torch.Tensor, t2d: torch.Tensor) -> None:
             "d2t must hold offsets (target = draft + d2t[draft]), not absolute ids; rebuild it with build_draft_vocab"
         )
     if torch.unique(tgt).numel() != tgt.numel():
-        raise ValueError("d2t maps two draft ids to the same target id; rebuild it with build_draft_vocab")
+        raise ValueError(
+            "d2t maps two draft ids to the same target id; rebuild it with build_draft_vocab"
+        )
     mask = torch.zeros(V, dtype=torch.bool)
     mask[tgt] = True
     if not torch.equal(mask, t2d):

@@ -34,7 +34,9 @@ class EngineCaptureEngine:
         ValueError: the engine's convention is unknown to :mod:`eagle3nb.target.conventions`.
     """
 
-    def __init__(self, client, n_layers: int, batch_size: int = 32, final_from: Optional[Callable] = None):
+    def __init__(
+        self, client, n_layers: int, batch_size: int = 32, final_from: Optional[Callable] = None
+    ):
         info = client.info()
         self.client = client
         self.engine_name = info["engine_name"]
@@ -46,7 +48,9 @@ class EngineCaptureEngine:
 
     def boundaries(self, ids: Sequence[int]) -> list[int]:
         """Boundaries the engine captures for ``ids`` (raises for ids it cannot capture)."""
-        return check_boundaries(self.convention.ids_to_boundaries(ids, self.n_layers), self.n_layers, "aux boundaries")
+        return check_boundaries(
+            self.convention.ids_to_boundaries(ids, self.n_layers), self.n_layers, "aux boundaries"
+        )
 
     def capture(self, samples: Sequence[Sequence[int]], ids: Sequence[int]) -> list[Captured]:
         """One :class:`Captured` per sample: ``aux [T, len(ids)*H]`` and ``final [T, H]``, float
@@ -62,17 +66,31 @@ class EngineCaptureEngine:
             chunk = [list(x) for x in samples[s : s + self.batch_size]]
             res = self.client.capture(chunk, list(ids))
             if len(res) != len(chunk):
-                raise ValueError(f"{self.engine_name} returned {len(res)} captures for {len(chunk)} samples")
+                raise ValueError(
+                    f"{self.engine_name} returned {len(res)} captures for {len(chunk)} samples"
+                )
             missing = [i for i, r in enumerate(res) if "final" not in r]
             finals = None
             if missing:
                 if self.final_from is None:
-                    raise ValueError(f"{self.engine_name} returned no final state (boundary N) and no final_from was given")
+                    raise ValueError(
+                        f"{self.engine_name} returned no final state (boundary N) and no final_from was given"
+                    )
                 finals = self.final_from(chunk)
             for i, (x, r) in enumerate(zip(chunk, res)):
                 aux = r["aux"]
                 fin = r["final"] if "final" in r else finals[i]
-                if aux.shape[0] != len(x) or fin.shape[0] != len(x) or aux.shape[1] != len(ids) * fin.shape[-1]:
-                    raise ValueError(f"{self.engine_name} returned aux {tuple(aux.shape)} / final {tuple(fin.shape)} for a sample of {len(x)} tokens and {len(ids)} ids")
-                out.append(Captured(aux=aux.to(torch.float32) if aux.dtype == torch.float16 else aux, final=fin))
+                if (
+                    aux.shape[0] != len(x)
+                    or fin.shape[0] != len(x)
+                    or aux.shape[1] != len(ids) * fin.shape[-1]
+                ):
+                    raise ValueError(
+                        f"{self.engine_name} returned aux {tuple(aux.shape)} / final {tuple(fin.shape)} for a sample of {len(x)} tokens and {len(ids)} ids"
+                    )
+                out.append(
+                    Captured(
+                        aux=aux.to(torch.float32) if aux.dtype == torch.float16 else aux, final=fin
+                    )
+                )
         return out

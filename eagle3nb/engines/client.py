@@ -61,11 +61,15 @@ def check_engine_python(engine: str, python: str | None, param: str) -> str | No
     if not python:
         pkg = ENGINE_PACKAGES.get(engine)
         if pkg and importlib.util.find_spec(pkg) is None:
-            raise ImportError(f"{param}='' runs {engine} in this process, but {pkg!r} is not installed in this Python; set {param} to the engine environment's python (default {DEFAULT_ENGINE_PYTHONS.get(engine)}, created by `bash .ci/setup_engines.sh`), or install {pkg} here (GPU box)")
+            raise ImportError(
+                f"{param}='' runs {engine} in this process, but {pkg!r} is not installed in this Python; set {param} to the engine environment's python (default {DEFAULT_ENGINE_PYTHONS.get(engine)}, created by `bash .ci/setup_engines.sh`), or install {pkg} here (GPU box)"
+            )
         return None
     p = Path(python).expanduser()
     if not p.is_file():
-        raise FileNotFoundError(f"{param}={python!r}: no such python, so the {engine} engine environment is missing; create it with `bash .ci/setup_engines.sh` (cached under {ENGINES_HOME}), or set {param} to another python that imports {engine} ('' = this process)")
+        raise FileNotFoundError(
+            f"{param}={python!r}: no such python, so the {engine} engine environment is missing; create it with `bash .ci/setup_engines.sh` (cached under {ENGINES_HOME}), or set {param} to another python that imports {engine} ('' = this process)"
+        )
     return str(p)
 
 
@@ -91,19 +95,40 @@ class EngineClient:
         EngineError: the engine did not start in time or failed to start (message + log tail).
     """
 
-    def __init__(self, engine: str, model_path, dtype: str = "float32", options: dict | None = None, python: str | None = None, param: str = "engine python", workdir_parent=None, startup_timeout: float = 900, request_timeout: float = 3600, env: dict | None = None, prefix: list[str] | None = None):
+    def __init__(
+        self,
+        engine: str,
+        model_path,
+        dtype: str = "float32",
+        options: dict | None = None,
+        python: str | None = None,
+        param: str = "engine python",
+        workdir_parent=None,
+        startup_timeout: float = 900,
+        request_timeout: float = 3600,
+        env: dict | None = None,
+        prefix: list[str] | None = None,
+    ):
         self.engine = engine
         self.python = check_engine_python(engine, python, param)
         self.request_timeout = float(request_timeout)
         if workdir_parent is not None:
             Path(workdir_parent).mkdir(parents=True, exist_ok=True)
-        self.workdir = tempfile.mkdtemp(prefix=f"engine-{engine.replace(':', '_').replace('.', '_')}-", dir=workdir_parent)
+        self.workdir = tempfile.mkdtemp(
+            prefix=f"engine-{engine.replace(':', '_').replace('.', '_')}-", dir=workdir_parent
+        )
         self.log_path = os.path.join(self.workdir, "engine.log")
         self._proc = None
         self._backend = None
         self._prefix = list(prefix or [])
         self._rid = 0
-        spec = {"engine": engine, "model_path": str(model_path), "dtype": dtype, "options": dict(options or {}), "workdir": self.workdir}
+        spec = {
+            "engine": engine,
+            "model_path": str(model_path),
+            "dtype": dtype,
+            "options": dict(options or {}),
+            "workdir": self.workdir,
+        }
         try:
             if self.python is None:
                 mod = importlib.import_module(backend_module(engine))
@@ -124,12 +149,22 @@ class EngineClient:
         e.update({"PYTHONPATH": str(REPO_ROOT), "PYTHONUNBUFFERED": "1"}, **env)
         self._log = open(self.log_path, "ab")
         # own session: close() can stop the worker and anything it started, by this group's id
-        self._proc = subprocess.Popen([*self._prefix, self.python, "-m", "eagle3nb.engines.worker", json.dumps(spec)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, cwd=str(REPO_ROOT), env=e, start_new_session=True)
+        self._proc = subprocess.Popen(
+            [*self._prefix, self.python, "-m", "eagle3nb.engines.worker", json.dumps(spec)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            cwd=str(REPO_ROOT),
+            env=e,
+            start_new_session=True,
+        )
         self._lines: queue.Queue = queue.Queue()
         threading.Thread(target=self._pump, daemon=True).start()
         msg = self._read(timeout, "start")
         if not msg.get("ready"):
-            raise EngineError(f"{self.engine} engine failed to start: {msg.get('type')}: {msg.get('error')}\n{self._tail()}")
+            raise EngineError(
+                f"{self.engine} engine failed to start: {msg.get('type')}: {msg.get('error')}\n{self._tail()}"
+            )
         self._info = msg["info"]
 
     def _pump(self) -> None:
@@ -142,7 +177,9 @@ class EngineClient:
             lines = Path(self.log_path).read_text(errors="replace").splitlines()
         except OSError:
             return ""
-        return f"--- last {min(n, len(lines))} lines of {self.log_path} ---\n" + "\n".join(lines[-n:])
+        return f"--- last {min(n, len(lines))} lines of {self.log_path} ---\n" + "\n".join(
+            lines[-n:]
+        )
 
     def _read(self, timeout: float, what: str) -> dict:
         t_end = time.time() + timeout
@@ -152,11 +189,15 @@ class EngineClient:
             except queue.Empty:
                 if time.time() > t_end:
                     self._kill()
-                    raise EngineError(f"{self.engine} engine: no answer to {what} within {timeout:.0f} s; worker stopped\n{self._tail()}") from None
+                    raise EngineError(
+                        f"{self.engine} engine: no answer to {what} within {timeout:.0f} s; worker stopped\n{self._tail()}"
+                    ) from None
                 continue
             if line is None:
                 rc = self._proc.wait(timeout=30)
-                raise EngineError(f"{self.engine} engine process exited (code {rc}) during {what}\n{self._tail()}")
+                raise EngineError(
+                    f"{self.engine} engine process exited (code {rc}) during {what}\n{self._tail()}"
+                )
             try:
                 return json.loads(line)
             except json.JSONDecodeError:  # stray output on the protocol pipe: keep it in the log
@@ -169,12 +210,19 @@ class EngineClient:
         if self._proc is None:
             raise EngineError(f"{self.engine} engine is closed")
         self._rid += 1
-        self._proc.stdin.write((json.dumps({"id": self._rid, "method": method, "args": args}) + "\n").encode())
+        self._proc.stdin.write(
+            (json.dumps({"id": self._rid, "method": method, "args": args}) + "\n").encode()
+        )
         self._proc.stdin.flush()
         msg = self._read(timeout or self.request_timeout, method)
         if not msg.get("ok"):
-            exc = {"ValueError": ValueError, "FileNotFoundError": FileNotFoundError}.get(msg.get("type"), EngineError)
-            raise exc(f"{self.engine} engine, {method}: {msg.get('error')}" + ("" if exc is not EngineError else f"\n{msg.get('traceback', '')}"))
+            exc = {"ValueError": ValueError, "FileNotFoundError": FileNotFoundError}.get(
+                msg.get("type"), EngineError
+            )
+            raise exc(
+                f"{self.engine} engine, {method}: {msg.get('error')}"
+                + ("" if exc is not EngineError else f"\n{msg.get('traceback', '')}")
+            )
         return msg["result"]
 
     def _kill(self) -> None:
@@ -201,14 +249,35 @@ class EngineClient:
         """The worker's process id (None in-process)."""
         return self._proc.pid if self._proc is not None else None
 
-    def generate(self, prompts, max_new_tokens: int, stop_token_ids, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> list[list[int]]:
+    def generate(
+        self,
+        prompts,
+        max_new_tokens: int,
+        stop_token_ids,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> list[list[int]]:
         """New token ids per prompt from the engine (see the backend contract)."""
-        return self._call("generate", prompts=[list(map(int, p)) for p in prompts], max_new_tokens=int(max_new_tokens), stop_token_ids=[int(x) for x in stop_token_ids], temperature=float(temperature), top_p=float(top_p), seed=int(seed))
+        return self._call(
+            "generate",
+            prompts=[list(map(int, p)) for p in prompts],
+            max_new_tokens=int(max_new_tokens),
+            stop_token_ids=[int(x) for x in stop_token_ids],
+            temperature=float(temperature),
+            top_p=float(top_p),
+            seed=int(seed),
+        )
 
     def capture(self, samples, layer_ids, **extra) -> list[dict]:
         """Per sample ``{"aux": [T, n_ids*H], "final": [T, H] (if the engine gives it)}`` torch tensors
         (plus what a backend's own keyword ``extra`` adds, e.g. SGLang's ``logprobs=True``)."""
-        res = self._call("capture", samples=[list(map(int, s)) for s in samples], layer_ids=[int(i) for i in layer_ids], **extra)
+        res = self._call(
+            "capture",
+            samples=[list(map(int, s)) for s in samples],
+            layer_ids=[int(i) for i in layer_ids],
+            **extra,
+        )
         if self._backend is not None:
             return res
         from safetensors.torch import load_file
@@ -221,9 +290,18 @@ class EngineClient:
             out[int(i)][name] = t
         return out
 
-    def serve_acceptance(self, drafter_dir, prompts, k: int, max_new_tokens: int, stop_token_ids) -> dict:
+    def serve_acceptance(
+        self, drafter_dir, prompts, k: int, max_new_tokens: int, stop_token_ids
+    ) -> dict:
         """Serve an exported EAGLE-3 drafter and return outputs and the engine's own counters."""
-        return self._call("serve_acceptance", drafter_dir=str(drafter_dir), prompts=[list(map(int, p)) for p in prompts], k=int(k), max_new_tokens=int(max_new_tokens), stop_token_ids=[int(x) for x in stop_token_ids])
+        return self._call(
+            "serve_acceptance",
+            drafter_dir=str(drafter_dir),
+            prompts=[list(map(int, p)) for p in prompts],
+            k=int(k),
+            max_new_tokens=int(max_new_tokens),
+            stop_token_ids=[int(x) for x in stop_token_ids],
+        )
 
     def close(self) -> None:
         """Stop the engine and remove the temp folder (idempotent)."""

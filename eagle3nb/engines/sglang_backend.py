@@ -34,7 +34,15 @@ import shutil
 import subprocess
 from pathlib import Path
 
-__all__ = ["ENGINE_NAME", "CONVENTION", "VERSION", "Backend", "launch_env", "loopback_prefix", "engine_root"]
+__all__ = [
+    "ENGINE_NAME",
+    "CONVENTION",
+    "VERSION",
+    "Backend",
+    "launch_env",
+    "loopback_prefix",
+    "engine_root",
+]
 
 ENGINE_NAME = "sglang"
 CONVENTION = "sglang"  # ids this backend takes: SGLang's own (id L -> boundary L + 1)
@@ -43,10 +51,15 @@ VERSION = "0.5.23"  # the pinned version whose source the docstring above was re
 
 def engine_root() -> Path:
     """The cached SGLang virtualenv made by ``.ci/setup_engines.sh``."""
-    return Path(os.environ.get("EAGLE3NB_ENGINES", "~/.cache/eagle3nb/engines")).expanduser() / f"sglang-{VERSION}"
+    return (
+        Path(os.environ.get("EAGLE3NB_ENGINES", "~/.cache/eagle3nb/engines")).expanduser()
+        / f"sglang-{VERSION}"
+    )
 
 
-def launch_env(device: str, root: str | os.PathLike | None = None, base: dict | None = None) -> dict:
+def launch_env(
+    device: str, root: str | os.PathLike | None = None, base: dict | None = None
+) -> dict:
     """Environment for the SGLang worker process.
 
     CPU: ``SGLANG_USE_CPU_ENGINE=1`` (SGLang's CPU switch; without it model init imports vllm) and the
@@ -60,21 +73,34 @@ def launch_env(device: str, root: str | os.PathLike | None = None, base: dict | 
         FileNotFoundError: CPU and the shim is missing (run ``bash .ci/setup_engines.sh``).
     """
     env = dict(os.environ if base is None else base)
-    env.update(HF_HUB_OFFLINE="1", SGLANG_DISABLE_REQUEST_LOGGING="1", DO_NOT_TRACK="1", TOKENIZERS_PARALLELISM="false")
+    env.update(
+        HF_HUB_OFFLINE="1",
+        SGLANG_DISABLE_REQUEST_LOGGING="1",
+        DO_NOT_TRACK="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
     root = Path(root) if root else engine_root()
     if device == "cpu":
         shim = root / "cpu-shim" / "libcuda.so.1"
         if not shim.is_file():
-            raise FileNotFoundError(f"CPU stand-in {shim} is missing; run `bash .ci/setup_engines.sh` (it builds it), or pass device=cuda on a GPU machine")
+            raise FileNotFoundError(
+                f"CPU stand-in {shim} is missing; run `bash .ci/setup_engines.sh` (it builds it), or pass device=cuda on a GPU machine"
+            )
         env["SGLANG_USE_CPU_ENGINE"] = "1"
-        env["LD_LIBRARY_PATH"] = os.pathsep.join([str(shim.parent)] + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p])
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            [str(shim.parent)] + [p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p]
+        )
     elif device == "cuda" or device.startswith("cuda:"):
         env.pop("SGLANG_USE_CPU_ENGINE", None)
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p and "cpu-shim" not in p)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(
+            p for p in env.get("LD_LIBRARY_PATH", "").split(os.pathsep) if p and "cpu-shim" not in p
+        )
         if device.startswith("cuda:"):
             env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
     else:
-        raise ValueError(f"device={device!r}: the SGLang worker needs 'cpu', 'cuda' or 'cuda:N' (resolve 'auto' before launching)")
+        raise ValueError(
+            f"device={device!r}: the SGLang worker needs 'cpu', 'cuda' or 'cuda:N' (resolve 'auto' before launching)"
+        )
     return env
 
 
@@ -98,13 +124,22 @@ def loopback_prefix() -> list[str]:
         return []
     unshare, ip = shutil.which("unshare"), shutil.which("ip")
     if not unshare or not ip:
-        raise RuntimeError("running the SGLang worker loopback-only needs `unshare` (util-linux) and `ip` (iproute2); install them, or set EAGLE3NB_ENGINE_NETNS=off to run it in the host network namespace (its TCPStore then listens on all interfaces)")
+        raise RuntimeError(
+            "running the SGLang worker loopback-only needs `unshare` (util-linux) and `ip` (iproute2); install them, or set EAGLE3NB_ENGINE_NETNS=off to run it in the host network namespace (its TCPStore then listens on all interfaces)"
+        )
     tail = ["sh", "-c", f'{ip} link set lo up && exec "$0" "$@"']
     for flags in (["-n"], ["-r", "-n"]) if os.geteuid() == 0 else (["-r", "-n"],):
-        probe = subprocess.run([unshare, *flags, "--", "sh", "-c", f"{ip} link set lo up"], capture_output=True, text=True, timeout=30)
+        probe = subprocess.run(
+            [unshare, *flags, "--", "sh", "-c", f"{ip} link set lo up"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         if probe.returncode == 0:
             return [unshare, *flags, "--", *tail]
-    raise RuntimeError(f"cannot create a loopback-only network namespace here (`unshare -n` / `unshare -r -n` failed: {probe.stderr.strip()[:200]}); run as root or allow unprivileged user namespaces, or set EAGLE3NB_ENGINE_NETNS=off to run the SGLang worker in the host network namespace (its TCPStore then listens on all interfaces)")
+    raise RuntimeError(
+        f"cannot create a loopback-only network namespace here (`unshare -n` / `unshare -r -n` failed: {probe.stderr.strip()[:200]}); run as root or allow unprivileged user namespaces, or set EAGLE3NB_ENGINE_NETNS=off to run the SGLang worker in the host network namespace (its TCPStore then listens on all interfaces)"
+    )
 
 
 class Backend:
@@ -136,12 +171,18 @@ class Backend:
         on_cpu = os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"
         shim = any("cpu-shim" in p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep))
         if self.device == "cpu" and not (on_cpu and shim):
-            raise RuntimeError("SGLang on CPU needs SGLANG_USE_CPU_ENGINE=1 and the cpu-shim folder on LD_LIBRARY_PATH in the worker's environment (eagle3nb.engines.sglang_backend.launch_env('cpu') builds it)")
+            raise RuntimeError(
+                "SGLang on CPU needs SGLANG_USE_CPU_ENGINE=1 and the cpu-shim folder on LD_LIBRARY_PATH in the worker's environment (eagle3nb.engines.sglang_backend.launch_env('cpu') builds it)"
+            )
         if self.device.startswith("cuda"):
             if on_cpu or shim:
-                raise RuntimeError("device=cuda but the CPU-only switch/shim is in the environment (SGLANG_USE_CPU_ENGINE or cpu-shim on LD_LIBRARY_PATH); launch with launch_env('cuda')")
+                raise RuntimeError(
+                    "device=cuda but the CPU-only switch/shim is in the environment (SGLANG_USE_CPU_ENGINE or cpu-shim on LD_LIBRARY_PATH); launch with launch_env('cuda')"
+                )
             if not torch.cuda.is_available():
-                raise RuntimeError("device=cuda but torch in the SGLang environment sees no GPU; use device=cpu here")
+                raise RuntimeError(
+                    "device=cuda but torch in the SGLang environment sees no GPU; use device=cpu here"
+                )
         self.options = options
         self._engine = None
         self._mode: tuple | None = None  # None: no engine; ("plain",) or ("capture", ids)
@@ -155,10 +196,14 @@ class Backend:
         import sglang
 
         kw = dict(
-            model_path=self.model_path, dtype=self.dtype, device="cpu" if self.device == "cpu" else "cuda",
+            model_path=self.model_path,
+            dtype=self.dtype,
+            device="cpu" if self.device == "cpu" else "cuda",
             random_seed=int(self.options.get("seed", 0)),
             # a radix-cache hit returns no hidden states for the cached prefix (rows go missing)
-            disable_radix_cache=True, disable_cuda_graph=True, log_level="error",
+            disable_radix_cache=True,
+            disable_cuda_graph=True,
+            log_level="error",
             # a prompt split over prefill chunks returns only its last chunk's rows (seen: 25 of 104)
             chunked_prefill_size=-1,
         )
@@ -172,7 +217,11 @@ class Backend:
             # capped by max_total_tokens anyway
             kw.setdefault("mem_fraction_static", 0.3)
         if mode[0] == "capture":
-            kw.update(enable_return_aux_hidden_states=True, speculative_algorithm="EAGLE3", return_aux_hidden_state_layer_ids=list(mode[1]))
+            kw.update(
+                enable_return_aux_hidden_states=True,
+                speculative_algorithm="EAGLE3",
+                return_aux_hidden_state_layer_ids=list(mode[1]),
+            )
         kw.update(self.options.get("engine_kwargs") or {})
         self._engine = sglang.Engine(**kw)
         self._mode = mode
@@ -192,15 +241,29 @@ class Backend:
         import sglang
 
         return {
-            "engine_name": ENGINE_NAME, "engine_version": sglang.__version__, "torch_version": self._torch.__version__,
-            "convention": CONVENTION, "device": self.device, "dtype": self.dtype,
+            "engine_name": ENGINE_NAME,
+            "engine_version": sglang.__version__,
+            "torch_version": self._torch.__version__,
+            "convention": CONVENTION,
+            "device": self.device,
+            "dtype": self.dtype,
             "cpu_engine_switch": os.environ.get("SGLANG_USE_CPU_ENGINE") == "1",
-            "cpu_shim": any("cpu-shim" in p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)),
+            "cpu_shim": any(
+                "cpu-shim" in p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)
+            ),
             "final_boundary_capturable": False,
             "mode": list(self._mode) if self._mode else None,
         }
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, stop_token_ids: list[int] | None = None, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> list[list[int]]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        stop_token_ids: list[int] | None = None,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> list[list[int]]:
         """Continuations through a plain SGLang engine (no capture).
 
         Args:
@@ -217,12 +280,18 @@ class Backend:
         if any(len(p) == 0 for p in prompts):
             raise ValueError("generate: an empty prompt; each needs at least one token (BOS)")
         self._start(("plain",))
-        sp = {"max_new_tokens": int(max_new_tokens), "temperature": float(temperature), "top_p": float(top_p)}
+        sp = {
+            "max_new_tokens": int(max_new_tokens),
+            "temperature": float(temperature),
+            "top_p": float(top_p),
+        }
         if stop_token_ids:
             sp["stop_token_ids"] = [int(t) for t in stop_token_ids]
         if temperature > 0:
             sp["sampling_seed"] = int(seed)
-        outs = self._engine.generate(input_ids=[list(map(int, p)) for p in prompts], sampling_params=sp)
+        outs = self._engine.generate(
+            input_ids=[list(map(int, p)) for p in prompts], sampling_params=sp
+        )
         stops = set(int(t) for t in stop_token_ids or [])
         res = []
         for o in outs:
@@ -231,7 +300,9 @@ class Backend:
             res.append(ids[: cut + 1] if cut is not None else ids)
         return res
 
-    def capture(self, samples: list[list[int]], layer_ids: list[int], logprobs: bool = False) -> list[dict]:
+    def capture(
+        self, samples: list[list[int]], layer_ids: list[int], logprobs: bool = False
+    ) -> list[dict]:
         """Aux states of each sample from SGLang's forward (capture-only engine, radix cache off).
 
         One prefill per sample and one sampled token (``max_new_tokens=1``: with 0 SGLang 0.5.23
@@ -261,24 +332,42 @@ class Backend:
         ids = tuple(int(i) for i in layer_ids)
         self._start(("capture", ids))
         kw = {"return_logprob": True, "logprob_start_len": 0} if logprobs else {}
-        outs = self._engine.generate(input_ids=[list(map(int, s)) for s in samples], sampling_params={"max_new_tokens": 1, "temperature": 0.0}, return_hidden_states=True, **kw)
+        outs = self._engine.generate(
+            input_ids=[list(map(int, s)) for s in samples],
+            sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+            return_hidden_states=True,
+            **kw,
+        )
         res = []
         for i, (s, o) in enumerate(zip(samples, outs)):
             mi = o["meta_info"]
             if mi.get("cached_tokens"):
-                raise RuntimeError(f"sample {i}: SGLang reports {mi['cached_tokens']} cached tokens (prefix cache hit: their rows are missing); the engine must run with disable_radix_cache=True")
-            blocks = [torch.as_tensor(b, dtype=torch.float32) for b in mi.get("hidden_states") or []]
+                raise RuntimeError(
+                    f"sample {i}: SGLang reports {mi['cached_tokens']} cached tokens (prefix cache hit: their rows are missing); the engine must run with disable_radix_cache=True"
+                )
+            blocks = [
+                torch.as_tensor(b, dtype=torch.float32) for b in mi.get("hidden_states") or []
+            ]
             blocks = [b if b.dim() == 2 else b[None, :] for b in blocks]
             aux = torch.cat(blocks) if blocks else torch.zeros(0, 0)
             if aux.shape[0] != len(s):
-                raise RuntimeError(f"sample {i}: SGLang returned {aux.shape[0]} hidden-state rows for {len(s)} tokens")
+                raise RuntimeError(
+                    f"sample {i}: SGLang returned {aux.shape[0]} hidden-state rows for {len(s)} tokens"
+                )
             if aux.shape[1] % len(ids):
-                raise RuntimeError(f"sample {i}: width {aux.shape[1]} is not a multiple of {len(ids)} layer ids")
+                raise RuntimeError(
+                    f"sample {i}: width {aux.shape[1]} is not a multiple of {len(ids)} layer ids"
+                )
             item = {"aux": aux}
             if logprobs:
-                lp = [float("nan") if x[0] is None else float(x[0]) for x in mi["input_token_logprobs"]]
+                lp = [
+                    float("nan") if x[0] is None else float(x[0])
+                    for x in mi["input_token_logprobs"]
+                ]
                 if len(lp) != len(s):
-                    raise RuntimeError(f"sample {i}: SGLang returned {len(lp)} input logprobs for {len(s)} tokens")
+                    raise RuntimeError(
+                        f"sample {i}: SGLang returned {len(lp)} input logprobs for {len(s)} tokens"
+                    )
                 item["input_logprobs"] = torch.tensor(lp, dtype=torch.float32)
             res.append(item)
         if len(res) != len(samples):

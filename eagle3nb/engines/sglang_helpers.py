@@ -17,14 +17,28 @@ from eagle3nb.target.capture import capture_boundaries
 from eagle3nb.engines import sglang_backend
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient
 
-__all__ = ["start_sglang", "hf_final", "final_logprob_check", "namespace_report", "FINAL_LOGPROB_TOL"]
+__all__ = [
+    "start_sglang",
+    "hf_final",
+    "final_logprob_check",
+    "namespace_report",
+    "FINAL_LOGPROB_TOL",
+]
 
 # |log p_SGLang(x_t) - log p_HF-final(x_t)| bound: float32 kernels differ by ~1e-5 in log-prob;
 # bf16 rounds the residual stream to 8 mantissa bits per layer (measured ~0.1 on this model)
 FINAL_LOGPROB_TOL = {"float32": 1e-3, "float16": 0.2, "bfloat16": 0.5}
 
 
-def start_sglang(model_path, dtype: str, device: str, seed: int, python: str | None, workdir_parent=None, context_length: int | None = None) -> EngineClient:
+def start_sglang(
+    model_path,
+    dtype: str,
+    device: str,
+    seed: int,
+    python: str | None,
+    workdir_parent=None,
+    context_length: int | None = None,
+) -> EngineClient:
     """Start the SGLang worker (``eagle3nb.engines.worker`` in SGLang's venv) in a loopback-only
     network namespace, with the CPU switch and shim on CPU and neither on a GPU.
 
@@ -42,7 +56,9 @@ def start_sglang(model_path, dtype: str, device: str, seed: int, python: str | N
     env = sglang_backend.launch_env(device, base=dict(os.environ))
     changed = {k: v for k, v in env.items() if os.environ.get(k) != v}
     if device != "cpu" and os.environ.get("SGLANG_USE_CPU_ENGINE"):
-        raise RuntimeError("SGLANG_USE_CPU_ENGINE is set in this environment but device is a GPU; unset it (it is the CPU-only switch)")
+        raise RuntimeError(
+            "SGLANG_USE_CPU_ENGINE is set in this environment but device is a GPU; unset it (it is the CPU-only switch)"
+        )
     if not python:  # in-process (GPU box): the environment must already be the engine's
         os.environ.update(changed)
         prefix = []
@@ -51,7 +67,17 @@ def start_sglang(model_path, dtype: str, device: str, seed: int, python: str | N
     opts = {"device": device, "seed": int(seed)}
     if context_length:
         opts["context_length"] = int(context_length)
-    return EngineClient("sglang", model_path, dtype, opts, python=python, param="sglang_python", workdir_parent=workdir_parent, env=changed, prefix=prefix)
+    return EngineClient(
+        "sglang",
+        model_path,
+        dtype,
+        opts,
+        python=python,
+        param="sglang_python",
+        workdir_parent=workdir_parent,
+        env=changed,
+        prefix=prefix,
+    )
 
 
 @torch.no_grad()
@@ -70,7 +96,9 @@ def hf_final(model, samples: Sequence[Sequence[int]], batch_size: int = 16) -> l
 
 
 @torch.no_grad()
-def final_logprob_check(model, sample: Sequence[int], final: torch.Tensor, sglang_logprobs: torch.Tensor, dtype: str) -> dict:
+def final_logprob_check(
+    model, sample: Sequence[int], final: torch.Tensor, sglang_logprobs: torch.Tensor, dtype: str
+) -> dict:
     """Does the stored ``final`` give the distribution SGLang itself computes?
 
     Compares log p(x_t | x_<t) from ``lm_head(norm(final))`` (the training objective's target, see
@@ -86,7 +114,13 @@ def final_logprob_check(model, sample: Sequence[int], final: torch.Tensor, sglan
     ours = lp[:-1].gather(-1, torch.tensor(list(sample)[1:])[:, None])[:, 0]
     d = (ours - sglang_logprobs[1:].float()).abs()
     tol = FINAL_LOGPROB_TOL.get(dtype, 0.5)
-    return {"max_abs_diff": float(d.max()), "mean_abs_diff": float(d.mean()), "tolerance": tol, "ok": bool(d.max() <= tol), "n_positions": int(d.numel())}
+    return {
+        "max_abs_diff": float(d.max()),
+        "mean_abs_diff": float(d.mean()),
+        "tolerance": tol,
+        "ok": bool(d.max() <= tol),
+        "n_positions": int(d.numel()),
+    }
 
 
 def namespace_report(pid: int | None) -> dict:
@@ -102,8 +136,20 @@ def namespace_report(pid: int | None) -> dict:
     if os.geteuid() != 0:
         return {"error": "nsenter needs root"}
     try:
-        links = subprocess.run(["nsenter", "-t", str(pid), "-n", "ip", "-o", "link"], capture_output=True, text=True, timeout=20, check=True).stdout
-        ss = subprocess.run(["nsenter", "-t", str(pid), "-n", "ss", "-Hltn"], capture_output=True, text=True, timeout=20, check=True).stdout
+        links = subprocess.run(
+            ["nsenter", "-t", str(pid), "-n", "ip", "-o", "link"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
+        ss = subprocess.run(
+            ["nsenter", "-t", str(pid), "-n", "ss", "-Hltn"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError) as e:
         return {"error": f"nsenter failed: {e}"}
     ifaces = [ln.split(":")[1].strip().split("@")[0] for ln in links.splitlines() if ln.strip()]

@@ -86,7 +86,9 @@ class Backend:
         cfg = _read_config(self.model_path)
         self.n_layers = int(cfg["num_hidden_layers"])
         self.hidden_size = int(cfg["hidden_size"])
-        self.max_model_len = int(self.options.get("max_model_len") or cfg.get("max_position_embeddings") or 2048)
+        self.max_model_len = int(
+            self.options.get("max_model_len") or cfg.get("max_position_embeddings") or 2048
+        )
         self._llm = None
         self._key = None
         self._req = 0
@@ -99,7 +101,14 @@ class Backend:
         self._shutdown()
         from vllm import LLM
 
-        kw = dict(model=self.model_path, dtype=self.dtype, seed=0, max_model_len=self.max_model_len, enforce_eager=bool(self.options.get("enforce_eager", True)), enable_prefix_caching=False)
+        kw = dict(
+            model=self.model_path,
+            dtype=self.dtype,
+            seed=0,
+            max_model_len=self.max_model_len,
+            enforce_eager=bool(self.options.get("enforce_eager", True)),
+            enable_prefix_caching=False,
+        )
         if self.options.get("max_num_seqs"):
             kw["max_num_seqs"] = int(self.options["max_num_seqs"])
         kw.update(self.options.get("llm_kwargs") or {})
@@ -134,7 +143,15 @@ class Backend:
         :meth:`capture` takes), ``n_layers``, ``device``."""
         import vllm
 
-        return {"engine_name": ENGINE_NAME, "engine_version": vllm.__version__, "torch_version": torch.__version__, "convention": CONVENTION, "n_layers": self.n_layers, "device": "cuda" if torch.cuda.is_available() else "cpu", "dtype": self.dtype}
+        return {
+            "engine_name": ENGINE_NAME,
+            "engine_version": vllm.__version__,
+            "torch_version": torch.__version__,
+            "convention": CONVENTION,
+            "n_layers": self.n_layers,
+            "device": "cuda" if torch.cuda.is_available() else "cpu",
+            "dtype": self.dtype,
+        }
 
     # ---- generation -------------------------------------------------------------------------
     @staticmethod
@@ -143,7 +160,15 @@ class Backend:
 
         # ignore_eos + explicit stop ids: the stop set is exactly the caller's (tokenizer eos and
         # generation_config eos ids), as in the HF path; stop tokens stay in token_ids
-        return SamplingParams(max_tokens=int(max_new_tokens), temperature=float(temperature), top_p=float(top_p) if temperature > 0 else 1.0, seed=int(seed), ignore_eos=True, stop_token_ids=[int(x) for x in stop_token_ids], extra_args=extra)
+        return SamplingParams(
+            max_tokens=int(max_new_tokens),
+            temperature=float(temperature),
+            top_p=float(top_p) if temperature > 0 else 1.0,
+            seed=int(seed),
+            ignore_eos=True,
+            stop_token_ids=[int(x) for x in stop_token_ids],
+            extra_args=extra,
+        )
 
     @staticmethod
     def _cut(ids: list[int], stops: list[int]) -> list[int]:
@@ -155,9 +180,19 @@ class Backend:
             if len(p) == 0:
                 raise ValueError(f"prompts[{i}] is empty; a prompt needs at least one token (BOS)")
             if len(p) + max_new_tokens > self.max_model_len:
-                raise ValueError(f"prompts[{i}] has {len(p)} tokens; with max_new_tokens={max_new_tokens} it exceeds vLLM's max_model_len={self.max_model_len}; shorten it or lower max_new_tokens")
+                raise ValueError(
+                    f"prompts[{i}] has {len(p)} tokens; with max_new_tokens={max_new_tokens} it exceeds vLLM's max_model_len={self.max_model_len}; shorten it or lower max_new_tokens"
+                )
 
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, stop_token_ids: list[int], temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> list[list[int]]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        max_new_tokens: int,
+        stop_token_ids: list[int],
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> list[list[int]]:
         """New token ids per prompt (stop token kept), through vLLM's plain engine.
 
         Args:
@@ -170,19 +205,38 @@ class Backend:
         """
         self._check_prompts(prompts, max_new_tokens)
         llm = self._make(("plain",))
-        sps = [self._sampling(max_new_tokens, stop_token_ids, temperature, top_p, seed + i) for i in range(len(prompts))]
-        outs = llm.generate([{"prompt_token_ids": list(map(int, p))} for p in prompts], sps, use_tqdm=False)
+        sps = [
+            self._sampling(max_new_tokens, stop_token_ids, temperature, top_p, seed + i)
+            for i in range(len(prompts))
+        ]
+        outs = llm.generate(
+            [{"prompt_token_ids": list(map(int, p))} for p in prompts], sps, use_tqdm=False
+        )
         return [self._cut(list(o.outputs[0].token_ids), list(stop_token_ids)) for o in outs]
 
     # ---- capture ----------------------------------------------------------------------------
     def _capture_llm(self, ids: list[int]):
         wd = self.options.get("workdir")
         if not wd:
-            raise ValueError("options['workdir'] is not set: the vLLM capture connector needs a folder for its files (the client sets one under the run directory)")
+            raise ValueError(
+                "options['workdir'] is not set: the vLLM capture connector needs a folder for its files (the client sets one under the run directory)"
+            )
         path = os.path.join(wd, "vllm_hidden_states")
         os.makedirs(path, exist_ok=True)
-        spec = {"method": "extract_hidden_states", "num_speculative_tokens": 1, "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(ids)}}}
-        kv = {"kv_connector": "SyncHiddenStatesConnector", "kv_connector_module_path": "eagle3nb.engines.vllm_connector", "kv_role": "kv_producer", "kv_connector_extra_config": {"shared_storage_path": path, "use_synchronization_lock": False}}
+        spec = {
+            "method": "extract_hidden_states",
+            "num_speculative_tokens": 1,
+            "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(ids)}},
+        }
+        kv = {
+            "kv_connector": "SyncHiddenStatesConnector",
+            "kv_connector_module_path": "eagle3nb.engines.vllm_connector",
+            "kv_role": "kv_producer",
+            "kv_connector_extra_config": {
+                "shared_storage_path": path,
+                "use_synchronization_lock": False,
+            },
+        }
         return self._make(("capture", tuple(ids)), speculative_config=spec, kv_transfer_config=kv)
 
     def capture(self, samples: list[list[int]], layer_ids: list[int]) -> list[dict]:
@@ -205,22 +259,32 @@ class Backend:
         n = self.n_layers
         bad = [i for i in ids if not 0 <= i <= n]
         if bad or not ids or any(b <= a for a, b in zip(ids, ids[1:])):
-            raise ValueError(f"layer_ids={ids}: vLLM captures ids 0..{n} (id = boundary) of this {n}-layer target, strictly increasing; got {bad or ids}")
+            raise ValueError(
+                f"layer_ids={ids}: vLLM captures ids 0..{n} (id = boundary) of this {n}-layer target, strictly increasing; got {bad or ids}"
+            )
         want = ids + ([n] if ids[-1] != n else [])  # boundary N for the target's distribution
         for i, s in enumerate(samples):
             if not 0 < len(s) <= self.max_model_len - 1:
-                raise ValueError(f"samples[{i}] has {len(s)} tokens; vLLM capture needs 1..{self.max_model_len - 1} (max_model_len - 1)")
+                raise ValueError(
+                    f"samples[{i}] has {len(s)} tokens; vLLM capture needs 1..{self.max_model_len - 1} (max_model_len - 1)"
+                )
         llm = self._capture_llm(want)
         # one generated token per request: the prefill's states cover exactly the sample's tokens
-        sp = self._sampling(1, [], 0.0, 1.0, 0, extra={"kv_transfer_params": {"include_output_tokens": False}})
-        outs = llm.generate([{"prompt_token_ids": list(map(int, s))} for s in samples], sp, use_tqdm=False)
+        sp = self._sampling(
+            1, [], 0.0, 1.0, 0, extra={"kv_transfer_params": {"include_output_tokens": False}}
+        )
+        outs = llm.generate(
+            [{"prompt_token_ids": list(map(int, s))} for s in samples], sp, use_tqdm=False
+        )
         paths = [o.kv_transfer_params["hidden_states_path"] for o in outs]
         # the connector writes a finished request's states on the engine's next step
         t0 = time.time()
         while not all(os.path.exists(p) for p in paths):
             if time.time() - t0 > 120:
                 missing = [p for p in paths if not os.path.exists(p)]
-                raise RuntimeError(f"vLLM connector wrote no hidden states for {len(missing)} requests after 120 s (e.g. {missing[0]})")
+                raise RuntimeError(
+                    f"vLLM connector wrote no hidden states for {len(missing)} requests after 120 s (e.g. {missing[0]})"
+                )
             llm.llm_engine.step()
         res = []
         for i, (s, p) in enumerate(zip(samples, paths)):
@@ -228,9 +292,14 @@ class Backend:
             os.remove(p)
             hs, tok = d["hidden_states"], d["token_ids"].tolist()
             if tok != list(map(int, s)) or hs.shape[0] != len(s) or hs.shape[1] != len(want):
-                raise ValueError(f"vLLM returned {tuple(hs.shape)} states for tokens {tok[:8]}... but sample {i} has {len(s)} tokens {list(s)[:8]}... and {len(want)} ids were asked: rows from another request or a truncated capture")
+                raise ValueError(
+                    f"vLLM returned {tuple(hs.shape)} states for tokens {tok[:8]}... but sample {i} has {len(s)} tokens {list(s)[:8]}... and {len(want)} ids were asked: rows from another request or a truncated capture"
+                )
             T = hs.shape[0]
-            out = {"aux": hs[:, : len(ids)].reshape(T, len(ids) * self.hidden_size).contiguous(), "final": hs[:, len(want) - 1].contiguous()}
+            out = {
+                "aux": hs[:, : len(ids)].reshape(T, len(ids) * self.hidden_size).contiguous(),
+                "final": hs[:, len(want) - 1].contiguous(),
+            }
             res.append(out)
         return res
 
@@ -238,8 +307,17 @@ class Backend:
     @staticmethod
     def _counters(llm) -> dict:
         """vLLM's speculative-decoding counters (cumulative since the engine started)."""
-        out = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0, "accepted_per_pos": []}
-        names = {"vllm:spec_decode_num_drafts": "num_drafts", "vllm:spec_decode_num_draft_tokens": "num_draft_tokens", "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens"}
+        out = {
+            "num_drafts": 0,
+            "num_draft_tokens": 0,
+            "num_accepted_tokens": 0,
+            "accepted_per_pos": [],
+        }
+        names = {
+            "vllm:spec_decode_num_drafts": "num_drafts",
+            "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",
+            "vllm:spec_decode_num_accepted_tokens": "num_accepted_tokens",
+        }
         for m in llm.get_metrics():
             if m.name in names:
                 out[names[m.name]] += int(m.value)
@@ -247,7 +325,14 @@ class Backend:
                 out["accepted_per_pos"] = [int(v) for v in m.values]
         return out
 
-    def serve_acceptance(self, drafter_dir: str, prompts: list[list[int]], k: int, max_new_tokens: int, stop_token_ids: list[int]) -> dict:
+    def serve_acceptance(
+        self,
+        drafter_dir: str,
+        prompts: list[list[int]],
+        k: int,
+        max_new_tokens: int,
+        stop_token_ids: list[int],
+    ) -> dict:
         """Serve ``drafter_dir`` as vLLM's EAGLE-3 drafter (greedy) and read vLLM's counters.
 
         Args:
@@ -263,17 +348,34 @@ class Backend:
         """
         self._check_prompts(prompts, max_new_tokens)
         spec = {"method": "eagle3", "model": str(drafter_dir), "num_speculative_tokens": int(k)}
-        llm = self._make(("eagle3", str(drafter_dir), int(k)), speculative_config=spec, disable_log_stats=False)  # counters
+        llm = self._make(
+            ("eagle3", str(drafter_dir), int(k)), speculative_config=spec, disable_log_stats=False
+        )  # counters
         before = self._counters(llm)
         sp = self._sampling(max_new_tokens, stop_token_ids, 0.0, 1.0, 0)
         t0 = time.time()
-        outs = llm.generate([{"prompt_token_ids": list(map(int, p))} for p in prompts], sp, use_tqdm=False)
+        outs = llm.generate(
+            [{"prompt_token_ids": list(map(int, p))} for p in prompts], sp, use_tqdm=False
+        )
         secs = time.time() - t0
         after = self._counters(llm)
-        d = {key: after[key] - before[key] for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
+        d = {
+            key: after[key] - before[key]
+            for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+        }
         bp = before["accepted_per_pos"] or [0] * len(after["accepted_per_pos"])
         per_pos = [a - b for a, b in zip(after["accepted_per_pos"], bp)]
         outputs = [self._cut(list(o.outputs[0].token_ids), list(stop_token_ids)) for o in outs]
         nd = max(d["num_drafts"], 1)
         n_tok = sum(len(o) for o in outputs)
-        return {"outputs": outputs, **d, "accepted_per_pos": per_pos, "per_position_acceptance": [a / nd for a in per_pos], "tau": 1 + d["num_accepted_tokens"] / nd, "draft_acceptance_rate": d["num_accepted_tokens"] / max(d["num_draft_tokens"], 1), "k": int(k), "seconds": secs, "tokens_per_s": n_tok / secs if secs else None}
+        return {
+            "outputs": outputs,
+            **d,
+            "accepted_per_pos": per_pos,
+            "per_position_acceptance": [a / nd for a in per_pos],
+            "tau": 1 + d["num_accepted_tokens"] / nd,
+            "draft_acceptance_rate": d["num_accepted_tokens"] / max(d["num_draft_tokens"], 1),
+            "k": int(k),
+            "seconds": secs,
+            "tokens_per_s": n_tok / secs if secs else None,
+        }

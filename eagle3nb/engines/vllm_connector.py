@@ -48,10 +48,16 @@ class SyncHiddenStatesConnector(ExampleHiddenStatesConnector):
         assert self._kv_cache is not None
         blocks = torch.tensor(pending.block_ids, dtype=torch.long)
         offs = torch.arange(self._block_size, dtype=torch.long)
-        slots = (offs[None, :] + blocks[:, None] * self._block_size).flatten()  # same order as vLLM's
+        slots = (
+            offs[None, :] + blocks[:, None] * self._block_size
+        ).flatten()  # same order as vLLM's
         n = pending.token_ids.shape[0]
         # clone: the KV cache is reused by the next request as soon as the blocks are freed
-        hs = extract_from_kv_cache(self._kv_cache, slots.to(self._kv_cache.device), n).to("cpu").clone()
+        hs = (
+            extract_from_kv_cache(self._kv_cache, slots.to(self._kv_cache.device), n)
+            .to("cpu")
+            .clone()
+        )
         os.makedirs(os.path.dirname(pending.filename) or ".", exist_ok=True)
         tmp = pending.filename + ".tmp"
         save_file({"hidden_states": hs.contiguous(), "token_ids": pending.token_ids.clone()}, tmp)

@@ -12,7 +12,16 @@ from typing import Sequence
 
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient, check_engine_python
 
-__all__ = ["VLLM_OPTION_KEYS", "vllm_steps", "vllm_python", "check_vllm_params", "start_vllm", "TimedCapture", "measure_speed", "served_acceptance"]
+__all__ = [
+    "VLLM_OPTION_KEYS",
+    "vllm_steps",
+    "vllm_python",
+    "check_vllm_params",
+    "start_vllm",
+    "TimedCapture",
+    "measure_speed",
+    "served_acceptance",
+]
 
 # keys the vLLM backend reads from ``vllm_options`` (eagle3nb/engines/vllm_backend.py docstring)
 VLLM_OPTION_KEYS = {"max_model_len", "kv_cache_gib", "enforce_eager", "llm_kwargs", "max_num_seqs"}
@@ -20,7 +29,15 @@ VLLM_OPTION_KEYS = {"max_model_len", "kv_cache_gib", "enforce_eager", "llm_kwarg
 
 def vllm_steps(p) -> list[str]:
     """The notebooks of run ``p`` that start vLLM."""
-    return [nb for nb, on in (("01_generate", p.generate_engine == "vllm"), ("02a_extract_vllm", p.vllm_extract), ("04_eval_acceptance", p.vllm_eval)) if on]
+    return [
+        nb
+        for nb, on in (
+            ("01_generate", p.generate_engine == "vllm"),
+            ("02a_extract_vllm", p.vllm_extract),
+            ("04_eval_acceptance", p.vllm_eval),
+        )
+        if on
+    ]
 
 
 def vllm_python(p) -> str:
@@ -39,20 +56,34 @@ def check_vllm_params(p, model_cfg: dict) -> None:
     """
     bad = sorted(set(p.vllm_options) - VLLM_OPTION_KEYS)
     if bad:
-        raise ValueError(f"vllm_options has unknown keys {bad}; allowed: {sorted(VLLM_OPTION_KEYS)} (anything else for vllm.LLM goes under llm_kwargs, e.g. {{llm_kwargs: {{tensor_parallel_size: 2}}}})")
+        raise ValueError(
+            f"vllm_options has unknown keys {bad}; allowed: {sorted(VLLM_OPTION_KEYS)} (anything else for vllm.LLM goes under llm_kwargs, e.g. {{llm_kwargs: {{tensor_parallel_size: 2}}}})"
+        )
     used = vllm_steps(p)
     if not used:
         return
     check_engine_python("vllm", vllm_python(p), "vllm_python")
-    hd = model_cfg.get("head_dim") or (model_cfg.get("hidden_size", 0) // max(model_cfg.get("num_attention_heads", 1), 1))
+    hd = model_cfg.get("head_dim") or (
+        model_cfg.get("hidden_size", 0) // max(model_cfg.get("num_attention_heads", 1), 1)
+    )
     if p.device == "cpu" and hd < 32:
-        raise ValueError(f"model={p.model!r} has head_dim={hd}; vLLM's CPU attention needs head_dim >= 32 (used by {used}); use a target with head_dim >= 32 (e.g. stories260K-hd32), or turn vLLM off: generate_engine: hf, vllm_extract: false, vllm_eval: false")
+        raise ValueError(
+            f"model={p.model!r} has head_dim={hd}; vLLM's CPU attention needs head_dim >= 32 (used by {used}); use a target with head_dim >= 32 (e.g. stories260K-hd32), or turn vLLM off: generate_engine: hf, vllm_extract: false, vllm_eval: false"
+        )
 
 
 def start_vllm(p, model_path, dtype: str, workdir_parent) -> EngineClient:
     """Start the vLLM worker for run ``p`` (temp files and engine log under ``workdir_parent``)."""
     opts = dict(p.vllm_options)
-    return EngineClient("vllm", model_path, dtype, opts, python=vllm_python(p), param="vllm_python", workdir_parent=workdir_parent)
+    return EngineClient(
+        "vllm",
+        model_path,
+        dtype,
+        opts,
+        python=vllm_python(p),
+        param="vllm_python",
+        workdir_parent=workdir_parent,
+    )
 
 
 class TimedCapture:
@@ -73,7 +104,17 @@ class TimedCapture:
         return out
 
 
-def measure_speed(client, prompts: Sequence[Sequence[int]], samples: Sequence[Sequence[int]], max_new_tokens: int, stop_token_ids, seed: int, capture_seconds: float, capture_tokens: int, batch_size: int = 32) -> dict:
+def measure_speed(
+    client,
+    prompts: Sequence[Sequence[int]],
+    samples: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    stop_token_ids,
+    seed: int,
+    capture_seconds: float,
+    capture_tokens: int,
+    batch_size: int = 32,
+) -> dict:
     """vLLM's tokens/s in this run: plain generation of the train prompts (one call), prefill of the
     dataset's samples without capture (one generated token each, in calls of ``batch_size`` samples
     as the extraction made them), and the capture timed during extraction (engine transfer included).
@@ -95,7 +136,8 @@ def measure_speed(client, prompts: Sequence[Sequence[int]], samples: Sequence[Se
     pre = sum(len(s) for s in samples) / pre_s if pre_s else None
     ext = capture_tokens / capture_seconds if capture_seconds else None
     return {
-        "generate_tokens_per_s": round(n_gen / gen_s, 1) if gen_s else None, "generated_tokens": n_gen,
+        "generate_tokens_per_s": round(n_gen / gen_s, 1) if gen_s else None,
+        "generated_tokens": n_gen,
         "prefill_tokens_per_s_without_capture": round(pre, 1) if pre else None,
         "extract_tokens_per_s": round(ext, 1) if ext else None,
         "capture_overhead_ratio": round(pre / ext, 3) if pre and ext else None,
@@ -103,7 +145,15 @@ def measure_speed(client, prompts: Sequence[Sequence[int]], samples: Sequence[Se
     }
 
 
-def served_acceptance(client, drafter_dir, prompts, k: int, max_new_tokens: int, stop_token_ids, hf_greedy: Sequence[Sequence[int]] | None = None) -> dict:
+def served_acceptance(
+    client,
+    drafter_dir,
+    prompts,
+    k: int,
+    max_new_tokens: int,
+    stop_token_ids,
+    hf_greedy: Sequence[Sequence[int]] | None = None,
+) -> dict:
     """Serve the exported drafter with vLLM (EAGLE-3, greedy) and summarise vLLM's own counters in
     the simulator's format (:meth:`eagle3nb.drafter.acceptance.AcceptanceStats.summary` keys).
 
@@ -116,12 +166,22 @@ def served_acceptance(client, drafter_dir, prompts, k: int, max_new_tokens: int,
     r = client.serve_acceptance(drafter_dir, prompts, k, max_new_tokens, stop_token_ids)
     plain = client.generate(prompts, max_new_tokens, stop_token_ids, 0.0, 1.0, 0)
     out = {
-        "k": int(k), "cycles": r["num_drafts"], "per_position_acceptance": r["per_position_acceptance"], "tau": r["tau"],
-        "draft_acceptance_rate": r["draft_acceptance_rate"], "emitted_tokens": sum(len(o) for o in r["outputs"]),
-        "counters": {key: r[key] for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos")},
+        "k": int(k),
+        "cycles": r["num_drafts"],
+        "per_position_acceptance": r["per_position_acceptance"],
+        "tau": r["tau"],
+        "draft_acceptance_rate": r["draft_acceptance_rate"],
+        "emitted_tokens": sum(len(o) for o in r["outputs"]),
+        "counters": {
+            key: r[key]
+            for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos")
+        },
         "greedy_mismatches": [i for i, (a, b) in enumerate(zip(r["outputs"], plain)) if a != b],
-        "tokens_per_s": r["tokens_per_s"], "outputs": r["outputs"],
+        "tokens_per_s": r["tokens_per_s"],
+        "outputs": r["outputs"],
     }
     if hf_greedy is not None:
-        out["hf_mismatches"] = [i for i, (a, b) in enumerate(zip(r["outputs"], hf_greedy)) if list(a) != list(b)]
+        out["hf_mismatches"] = [
+            i for i, (a, b) in enumerate(zip(r["outputs"], hf_greedy)) if list(a) != list(b)
+        ]
     return out

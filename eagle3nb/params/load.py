@@ -4,7 +4,6 @@ Papermill only warns about unknown parameters; here an unknown key, a wrong type
 out-of-range value fails before any work starts, naming the key, the value and the fix.
 """
 
-
 from __future__ import annotations
 
 import difflib
@@ -37,7 +36,10 @@ def _format_error(e: ValidationError, source: str) -> str:
             continue
         if err["type"] == "extra_forbidden":
             near = difflib.get_close_matches(str(err["loc"][0]), list(RunParams.model_fields), n=1)
-            hint = (f"unknown key; did you mean {near[0]!r}?" if near else "unknown key; remove it") + " (all keys with their help: the parameters cells of notebooks/*.ipynb, or eagle3nb/params/schema.py RunParams)"
+            hint = (
+                (f"unknown key; did you mean {near[0]!r}?" if near else "unknown key; remove it")
+                + " (all keys with their help: the parameters cells of notebooks/*.ipynb, or eagle3nb/params/schema.py RunParams)"
+            )
         else:
             hint = err["msg"]
             field = RunParams.model_fields.get(str(err["loc"][0])) if err["loc"] else None
@@ -89,9 +91,10 @@ def resolve_device(p: RunParams) -> str:
     if p.device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if p.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"device={p.device!r} but torch sees no GPU (torch {torch.__version__}); use device: cpu or auto")
+        raise ValueError(
+            f"device={p.device!r} but torch sees no GPU (torch {torch.__version__}); use device: cpu or auto"
+        )
     return p.device
 
 
 # --- the parameter surface: notebooks' parameters cells and the README table, rendered from RunParams
-

@@ -1,6 +1,5 @@
 """RunParams: every run parameter once (default, range, help, the notebooks that declare it)."""
 
-
 from __future__ import annotations
 
 from typing import Literal, Optional
@@ -10,7 +9,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from eagle3nb.rundir import resolve_path
 
 # the notebooks, in run order (eagle3nb.run executes them in this order)
-NOTEBOOKS = ["01_generate", "02a_extract_vllm", "02b_extract_sglang", "03_train", "04_eval_acceptance"]
+NOTEBOOKS = [
+    "01_generate",
+    "02a_extract_vllm",
+    "02b_extract_sglang",
+    "03_train",
+    "04_eval_acceptance",
+]
 GENERATE, EXTRACT_VLLM, EXTRACT_SGLANG, TRAIN, EVAL = NOTEBOOKS
 ALL = tuple(NOTEBOOKS)
 VLLM = (GENERATE, EXTRACT_VLLM, EVAL)  # the notebooks that start vLLM
@@ -41,27 +46,77 @@ class RunParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     # common: declared by every notebook
-    interactive: bool = _p(True, "widgets and progress bars (headless runs pass False and write HTML figures)", ALL)
-    run_name: str = _p("smoke", "folder under outputs_dir holding this run's artefacts", ALL, pattern=r"^[A-Za-z0-9._-]+$")
+    interactive: bool = _p(
+        True, "widgets and progress bars (headless runs pass False and write HTML figures)", ALL
+    )
+    run_name: str = _p(
+        "smoke",
+        "folder under outputs_dir holding this run's artefacts",
+        ALL,
+        pattern=r"^[A-Za-z0-9._-]+$",
+    )
     outputs_dir: str = _p("outputs", "parent folder of runs (relative to the repo root)", ALL)
-    model: str = _p("stories260K-hd32", "target model folder name or path (searched in $EAGLE3NB_MODEL_PATH, ../shared/models)", ALL)
-    dtype: Literal["float32", "bfloat16"] = _p("float32", "target dtype for generation and capture: float32 or bfloat16", ALL)
-    device: str = _p("cpu", "cpu, cuda, cuda:N, or auto (the GPU when torch sees one)", ALL, pattern=r"^(cpu|auto|cuda(:[0-9]+)?)$")
+    model: str = _p(
+        "stories260K-hd32",
+        "target model folder name or path (searched in $EAGLE3NB_MODEL_PATH, ../shared/models)",
+        ALL,
+    )
+    dtype: Literal["float32", "bfloat16"] = _p(
+        "float32", "target dtype for generation and capture: float32 or bfloat16", ALL
+    )
+    device: str = _p(
+        "cpu",
+        "cpu, cuda, cuda:N, or auto (the GPU when torch sees one)",
+        ALL,
+        pattern=r"^(cpu|auto|cuda(:[0-9]+)?)$",
+    )
     seed: int = _p(0, "seed for the split, sampling, init and shuffling", ALL)
-    mode: Literal["completion", "chat"] = _p("completion", "completion (base model, loss on the continuation) or chat (loss on assistant tokens)", ALL)
-    chat_template: Optional[str] = _p(None, "jinja template file for chat mode; None for the tokenizer's own", ALL)
+    mode: Literal["completion", "chat"] = _p(
+        "completion",
+        "completion (base model, loss on the continuation) or chat (loss on assistant tokens)",
+        ALL,
+    )
+    chat_template: Optional[str] = _p(
+        None, "jinja template file for chat mode; None for the tokenizer's own", ALL
+    )
     # 01_generate
-    prompts_file: str = _p("eagle3nb/data/prompts_tinystories.txt", "one prompt per line; '#' lines ignored", [GENERATE])
-    heldout_fraction: float = _p(0.15, "share of prompts held out for evaluation (deterministic by text hash)", [GENERATE], gt=0, lt=1)
+    prompts_file: str = _p(
+        "eagle3nb/data/prompts_tinystories.txt",
+        "one prompt per line; '#' lines ignored",
+        [GENERATE],
+    )
+    heldout_fraction: float = _p(
+        0.15,
+        "share of prompts held out for evaluation (deterministic by text hash)",
+        [GENERATE],
+        gt=0,
+        lt=1,
+    )
     max_train_prompts: int = _p(24, "cap on train prompts (0 for all)", [GENERATE], ge=0)
-    max_new_tokens: int = _p(32, "tokens generated per prompt", [GENERATE, EXTRACT_VLLM], {EXTRACT_VLLM: "tokens per train prompt in the timed plain generation (as in 01)"}, ge=1)
+    max_new_tokens: int = _p(
+        32,
+        "tokens generated per prompt",
+        [GENERATE, EXTRACT_VLLM],
+        {EXTRACT_VLLM: "tokens per train prompt in the timed plain generation (as in 01)"},
+        ge=1,
+    )
     temperature: float = _p(0.0, "0 for greedy, above 0 samples", [GENERATE], ge=0)
     top_p: float = _p(1.0, "nucleus sampling when temperature > 0", [GENERATE], gt=0, le=1)
     gen_batch_size: int = _p(64, "prompts per batched generate call", [GENERATE], ge=1)
-    generate_engine: Literal["hf", "vllm"] = _p("hf", "hf (transformers generate) or vllm (vLLM's own engine, in its venv)", [GENERATE])
+    generate_engine: Literal["hf", "vllm"] = _p(
+        "hf", "hf (transformers generate) or vllm (vLLM's own engine, in its venv)", [GENERATE]
+    )
     # 02a_extract_vllm and 02b_extract_sglang (convention and layer_ids: also 03_train)
-    extract_engine: Literal["sglang", "hf"] = _p("sglang", "sglang (SGLang's own model path, in its venv) or hf (HF transformers at SGLang's capture point)", [EXTRACT_SGLANG])
-    sglang_python: Optional[str] = _p(None, "python of the SGLang venv (None for the cache made by .ci/setup_engines.sh; empty string to import sglang here on a GPU box)", [EXTRACT_SGLANG])
+    extract_engine: Literal["sglang", "hf"] = _p(
+        "sglang",
+        "sglang (SGLang's own model path, in its venv) or hf (HF transformers at SGLang's capture point)",
+        [EXTRACT_SGLANG],
+    )
+    sglang_python: Optional[str] = _p(
+        None,
+        "python of the SGLang venv (None for the cache made by .ci/setup_engines.sh; empty string to import sglang here on a GPU box)",
+        [EXTRACT_SGLANG],
+    )
     convention: str = _p(
         "sglang",
         "layer-id convention of layer_ids (sglang, vllm, speculators_le_0.4, speculators_ge_0.5, specforge, eagle)",
@@ -75,55 +130,158 @@ class RunParams(BaseModel):
         None,
         "aux layer ids in that convention; None for the default low/mid/high boundaries",
         [EXTRACT_VLLM, EXTRACT_SGLANG, TRAIN],
-        {TRAIN: "ids the drafter will be served with (None for the default); must name the dataset's boundaries"},
+        {
+            TRAIN: "ids the drafter will be served with (None for the default); must name the dataset's boundaries"
+        },
     )
     shard_size: int = _p(64, "samples per shard file", [EXTRACT_VLLM, EXTRACT_SGLANG], ge=1)
-    capture_batch_size: int = _p(32, "samples per engine call", [EXTRACT_VLLM, EXTRACT_SGLANG], {EXTRACT_SGLANG: "samples per engine call (SGLang batches inside a call)"}, ge=1)
-    allow_boundary_mismatch: bool = _p(False, "write the dataset although measured and declared boundaries differ", [EXTRACT_VLLM, EXTRACT_SGLANG])
-    measure_engine_speed: bool = _p(False, "also time SGLang's plain generation and prefill without capture (restarts the engine once)", [EXTRACT_SGLANG])
-    drift_samples: int = _p(4, "samples compared across engines and dtypes in the drift figure (0 for none)", [EXTRACT_SGLANG], ge=0)
-    drift_both_dtypes: bool = _p(False, "also capture those samples with SGLang in the other dtype (starts a second engine)", [EXTRACT_SGLANG])
-    compare_run: Optional[str] = _p(None, "another run_name whose dataset to overlay in the interactive view", [EXTRACT_SGLANG])
-    aux_storage: Literal["dtype", "int8"] = _p("dtype", "aux states on disk: dtype (as captured) or int8 (one scale per token and slot; error recorded)", [EXTRACT_SGLANG])
-    extract_workers: int = _p(1, "worker processes, each writing a slice of the shards (a lost one is redone on rerun)", [EXTRACT_SGLANG], ge=1)
+    capture_batch_size: int = _p(
+        32,
+        "samples per engine call",
+        [EXTRACT_VLLM, EXTRACT_SGLANG],
+        {EXTRACT_SGLANG: "samples per engine call (SGLang batches inside a call)"},
+        ge=1,
+    )
+    allow_boundary_mismatch: bool = _p(
+        False,
+        "write the dataset although measured and declared boundaries differ",
+        [EXTRACT_VLLM, EXTRACT_SGLANG],
+    )
+    measure_engine_speed: bool = _p(
+        False,
+        "also time SGLang's plain generation and prefill without capture (restarts the engine once)",
+        [EXTRACT_SGLANG],
+    )
+    drift_samples: int = _p(
+        4,
+        "samples compared across engines and dtypes in the drift figure (0 for none)",
+        [EXTRACT_SGLANG],
+        ge=0,
+    )
+    drift_both_dtypes: bool = _p(
+        False,
+        "also capture those samples with SGLang in the other dtype (starts a second engine)",
+        [EXTRACT_SGLANG],
+    )
+    compare_run: Optional[str] = _p(
+        None, "another run_name whose dataset to overlay in the interactive view", [EXTRACT_SGLANG]
+    )
+    aux_storage: Literal["dtype", "int8"] = _p(
+        "dtype",
+        "aux states on disk: dtype (as captured) or int8 (one scale per token and slot; error recorded)",
+        [EXTRACT_SGLANG],
+    )
+    extract_workers: int = _p(
+        1,
+        "worker processes, each writing a slice of the shards (a lost one is redone on rerun)",
+        [EXTRACT_SGLANG],
+        ge=1,
+    )
     # 03_train
-    training_mode: Literal["offline", "online"] = _p("offline", "offline (02's stored dataset) or online (the target captures each batch here; needs only 01's output)", [TRAIN])
-    draft_vocab_size: int = _p(256, "draft vocabulary size (most frequent loss-bearing tokens)", [TRAIN], ge=1)
-    draft_num_heads: int = _p(2, "drafter attention heads (0 for the target's count)", [TRAIN], ge=0)
-    draft_num_kv_heads: int = _p(2, "drafter kv heads (0 for min(heads, target's kv heads))", [TRAIN], ge=0)
+    training_mode: Literal["offline", "online"] = _p(
+        "offline",
+        "offline (02's stored dataset) or online (the target captures each batch here; needs only 01's output)",
+        [TRAIN],
+    )
+    draft_vocab_size: int = _p(
+        256, "draft vocabulary size (most frequent loss-bearing tokens)", [TRAIN], ge=1
+    )
+    draft_num_heads: int = _p(
+        2, "drafter attention heads (0 for the target's count)", [TRAIN], ge=0
+    )
+    draft_num_kv_heads: int = _p(
+        2, "drafter kv heads (0 for min(heads, target's kv heads))", [TRAIN], ge=0
+    )
     draft_intermediate_size: int = _p(0, "drafter MLP width (0 for the target's)", [TRAIN], ge=0)
     ttt_steps: int = _p(7, "training-time test unroll length k", [TRAIN], ge=1)
     loss_decay: float = _p(0.8, "TTT step j is weighted loss_decay**j", [TRAIN], gt=0, le=1)
-    batch_size: int = _p(8, "samples per optimizer step, summed over all processes (the global batch)", [TRAIN], ge=1)
+    batch_size: int = _p(
+        8, "samples per optimizer step, summed over all processes (the global batch)", [TRAIN], ge=1
+    )
     max_steps: int = _p(20, "optimizer steps", [TRAIN], ge=1)
     lr: float = _p(3e-3, "AdamW peak learning rate", [TRAIN], gt=0)
     warmup_steps: int = _p(5, "linear warmup steps before cosine decay", [TRAIN], ge=0)
     weight_decay: float = _p(0.0, "AdamW weight decay", [TRAIN], ge=0)
     aux_noise: float = _p(0.0, "Gaussian noise on aux states, relative to their std", [TRAIN], ge=0)
-    init_head_from_target: bool = _p(True, "start lm_head and final norm from the target's", [TRAIN])
+    init_head_from_target: bool = _p(
+        True, "start lm_head and final norm from the target's", [TRAIN]
+    )
     checkpoint_every: int = _p(200, "steps between checkpoints (resume on rerun)", [TRAIN], ge=1)
-    allow_manifest_mismatch: bool = _p(False, "continue although the dataset's target/convention/boundaries differ", [TRAIN])
-    train_on: Literal["sglang", "vllm"] = _p("sglang", "dataset to train on: sglang (02b's dataset/, at SGLang's capture point) or vllm (02a's dataset_vllm/, captured by vLLM)", [TRAIN])
-    export_layer_ids: Literal["trained", "engine_default"] = _p("trained", "ids written for SGLang/vLLM: the trained boundaries, or engine_default (reproduces the layer-id mismatch)", [TRAIN])
-    bucket_by_length: bool = _p(True, "global batches of similar lengths (less padding); False for a plain shuffle", [TRAIN])
-    loader_workers: int = _p(0, "DataLoader worker processes feeding training (0 loads in this process)", [TRAIN], ge=0)
-    nproc_per_node: int = _p(1, "training processes on this node (one per GPU); 1 trains in this kernel, more launch torchrun", [TRAIN], ge=1)
-    nnodes: int = _p(1, "nodes; above 1 every other node runs torchrun itself (README, Scale out)", [TRAIN], ge=1)
+    allow_manifest_mismatch: bool = _p(
+        False, "continue although the dataset's target/convention/boundaries differ", [TRAIN]
+    )
+    train_on: Literal["sglang", "vllm"] = _p(
+        "sglang",
+        "dataset to train on: sglang (02b's dataset/, at SGLang's capture point) or vllm (02a's dataset_vllm/, captured by vLLM)",
+        [TRAIN],
+    )
+    export_layer_ids: Literal["trained", "engine_default"] = _p(
+        "trained",
+        "ids written for SGLang/vLLM: the trained boundaries, or engine_default (reproduces the layer-id mismatch)",
+        [TRAIN],
+    )
+    bucket_by_length: bool = _p(
+        True, "global batches of similar lengths (less padding); False for a plain shuffle", [TRAIN]
+    )
+    loader_workers: int = _p(
+        0, "DataLoader worker processes feeding training (0 loads in this process)", [TRAIN], ge=0
+    )
+    nproc_per_node: int = _p(
+        1,
+        "training processes on this node (one per GPU); 1 trains in this kernel, more launch torchrun",
+        [TRAIN],
+        ge=1,
+    )
+    nnodes: int = _p(
+        1, "nodes; above 1 every other node runs torchrun itself (README, Scale out)", [TRAIN], ge=1
+    )
     node_rank: int = _p(0, "index of this node when nnodes is above 1", [TRAIN], ge=0)
-    rdzv_endpoint: str = _p("localhost:29500", "host:port of node 0 for the rendezvous of several nodes", [TRAIN], pattern=r"^[A-Za-z0-9._\[\]:-]+:[0-9]+$")
-    fsdp: Literal["auto", "on", "off"] = _p("auto", "under torchrun: on shards the drafter (FSDP), off replicates it (DDP), auto shards large drafters", [TRAIN])
-    attention: Literal["eager", "flex"] = _p("eager", "TTT attention: eager (reference) or flex (flex attention, compiled on GPU: the fast path of bench/mfu.py)", [TRAIN])
+    rdzv_endpoint: str = _p(
+        "localhost:29500",
+        "host:port of node 0 for the rendezvous of several nodes",
+        [TRAIN],
+        pattern=r"^[A-Za-z0-9._\[\]:-]+:[0-9]+$",
+    )
+    fsdp: Literal["auto", "on", "off"] = _p(
+        "auto",
+        "under torchrun: on shards the drafter (FSDP), off replicates it (DDP), auto shards large drafters",
+        [TRAIN],
+    )
+    attention: Literal["eager", "flex"] = _p(
+        "eager",
+        "TTT attention: eager (reference) or flex (flex attention, compiled on GPU: the fast path of bench/mfu.py)",
+        [TRAIN],
+    )
     # 04_eval_acceptance
     k: int = _p(5, "draft tokens per cycle", [EVAL], ge=1)
     eval_max_new_tokens: int = _p(32, "tokens generated per held-out prompt", [EVAL], ge=1)
     max_eval_prompts: int = _p(6, "cap on held-out prompts (0 for all)", [EVAL], ge=0)
     baselines: bool = _p(True, "also evaluate an untrained drafter and shifted boundaries", [EVAL])
-    allow_template_mismatch: bool = _p(False, "evaluate although the drafter was trained under another template or target", [EVAL])
-    vllm_eval: bool = _p(True, "also serve the exported drafter with vLLM (EAGLE-3) and read vLLM's own acceptance counters", [EVAL])
+    allow_template_mismatch: bool = _p(
+        False, "evaluate although the drafter was trained under another template or target", [EVAL]
+    )
+    vllm_eval: bool = _p(
+        True,
+        "also serve the exported drafter with vLLM (EAGLE-3) and read vLLM's own acceptance counters",
+        [EVAL],
+    )
     # vLLM (01 generation, 02a extraction, 04 serving); its venv from `bash .ci/setup_engines.sh`
-    vllm_python: Optional[str] = _p(None, 'python of the vLLM venv; None for the cached one of .ci/setup_engines.sh, "" to run vLLM in this process (GPU box)', VLLM)
-    vllm_options: dict = _p(None, "for the vLLM backend: max_model_len, kv_cache_gib, enforce_eager, max_num_seqs, llm_kwargs (e.g. tensor_parallel_size)", VLLM, default_factory=dict)
-    vllm_extract: bool = _p(True, "run 02a_extract_vllm (vLLM captures its own dataset); False skips that notebook (read by eagle3nb.run, declared by no notebook)", RUN_LEVEL)
+    vllm_python: Optional[str] = _p(
+        None,
+        'python of the vLLM venv; None for the cached one of .ci/setup_engines.sh, "" to run vLLM in this process (GPU box)',
+        VLLM,
+    )
+    vllm_options: dict = _p(
+        None,
+        "for the vLLM backend: max_model_len, kv_cache_gib, enforce_eager, max_num_seqs, llm_kwargs (e.g. tensor_parallel_size)",
+        VLLM,
+        default_factory=dict,
+    )
+    vllm_extract: bool = _p(
+        True,
+        "run 02a_extract_vllm (vLLM captures its own dataset); False skips that notebook (read by eagle3nb.run, declared by no notebook)",
+        RUN_LEVEL,
+    )
 
     @field_validator("convention")
     @classmethod
@@ -143,24 +301,34 @@ class RunParams(BaseModel):
     @classmethod
     def _ids_sorted(cls, v):
         if v is not None and (len(v) == 0 or any(b <= a for a, b in zip(v, v[1:]))):
-            raise ValueError(f"layer_ids={v}: must be non-empty, strictly increasing, no duplicates (e.g. {sorted(set(v or [0]))}); or null for the default")
+            raise ValueError(
+                f"layer_ids={v}: must be non-empty, strictly increasing, no duplicates (e.g. {sorted(set(v or [0]))}); or null for the default"
+            )
         return v
 
     @model_validator(mode="after")
     def _ranks(self):
         if self.node_rank >= self.nnodes:
-            raise ValueError(f"node_rank={self.node_rank} must be below nnodes={self.nnodes}; node ranks count 0..nnodes-1")
+            raise ValueError(
+                f"node_rank={self.node_rank} must be below nnodes={self.nnodes}; node ranks count 0..nnodes-1"
+            )
         return self
 
     @model_validator(mode="after")
     def _paths(self):
         pf = resolve_path(self.prompts_file)
         if not pf.is_file():
-            raise ValueError(f"prompts_file={self.prompts_file!r} does not exist (looked at {pf}); point it at a text file with one prompt per line")
+            raise ValueError(
+                f"prompts_file={self.prompts_file!r} does not exist (looked at {pf}); point it at a text file with one prompt per line"
+            )
         if self.mode == "completion" and self.chat_template is not None:
-            raise ValueError(f"chat_template={self.chat_template!r} is set but mode='completion'; set mode: chat or chat_template: null")
+            raise ValueError(
+                f"chat_template={self.chat_template!r} is set but mode='completion'; set mode: chat or chat_template: null"
+            )
         if self.chat_template is not None and not resolve_path(self.chat_template).is_file():
-            raise ValueError(f"chat_template={self.chat_template!r} is not a file; give a jinja template file or null for the tokenizer's own")
+            raise ValueError(
+                f"chat_template={self.chat_template!r} is not a file; give a jinja template file or null for the tokenizer's own"
+            )
         return self
 
 
@@ -170,4 +338,3 @@ RENAMED = {
     "engine": "extract_engine (sglang or hf; 02b's capture engine)",
     "train_from": "train_on (sglang for 02b's dataset, vllm for 02a's; was 02b / 02a)",
 }
-

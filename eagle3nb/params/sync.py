@@ -1,9 +1,8 @@
 """The parameter surface rendered: notebooks' parameters cells and the README table, from RunParams.
 
-    python -m eagle3nb.params sync           # write them
-    python -m eagle3nb.params sync --check   # only say what is out of step (exit 1)
+python -m eagle3nb.params sync           # write them
+python -m eagle3nb.params sync --check   # only say what is out of step (exit 1)
 """
-
 
 from __future__ import annotations
 
@@ -38,7 +37,11 @@ def default_of(name: str):
 
 def help_of(name: str, notebook: str | None = None) -> str:
     """Field ``name``'s help; in ``notebook``, that notebook's own wording where it has one."""
-    return _extra(name).get("notebook_help", {}).get(notebook, RunParams.model_fields[name].description)
+    return (
+        _extra(name)
+        .get("notebook_help", {})
+        .get(notebook, RunParams.model_fields[name].description)
+    )
 
 
 def literal(value) -> str:
@@ -68,15 +71,28 @@ def params_table() -> str:
     rows = ["| parameter | default | notebooks | help |", "|---|---|---|---|"]
     for n in RunParams.model_fields:
         nbs = declared_by(n)
-        where = "run-level (`eagle3nb.run`)" if nbs == RUN_LEVEL else "all" if tuple(nbs) == ALL else ", ".join(nb.split("_")[0] for nb in nbs)
-        notes = "".join(f"<br>in {nb.split('_')[0]}: {h}" for nb, h in _extra(n).get("notebook_help", {}).items())
-        rows.append(f"| `{n}` | `{literal(default_of(n))}` | {where} | {cell(help_of(n) + notes)} |")
+        where = (
+            "run-level (`eagle3nb.run`)"
+            if nbs == RUN_LEVEL
+            else "all"
+            if tuple(nbs) == ALL
+            else ", ".join(nb.split("_")[0] for nb in nbs)
+        )
+        notes = "".join(
+            f"<br>in {nb.split('_')[0]}: {h}"
+            for nb, h in _extra(n).get("notebook_help", {}).items()
+        )
+        rows.append(
+            f"| `{n}` | `{literal(default_of(n))}` | {where} | {cell(help_of(n) + notes)} |"
+        )
     return "\n".join(rows)
 
 
 def _readme_with_table(text: str) -> str:
     if text.count(TABLE_BEGIN) != 1 or text.count(TABLE_END) != 1:
-        raise ValueError(f"{README} must hold {TABLE_BEGIN} and {TABLE_END} once each (the parameter table goes between them)")
+        raise ValueError(
+            f"{README} must hold {TABLE_BEGIN} and {TABLE_END} once each (the parameter table goes between them)"
+        )
     head, rest = text.split(TABLE_BEGIN)
     _, tail = rest.split(TABLE_END)
     return f"{head}{TABLE_BEGIN}\n{params_table()}\n{TABLE_END}{tail}"
@@ -85,7 +101,9 @@ def _readme_with_table(text: str) -> str:
 def _parameters_cell_of(nb, path: Path):
     cells = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
     if len(cells) != 1:
-        raise ValueError(f"{path}: {len(cells)} cells tagged 'parameters'; a notebook needs exactly one")
+        raise ValueError(
+            f"{path}: {len(cells)} cells tagged 'parameters'; a notebook needs exactly one"
+        )
     return cells[0]
 
 
@@ -93,7 +111,14 @@ def out_of_step() -> list[Path]:
     """The files whose rendering of RunParams differs from :func:`parameters_cell` / :func:`params_table`."""
     import nbformat
 
-    stale = [NB_DIR / f"{name}.ipynb" for name in NOTEBOOKS if _parameters_cell_of(nbformat.read(NB_DIR / f"{name}.ipynb", as_version=4), NB_DIR / f"{name}.ipynb").source != parameters_cell(name)]
+    stale = [
+        NB_DIR / f"{name}.ipynb"
+        for name in NOTEBOOKS
+        if _parameters_cell_of(
+            nbformat.read(NB_DIR / f"{name}.ipynb", as_version=4), NB_DIR / f"{name}.ipynb"
+        ).source
+        != parameters_cell(name)
+    ]
     text = README.read_text()
     return stale + ([README] if _readme_with_table(text) != text else [])
 
@@ -122,10 +147,17 @@ def sync() -> list[Path]:
 def _cli():
     import typer
 
-    app = typer.Typer(add_completion=False, help="The parameter surface: RunParams rendered into the notebooks' parameters cells and the README table.")
+    app = typer.Typer(
+        add_completion=False,
+        help="The parameter surface: RunParams rendered into the notebooks' parameters cells and the README table.",
+    )
 
     @app.command("sync")
-    def sync_cmd(check: bool = typer.Option(False, "--check", help="change nothing; exit 1 when a file is out of step")):
+    def sync_cmd(
+        check: bool = typer.Option(
+            False, "--check", help="change nothing; exit 1 when a file is out of step"
+        ),
+    ):
         """Write notebooks/*.ipynb parameters cells and the README's parameter table from RunParams."""
         files = out_of_step() if check else sync()
         for f in files:
@@ -134,7 +166,9 @@ def _cli():
             typer.echo(f"run: {SYNC_COMMAND}", err=True)
             raise typer.Exit(1)
         if not files:
-            typer.echo("in step: notebooks/*.ipynb parameters cells and README table match RunParams")
+            typer.echo(
+                "in step: notebooks/*.ipynb parameters cells and README table match RunParams"
+            )
 
     @app.command("show")
     def show_cmd(notebook: str = typer.Argument(..., help=f"one of {', '.join(NOTEBOOKS)}")):
@@ -142,4 +176,3 @@ def _cli():
         typer.echo(parameters_cell(notebook))
 
     app()
-

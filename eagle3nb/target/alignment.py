@@ -24,11 +24,15 @@ TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
 def reference_states(model, input_ids: Sequence[int]) -> dict[int, torch.Tensor]:
     """HF reference ``{b: [T, H] float32}`` for every boundary 0..N of one sample."""
     n = int(model.config.num_hidden_layers)
-    st = capture_boundaries(model, torch.tensor([list(input_ids)], device=next(model.parameters()).device), range(n + 1))
+    st = capture_boundaries(
+        model, torch.tensor([list(input_ids)], device=next(model.parameters()).device), range(n + 1)
+    )
     return {b: t[0].float().cpu() for b, t in st.items()}
 
 
-def alignment_matrix(captured: torch.Tensor, reference: dict[int, torch.Tensor], n_slots: int) -> tuple[torch.Tensor, list[int]]:
+def alignment_matrix(
+    captured: torch.Tensor, reference: dict[int, torch.Tensor], n_slots: int
+) -> tuple[torch.Tensor, list[int]]:
     """Relative error of each captured slot against each reference boundary.
 
     Args:
@@ -45,7 +49,9 @@ def alignment_matrix(captured: torch.Tensor, reference: dict[int, torch.Tensor],
     bnds = sorted(reference)
     T, H = reference[bnds[0]].shape
     if captured.shape != (T, n_slots * H):
-        raise ValueError(f"captured shape {tuple(captured.shape)} != (T, n_slots*H) = ({T}, {n_slots * H}): the engine returned other rows or widths than the reference")
+        raise ValueError(
+            f"captured shape {tuple(captured.shape)} != (T, n_slots*H) = ({T}, {n_slots * H}): the engine returned other rows or widths than the reference"
+        )
     c = captured.double().view(T, n_slots, H)
     err = torch.zeros(n_slots, len(bnds), dtype=torch.float64)
     for j, b in enumerate(bnds):
@@ -55,7 +61,9 @@ def alignment_matrix(captured: torch.Tensor, reference: dict[int, torch.Tensor],
     return err, bnds
 
 
-def alignment_verdict(err: torch.Tensor, boundaries: list[int], declared: Sequence[int], dtype: str) -> dict:
+def alignment_verdict(
+    err: torch.Tensor, boundaries: list[int], declared: Sequence[int], dtype: str
+) -> dict:
     """Best boundary per slot and a verdict against the declared boundaries.
 
     Returns:
@@ -71,4 +79,10 @@ def alignment_verdict(err: torch.Tensor, boundaries: list[int], declared: Sequen
         measured.append(m)
         verdict = "no match" if m is None else ("matches" if m == d else f"off by {m - d:+d}")
         slots.append({"declared": int(d), "measured": m, "error": e, "verdict": verdict})
-    return {"declared": list(declared), "measured": measured, "slots": slots, "ok": all(s["verdict"] == "matches" for s in slots), "tolerance": tol}
+    return {
+        "declared": list(declared),
+        "measured": measured,
+        "slots": slots,
+        "ok": all(s["verdict"] == "matches" for s in slots),
+        "tolerance": tol,
+    }

@@ -61,7 +61,9 @@ def _boundary_hooks(model, boundaries: Sequence[int], store: dict):
 
 
 @torch.no_grad()
-def capture_boundaries(model, input_ids: torch.Tensor, boundaries: Sequence[int], attention_mask=None) -> dict[int, torch.Tensor]:
+def capture_boundaries(
+    model, input_ids: torch.Tensor, boundaries: Sequence[int], attention_mask=None
+) -> dict[int, torch.Tensor]:
     """Residual stream of an HF decoder at the given boundaries.
 
     Args:
@@ -81,10 +83,14 @@ def capture_boundaries(model, input_ids: torch.Tensor, boundaries: Sequence[int]
     bs = check_boundaries(sorted(set(int(b) for b in boundaries)), n, "boundaries")
     if attention_mask is not None and attention_mask.numel():
         m = attention_mask != 0
-        bad = ~m[:, 0] | (m[:, 1:] & ~m[:, :-1]).any(dim=1)  # starts with pad, or a pad before a token
+        bad = ~m[:, 0] | (m[:, 1:] & ~m[:, :-1]).any(
+            dim=1
+        )  # starts with pad, or a pad before a token
         if bad.any():
             rows = bad.nonzero().flatten().tolist()
-            raise ValueError(f"attention_mask rows {rows[:8]}: capture needs right padding (each row ones, then zeros); got left padding, a gap or an empty row")
+            raise ValueError(
+                f"attention_mask rows {rows[:8]}: capture needs right padding (each row ones, then zeros); got left padding, a gap or an empty row"
+            )
     store: dict[int, torch.Tensor] = {}
     with _boundary_hooks(model, bs, store):
         _decoder(model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
@@ -145,7 +151,9 @@ class HFCaptureEngine:
 
     def boundaries(self, ids: Sequence[int]) -> list[int]:
         """Boundaries captured for ``ids`` (raises like the engine would refuse)."""
-        return check_boundaries(self.convention.ids_to_boundaries(ids, self.n_layers), self.n_layers, "aux boundaries")
+        return check_boundaries(
+            self.convention.ids_to_boundaries(ids, self.n_layers), self.n_layers, "aux boundaries"
+        )
 
     def capture(self, samples: Sequence[Sequence[int]], ids: Sequence[int]) -> list[Captured]:
         """Capture aux states for each sample.
@@ -166,7 +174,9 @@ class HFCaptureEngine:
             chunk = [list(x) for x in samples[s : s + self.batch_size]]
             lens = [len(x) for x in chunk]
             ids_t, mask = pad_right(chunk)  # [b, T] int64 both
-            states = capture_boundaries(self.model, ids_t.to(dev), sorted(set(bnds + [n])), mask.to(dev))
+            states = capture_boundaries(
+                self.model, ids_t.to(dev), sorted(set(bnds + [n])), mask.to(dev)
+            )
             for i, L in enumerate(lens):
                 aux = torch.cat([states[b][i, :L] for b in bnds], dim=-1).cpu()  # [L, n_aux*H]
                 out.append(Captured(aux=aux, final=states[n][i, :L].cpu()))  # final: [L, H]

@@ -60,7 +60,9 @@ class Convention:
 
     def _check_n(self, n_layers: int) -> None:
         if not isinstance(n_layers, int) or n_layers < 1:
-            raise ValueError(f"n_layers={n_layers!r}: must be a positive int (the target's num_hidden_layers)")
+            raise ValueError(
+                f"n_layers={n_layers!r}: must be a positive int (the target's num_hidden_layers)"
+            )
 
     def ids_to_boundaries(self, ids: Sequence[int], n_layers: int) -> list[int]:
         """Boundaries (0..N) that this engine captures for explicit ``ids``.
@@ -184,10 +186,14 @@ def get_convention(name: str) -> Convention:
     try:
         return CONVENTIONS[name]
     except KeyError:
-        raise ValueError(f"convention={name!r} is unknown; use one of {sorted(CONVENTIONS)}") from None
+        raise ValueError(
+            f"convention={name!r} is unknown; use one of {sorted(CONVENTIONS)}"
+        ) from None
 
 
-def check_boundaries(boundaries: Sequence[int], n_layers: int, name: str = "boundaries") -> list[int]:
+def check_boundaries(
+    boundaries: Sequence[int], n_layers: int, name: str = "boundaries"
+) -> list[int]:
     """Validate aux boundaries: ints, strictly increasing, each in [0, N].
 
     Raises:
@@ -197,9 +203,13 @@ def check_boundaries(boundaries: Sequence[int], n_layers: int, name: str = "boun
     if len(b) == 0:
         raise ValueError(f"{name}=[]: give at least one boundary in 0..{n_layers}")
     if any(x < 0 or x > n_layers for x in b):
-        raise ValueError(f"{name}={b}: every boundary must lie in 0..{n_layers} for a {n_layers}-layer target")
+        raise ValueError(
+            f"{name}={b}: every boundary must lie in 0..{n_layers} for a {n_layers}-layer target"
+        )
     if any(y <= x for x, y in zip(b, b[1:])):
-        raise ValueError(f"{name}={b}: boundaries must be strictly increasing without duplicates, e.g. {sorted(set(b))}")
+        raise ValueError(
+            f"{name}={b}: boundaries must be strictly increasing without duplicates, e.g. {sorted(set(b))}"
+        )
     return b
 
 
@@ -226,7 +236,9 @@ def pick_default_boundaries(n_layers: int) -> list[int]:
     return check_boundaries(b, n_layers)
 
 
-def aux_ids_and_boundaries(convention: str, layer_ids: Sequence[int] | None, n_layers: int) -> tuple[list[int], list[int]]:
+def aux_ids_and_boundaries(
+    convention: str, layer_ids: Sequence[int] | None, n_layers: int
+) -> tuple[list[int], list[int]]:
     """``(ids in convention, boundaries)`` a run captures: explicit ``layer_ids`` mapped through the
     convention, or (``None``) the default picker's boundaries expressed as that convention's ids.
 
@@ -237,7 +249,9 @@ def aux_ids_and_boundaries(convention: str, layer_ids: Sequence[int] | None, n_l
     if layer_ids is None:
         b = pick_default_boundaries(n_layers)
         return conv.boundaries_to_ids(b, n_layers), b
-    b = check_boundaries(conv.ids_to_boundaries(layer_ids, n_layers), n_layers, "layer_ids -> boundaries")
+    b = check_boundaries(
+        conv.ids_to_boundaries(layer_ids, n_layers), n_layers, "layer_ids -> boundaries"
+    )
     return list(layer_ids), b
 
 

@@ -13,7 +13,19 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["as_stop_list", "stop_token_ids", "resolve_model", "model_search_dirs", "load_target", "load_tokenizer", "model_hash", "read_model_config", "check_model_folder", "DTYPES", "SUPPORTED_ARCHS"]
+__all__ = [
+    "as_stop_list",
+    "stop_token_ids",
+    "resolve_model",
+    "model_search_dirs",
+    "load_target",
+    "load_tokenizer",
+    "model_hash",
+    "read_model_config",
+    "check_model_folder",
+    "DTYPES",
+    "SUPPORTED_ARCHS",
+]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV_VAR = "EAGLE3NB_MODEL_PATH"
@@ -124,13 +136,19 @@ def read_model_config(path: str | os.PathLike) -> dict:
     """
     f = Path(path) / "config.json"
     if not f.is_file():
-        raise FileNotFoundError(f"model folder {str(path)!r} has no config.json; point model at a Hugging Face model folder")
+        raise FileNotFoundError(
+            f"model folder {str(path)!r} has no config.json; point model at a Hugging Face model folder"
+        )
     try:
         cfg = json.loads(f.read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"{f} is not valid JSON ({e}); restore the model's original config.json") from None
+        raise ValueError(
+            f"{f} is not valid JSON ({e}); restore the model's original config.json"
+        ) from None
     if not isinstance(cfg, dict):
-        raise ValueError(f"{f} must hold a JSON object, got {type(cfg).__name__}; restore the model's original config.json")
+        raise ValueError(
+            f"{f} must hold a JSON object, got {type(cfg).__name__}; restore the model's original config.json"
+        )
     return cfg
 
 
@@ -152,10 +170,10 @@ def check_model_folder(path: str | os.PathLike) -> dict:
             f"{sorted(SUPPORTED_ARCHS)}; use one of those"
         )
     if not ((path / "tokenizer.json").is_file() or (path / "tokenizer.model").is_file()):
-        raise ValueError(f"model={str(path)!r} has no tokenizer.json or tokenizer.model; copy the tokenizer files into it")
+        raise ValueError(
+            f"model={str(path)!r} has no tokenizer.json or tokenizer.model; copy the tokenizer files into it"
+        )
     return cfg
-
-
 
 
 def as_stop_list(eos_token_id: int | list[int] | None) -> list[int]:

@@ -70,7 +70,10 @@ def _as_ids(out) -> list[int]:
 
 def _render_ids(tokenizer, messages, template: str, add_generation_prompt: bool) -> list[int]:
     text = tokenizer.apply_chat_template(
-        messages, chat_template=template, add_generation_prompt=add_generation_prompt, tokenize=False
+        messages,
+        chat_template=template,
+        add_generation_prompt=add_generation_prompt,
+        tokenize=False,
     )
     return _as_ids(tokenizer(text, add_special_tokens=False).input_ids)
 
@@ -113,13 +116,17 @@ def encode_prompt(tokenizer, prompt: str, mode: str, chat_template: str | None =
         return _as_ids(tokenizer(prompt).input_ids)
     template = template_text(tokenizer, chat_template, mode)
     out = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], chat_template=template,
-        add_generation_prompt=True, tokenize=True,
+        [{"role": "user", "content": prompt}],
+        chat_template=template,
+        add_generation_prompt=True,
+        tokenize=True,
     )
     return _as_ids(out)
 
 
-def completion_sample(tokenizer, prompt: str, continuation_ids: list[int]) -> tuple[list[int], list[int]]:
+def completion_sample(
+    tokenizer, prompt: str, continuation_ids: list[int]
+) -> tuple[list[int], list[int]]:
     """Completion-mode sample: (ids, mask), both list[int] of length len(prompt_ids) + len(continuation_ids).
 
     prompt_ids = ``tokenizer(prompt).input_ids`` (BOS added); continuation ids are appended unchanged.
@@ -127,7 +134,9 @@ def completion_sample(tokenizer, prompt: str, continuation_ids: list[int]) -> tu
     """
     cont = [int(t) for t in continuation_ids]
     if not cont:
-        raise ValueError("continuation_ids=[] gives an all-zero loss mask; pass at least one continuation token")
+        raise ValueError(
+            "continuation_ids=[] gives an all-zero loss mask; pass at least one continuation token"
+        )
     prompt_ids = encode_prompt(tokenizer, prompt, "completion")
     return prompt_ids + cont, [0] * len(prompt_ids) + [1] * len(cont)
 
@@ -143,7 +152,9 @@ def generated_sample(prompt_ids: list[int], output_ids: list[int]) -> tuple[list
         ValueError: no generated token (the mask would be all zeros).
     """
     if not output_ids:
-        raise ValueError("output_ids=[]: the target generated nothing for this prompt, so the loss mask would be all zeros")
+        raise ValueError(
+            "output_ids=[]: the target generated nothing for this prompt, so the loss mask would be all zeros"
+        )
     return list(prompt_ids) + list(output_ids), [0] * len(prompt_ids) + [1] * len(output_ids)
 
 
@@ -154,10 +165,12 @@ def chat_turns_from_generation(prompt: str, reply: str) -> list[dict]:
 
 def _check_prefix(short: list[int], long: list[int], what: str) -> None:
     if long[: len(short)] != short:
-        k = next((j for j, (a, b) in enumerate(zip(short, long)) if a != b), min(len(short), len(long)))
+        k = next(
+            (j for j, (a, b) in enumerate(zip(short, long)) if a != b), min(len(short), len(long))
+        )
         raise ValueError(
             f"chat_template is not prefix-stable: the tokens of {what} are not a token prefix of the "
-            f"longer rendering (first difference at token {k}: {short[k:k + 4]} vs {long[k:k + 4]}). "
+            f"longer rendering (first difference at token {k}: {short[k : k + 4]} vs {long[k : k + 4]}). "
             "Fix: use a template whose rendering of earlier turns does not depend on later turns or on "
             "add_generation_prompt, or add {% generation %}...{% endgeneration %} tags "
             "(see CHATML_TEMPLATE_WITH_GENERATION)"
@@ -173,7 +186,9 @@ def _trim_end(tokenizer, ids: list[int], start: int, end: int) -> int:
     return end
 
 
-def chat_sample(tokenizer, messages: list[dict], chat_template: str | None = None) -> tuple[list[int], list[int]]:
+def chat_sample(
+    tokenizer, messages: list[dict], chat_template: str | None = None
+) -> tuple[list[int], list[int]]:
     """Chat-mode sample: (ids, mask), both list[int] of the same length; mask 1 on assistant tokens.
 
     ``messages`` is a list of {"role": "system" | "user" | "assistant", "content": str}.
@@ -190,7 +205,9 @@ def chat_sample(tokenizer, messages: list[dict], chat_template: str | None = Non
     template = template_text(tokenizer, chat_template, "chat")
     for j, m in enumerate(messages):
         if m.get("role") not in ROLES:
-            raise ValueError(f"messages[{j}]['role']={m.get('role')!r} is unknown; use one of {ROLES}")
+            raise ValueError(
+                f"messages[{j}]['role']={m.get('role')!r} is unknown; use one of {ROLES}"
+            )
     turns = [j for j, m in enumerate(messages) if m["role"] == "assistant"]
     if not turns:
         raise ValueError(
@@ -200,7 +217,10 @@ def chat_sample(tokenizer, messages: list[dict], chat_template: str | None = Non
 
     if _GENERATION_TAG.search(template):
         out = tokenizer.apply_chat_template(
-            messages, chat_template=template, tokenize=True, return_dict=True,
+            messages,
+            chat_template=template,
+            tokenize=True,
+            return_dict=True,
             return_assistant_tokens_mask=True,
         )
         ids, mask = _as_ids(out), _as_ids(out["assistant_masks"])

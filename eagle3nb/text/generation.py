@@ -18,7 +18,16 @@ __all__ = ["generate_batch", "write_jsonl", "read_jsonl"]
 
 
 @torch.no_grad()
-def generate_batch(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int, eos_token_id: int | list[int] | None, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, pad_token_id: int | None = None) -> list[list[int]]:
+def generate_batch(
+    model,
+    prompt_ids: Sequence[Sequence[int]],
+    max_new_tokens: int,
+    eos_token_id: int | list[int] | None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    pad_token_id: int | None = None,
+) -> list[list[int]]:
     """Continuations of a batch of prompts (left padding, HF ``generate``).
 
     Args:
@@ -39,7 +48,9 @@ def generate_batch(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: i
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 1")
     if temperature < 0 or not 0 < top_p <= 1:
-        raise ValueError(f"temperature={temperature}, top_p={top_p}: need temperature >= 0 and 0 < top_p <= 1")
+        raise ValueError(
+            f"temperature={temperature}, top_p={top_p}: need temperature >= 0 and 0 < top_p <= 1"
+        )
     if len(prompt_ids) == 0:
         return []
     ctx = getattr(model.config, "max_position_embeddings", None)
@@ -47,7 +58,9 @@ def generate_batch(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: i
         if len(p) == 0:
             raise ValueError(f"prompt_ids[{i}] is empty; a prompt needs at least one token (BOS)")
         if ctx is not None and len(p) + max_new_tokens > ctx:
-            raise ValueError(f"prompt_ids[{i}] has {len(p)} tokens; with max_new_tokens={max_new_tokens} it exceeds the context of {ctx}; shorten it or lower max_new_tokens")
+            raise ValueError(
+                f"prompt_ids[{i}] has {len(p)} tokens; with max_new_tokens={max_new_tokens} it exceeds the context of {ctx}; shorten it or lower max_new_tokens"
+            )
     stops = as_stop_list(eos_token_id)
     pad = pad_token_id if pad_token_id is not None else (stops[0] if stops else 0)
     T = max(len(p) for p in prompt_ids)
@@ -56,10 +69,21 @@ def generate_batch(model, prompt_ids: Sequence[Sequence[int]], max_new_tokens: i
     for i, p in enumerate(prompt_ids):
         ids[i, T - len(p) :] = torch.tensor(list(p))
         mask[i, T - len(p) :] = 1
-    kw = dict(do_sample=False) if temperature == 0 else dict(do_sample=True, temperature=temperature, top_p=top_p)
+    kw = (
+        dict(do_sample=False)
+        if temperature == 0
+        else dict(do_sample=True, temperature=temperature, top_p=top_p)
+    )
     torch.manual_seed(seed)
     dev = next(model.parameters()).device
-    out = model.generate(ids.to(dev), attention_mask=mask.to(dev), max_new_tokens=max_new_tokens, eos_token_id=stops or None, pad_token_id=pad, **kw)
+    out = model.generate(
+        ids.to(dev),
+        attention_mask=mask.to(dev),
+        max_new_tokens=max_new_tokens,
+        eos_token_id=stops or None,
+        pad_token_id=pad,
+        **kw,
+    )
     res = []
     for row in out[:, T:].cpu().tolist():
         cut = [row.index(e) for e in stops if e in row]

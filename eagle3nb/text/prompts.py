@@ -18,18 +18,24 @@ def load_prompts(path: str | Path = DEFAULT_PROMPTS) -> list[str]:
     """
     p = Path(path)
     if not p.is_file():
-        raise FileNotFoundError(f"prompts_file={str(p)!r} does not exist; point it at a text file with one prompt per line")
+        raise FileNotFoundError(
+            f"prompts_file={str(p)!r} does not exist; point it at a text file with one prompt per line"
+        )
     out = [ln.strip() for ln in p.read_text(encoding="utf-8").splitlines()]
     out = [ln for ln in out if ln and not ln.startswith("#")]
     if not out:
         raise ValueError(f"prompts_file={str(p)!r} holds no prompt; add at least one line of text")
     dup = {x for x in out if out.count(x) > 1}
     if dup:
-        raise ValueError(f"prompts_file={str(p)!r} repeats {len(dup)} prompt(s), e.g. {sorted(dup)[0]!r}; remove duplicates")
+        raise ValueError(
+            f"prompts_file={str(p)!r} repeats {len(dup)} prompt(s), e.g. {sorted(dup)[0]!r}; remove duplicates"
+        )
     return out
 
 
-def split_prompts(prompts: list[str], heldout_fraction: float, seed: int = 0) -> tuple[list[str], list[str]]:
+def split_prompts(
+    prompts: list[str], heldout_fraction: float, seed: int = 0
+) -> tuple[list[str], list[str]]:
     """Deterministic split: a prompt is held out when sha256(seed, prompt) falls below the fraction.
 
     Depends only on each prompt's text and the seed (not on file order), so adding prompts never

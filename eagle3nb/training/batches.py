@@ -48,11 +48,22 @@ class BatchPlan:
         ValueError: no samples, ``global_batch`` < 1 or ``bucket_window`` < 1.
     """
 
-    def __init__(self, lengths: list[int], global_batch: int, seed: int = 0, bucket: bool = True, bucket_window: int = 16):
+    def __init__(
+        self,
+        lengths: list[int],
+        global_batch: int,
+        seed: int = 0,
+        bucket: bool = True,
+        bucket_window: int = 16,
+    ):
         if not lengths:
-            raise ValueError("lengths is empty: the dataset has no samples; check 02b's skipped counts")
+            raise ValueError(
+                "lengths is empty: the dataset has no samples; check 02b's skipped counts"
+            )
         if global_batch < 1 or bucket_window < 1:
-            raise ValueError(f"global_batch={global_batch}, bucket_window={bucket_window}: both must be >= 1")
+            raise ValueError(
+                f"global_batch={global_batch}, bucket_window={bucket_window}: both must be >= 1"
+            )
         self.lengths, self.global_batch, self.seed = list(lengths), int(global_batch), int(seed)
         self.bucket, self.bucket_window = bucket, int(bucket_window)
         self.steps_per_epoch = -(-len(self.lengths) // self.global_batch)
@@ -71,9 +82,13 @@ class BatchPlan:
             w = G * self.bucket_window
             batches = []
             for s in range(0, len(perm), w):
-                win = sorted(perm[s : s + w], key=lambda i: -self.lengths[i])  # stable: ties keep the shuffle
+                win = sorted(
+                    perm[s : s + w], key=lambda i: -self.lengths[i]
+                )  # stable: ties keep the shuffle
                 batches += [win[i : i + G] for i in range(0, len(win), G)]
-            order = torch.randperm(len(batches), generator=g).tolist()  # long and short batches mixed
+            order = torch.randperm(
+                len(batches), generator=g
+            ).tolist()  # long and short batches mixed
             batches = [batches[i] for i in order]
         self._cache = {epoch: batches}  # one epoch at a time is all a run needs
         return batches
@@ -108,7 +123,11 @@ def padding_stats(plan: BatchPlan, world: int = 1, steps: Optional[int] = None) 
                 L = [plan.lengths[i] for i in part]
                 real += sum(L)
                 padded += len(L) * max(L)
-    return {"real_tokens": real, "padded_tokens": padded, "padding_fraction": 1 - real / padded if padded else 0.0}
+    return {
+        "real_tokens": real,
+        "padded_tokens": padded,
+        "padding_fraction": 1 - real / padded if padded else 0.0,
+    }
 
 
 class _RankBatches:
@@ -147,7 +166,9 @@ class _Fetch(torch.utils.data.Dataset):
 def _collate(items: list[dict]) -> dict:
     """:func:`eagle3nb.dataset.read.collate` plus ``sample_index [B] int64`` (-1: stand-in row)."""
     out = collate(items)
-    out["sample_index"] = torch.tensor([x["index"] for x in items], dtype=torch.long)  # -1: stand-in
+    out["sample_index"] = torch.tensor(
+        [x["index"] for x in items], dtype=torch.long
+    )  # -1: stand-in
     return out
 
 
@@ -160,7 +181,15 @@ class OfflineSource:
         workers: DataLoader worker processes (0 = load in the training process).
     """
 
-    def __init__(self, store, global_batch: int, seed: int = 0, bucket: bool = True, bucket_window: int = 16, workers: int = 0):
+    def __init__(
+        self,
+        store,
+        global_batch: int,
+        seed: int = 0,
+        bucket: bool = True,
+        bucket_window: int = 16,
+        workers: int = 0,
+    ):
         self.store = store
         self.plan = BatchPlan(store.lengths, global_batch, seed, bucket, bucket_window)
         self.workers = int(workers)
@@ -177,15 +206,24 @@ class OfflineSource:
     def padding(self, world: int = 1) -> dict:
         """:func:`padding_stats` of one epoch, this plan against a plain shuffle of the same batch."""
         plain = BatchPlan(self.plan.lengths, self.plan.global_batch, self.plan.seed, bucket=False)
-        return {"this_plan": padding_stats(self.plan, world), "plain_shuffle": padding_stats(plain, world)}
+        return {
+            "this_plan": padding_stats(self.plan, world),
+            "plain_shuffle": padding_stats(plain, world),
+        }
 
-    def batches(self, start: int, stop: int, rank: int = 0, world: int = 1, pin_memory: bool = False) -> Iterator[dict]:
+    def batches(
+        self, start: int, stop: int, rank: int = 0, world: int = 1, pin_memory: bool = False
+    ) -> Iterator[dict]:
         """This rank's batch of each step ``start..stop-1``: ``input_ids, loss_mask, attn_mask
         [b, T]`` int64, ``aux [b, T, n_aux*H]``, ``final [b, T, H]`` float32, ``sample_index [b]``
         (dataset index; -1 for a loss-free stand-in row)."""
         dl = torch.utils.data.DataLoader(
-            _Fetch(self.store), batch_sampler=_RankBatches(self.plan, rank, world, start, stop), collate_fn=_collate,
-            num_workers=self.workers, prefetch_factor=4 if self.workers else None, pin_memory=pin_memory,
+            _Fetch(self.store),
+            batch_sampler=_RankBatches(self.plan, rank, world, start, stop),
+            collate_fn=_collate,
+            num_workers=self.workers,
+            prefetch_factor=4 if self.workers else None,
+            pin_memory=pin_memory,
         )
         yield from dl
 
@@ -208,4 +246,6 @@ class BatchSource(Protocol):
 
     def token_masks(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
 
-    def batches(self, start: int, stop: int, rank: int = 0, world: int = 1, pin_memory: bool = False) -> Iterator[dict]: ...
+    def batches(
+        self, start: int, stop: int, rank: int = 0, world: int = 1, pin_memory: bool = False
+    ) -> Iterator[dict]: ...

@@ -31,7 +31,20 @@ import torch.distributed as dist
 
 from eagle3nb.manifest import atomic_write_json, read_json
 
-__all__ = ["DistContext", "init_from_env", "current", "under_torchrun", "use_fsdp", "wrap", "unwrap_full_state", "save_checkpoint", "load_checkpoint", "latest_checkpoint", "torchrun_command", "FSDP_AUTO_PARAMS"]
+__all__ = [
+    "DistContext",
+    "init_from_env",
+    "current",
+    "under_torchrun",
+    "use_fsdp",
+    "wrap",
+    "unwrap_full_state",
+    "save_checkpoint",
+    "load_checkpoint",
+    "latest_checkpoint",
+    "torchrun_command",
+    "FSDP_AUTO_PARAMS",
+]
 
 # fsdp: auto shards when a replica's trainable parameters exceed this (fp32 weights + grads + two
 # AdamW moments = 16 bytes each, so 16 GB per replica); the 8B-shape drafter (lm_head 32000 x 4096)
@@ -78,7 +91,12 @@ def under_torchrun() -> bool:
 def current() -> DistContext:
     """The context of an initialised process group, or the one-process context."""
     if dist.is_available() and dist.is_initialized():
-        return DistContext(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)), dist.get_backend())
+        return DistContext(
+            dist.get_rank(),
+            dist.get_world_size(),
+            int(os.environ.get("LOCAL_RANK", 0)),
+            dist.get_backend(),
+        )
     return DistContext()
 
 
@@ -97,7 +115,9 @@ def init_from_env(device: str) -> DistContext:
     local = int(os.environ.get("LOCAL_RANK", 0))
     if device.startswith("cuda"):
         if local >= torch.cuda.device_count():
-            raise ValueError(f"LOCAL_RANK={local} but torch sees {torch.cuda.device_count()} GPUs; lower nproc_per_node to the GPUs per node")
+            raise ValueError(
+                f"LOCAL_RANK={local} but torch sees {torch.cuda.device_count()} GPUs; lower nproc_per_node to the GPUs per node"
+            )
         torch.cuda.set_device(local)
         backend = "nccl"
     else:
@@ -145,7 +165,11 @@ def wrap(module: torch.nn.Module, fsdp: bool, ctx: DistContext) -> tuple[torch.n
     import inspect
 
     DDP = torch.nn.parallel.DistributedDataParallel
-    no_sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DDP).parameters else {"broadcast_buffers": False}
+    no_sync = (
+        {"forward_sync_buffers": False}
+        if "forward_sync_buffers" in inspect.signature(DDP).parameters
+        else {"broadcast_buffers": False}
+    )
     return DDP(module, device_ids=ids, **no_sync), "ddp"
 
 
@@ -158,7 +182,9 @@ def unwrap_full_state(model: torch.nn.Module) -> dict:
     gathers). Keys as in the unwrapped module."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(_inner(model), options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return get_model_state_dict(
+        _inner(model), options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
 
 
 @contextlib.contextmanager
@@ -190,7 +216,9 @@ def latest_checkpoint(ckpt_dir: Path) -> Optional[dict]:
     return read_json(f, "checkpoint pointer") if f.exists() else None
 
 
-def save_checkpoint(ckpt_dir: Path, step: int, model, opt, extra: dict, ctx: DistContext, mode: str) -> None:
+def save_checkpoint(
+    ckpt_dir: Path, step: int, model, opt, extra: dict, ctx: DistContext, mode: str
+) -> None:
     """Write step ``step``: DCP model+optimizer (one file per rank) and this rank's ``extra``
     (+ RNG states), then commit it with ``latest.json`` and drop the previous step folder.
     Every rank must call it."""
@@ -214,7 +242,10 @@ def save_checkpoint(ckpt_dir: Path, step: int, model, opt, extra: dict, ctx: Dis
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         old = latest_checkpoint(ckpt_dir)
-        atomic_write_json(ckpt_dir / "latest.json", {"step": step, "dir": name, "world_size": ctx.world, "mode": mode})
+        atomic_write_json(
+            ckpt_dir / "latest.json",
+            {"step": step, "dir": name, "world_size": ctx.world, "mode": mode},
+        )
         if old and old["dir"] != name:
             shutil.rmtree(ckpt_dir / old["dir"], ignore_errors=True)
     ctx.barrier()
@@ -241,11 +272,15 @@ def load_checkpoint(ckpt_dir: Path, model, opt, ctx: DistContext, expect: dict) 
     d = Path(ckpt_dir) / ptr["dir"]
     f = d / f"rank-{ctx.rank:05d}.pt"
     if not f.exists():
-        f = d / "rank-00000.pt"  # more ranks than saved: data position and logs are global, RNG unused
+        f = (
+            d / "rank-00000.pt"
+        )  # more ranks than saved: data position and logs are global, RNG unused
     extra = torch.load(f, weights_only=False, map_location="cpu")
     bad = [k for k, v in expect.items() if extra.get(k) != v]
     if bad:
-        raise ValueError(f"checkpoint {d} was made with another training config or dataset ({', '.join(bad)} differ); delete {ckpt_dir} or use another run_name")
+        raise ValueError(
+            f"checkpoint {d} was made with another training config or dataset ({', '.join(bad)} differ); delete {ckpt_dir} or use another run_name"
+        )
     msd, osd = get_state_dict(_inner(model), opt)
     sd = {"model": msd, "optim": osd}
     with _quiet_single(ctx):
@@ -255,7 +290,13 @@ def load_checkpoint(ckpt_dir: Path, model, opt, ctx: DistContext, expect: dict) 
     return extra
 
 
-def torchrun_command(module_args: list[str], nproc_per_node: int, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str = "localhost:29500") -> list[str]:
+def torchrun_command(
+    module_args: list[str],
+    nproc_per_node: int,
+    nnodes: int = 1,
+    node_rank: int = 0,
+    rdzv_endpoint: str = "localhost:29500",
+) -> list[str]:
     """``python -m torch.distributed.run ... -m <module_args>`` for this interpreter. One node:
     ``--standalone`` (a free local port); several: c10d rendezvous at ``rdzv_endpoint`` (host:port
     of node 0, reachable from every node)."""
@@ -263,5 +304,11 @@ def torchrun_command(module_args: list[str], nproc_per_node: int, nnodes: int = 
     if nnodes == 1:
         cmd += ["--standalone"]
     else:
-        cmd += [f"--nnodes={nnodes}", f"--node_rank={node_rank}", "--rdzv_backend=c10d", f"--rdzv_endpoint={rdzv_endpoint}", "--rdzv_id=eagle3nb"]
+        cmd += [
+            f"--nnodes={nnodes}",
+            f"--node_rank={node_rank}",
+            "--rdzv_backend=c10d",
+            f"--rdzv_endpoint={rdzv_endpoint}",
+            "--rdzv_id=eagle3nb",
+        ]
     return cmd + ["-m", *module_args]

@@ -63,14 +63,23 @@ class TrainConfig:
     seed: int = 0
     checkpoint_every: int = 200
     log_every: int = 10
-    bucket_by_length: bool = True  # global batches of similar lengths (less padding); False = plain shuffle
+    bucket_by_length: bool = (
+        True  # global batches of similar lengths (less padding); False = plain shuffle
+    )
     bucket_window: int = 16  # global batches per length-sorting window
     loader_workers: int = 0  # DataLoader worker processes (0 = load in the training process)
     fsdp: str = "auto"  # under torchrun: on, off, or auto (FSDP when the drafter is large)
     attention: str = "eager"  # TTT attention: eager (reference) or flex (same function; fast on GPU, see bench/mfu.py)
 
     def __post_init__(self):
-        for name in ("ttt_steps", "batch_size", "max_steps", "checkpoint_every", "log_every", "bucket_window"):
+        for name in (
+            "ttt_steps",
+            "batch_size",
+            "max_steps",
+            "checkpoint_every",
+            "log_every",
+            "bucket_window",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
         if self.lr <= 0:
@@ -83,7 +92,11 @@ class TrainConfig:
     def identity(self) -> dict:
         """The settings a checkpoint must share to be resumed (all but loader workers, FSDP and attention,
         which change how, not what, is computed)."""
-        return {k: v for k, v in asdict(self).items() if k not in ("loader_workers", "fsdp", "attention")}
+        return {
+            k: v
+            for k, v in asdict(self).items()
+            if k not in ("loader_workers", "fsdp", "attention")
+        }
 
 
 def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -112,14 +125,25 @@ def build_drafter(ds, target, cfg: TrainConfig) -> tuple[Eagle3Drafter, dict]:
     Returns ``(drafter, vocab_info)``."""
     torch.manual_seed(cfg.seed)
     n_aux = getattr(ds, "n_aux", None) or len(ds.manifest["aux_boundaries"])
-    c = DrafterConfig.for_target(target.config, cfg.draft_vocab_size, n_aux, cfg.draft_num_heads or None, cfg.draft_num_kv_heads or None, cfg.draft_intermediate_size or None)
+    c = DrafterConfig.for_target(
+        target.config,
+        cfg.draft_vocab_size,
+        n_aux,
+        cfg.draft_num_heads or None,
+        cfg.draft_num_kv_heads or None,
+        cfg.draft_intermediate_size or None,
+    )
     d = Eagle3Drafter(c, target.get_input_embeddings().weight.detach().float().cpu())
     counts = count_loss_tokens(ds.token_masks(), c.vocab_size)
     d2t, t2d = build_draft_vocab(counts, cfg.draft_vocab_size)
     d.set_vocab(d2t, t2d)
     if cfg.init_head_from_target:
         init_head_from_target(d, target)
-    return d, {"distinct_loss_tokens": int((counts > 0).sum()), "coverage": coverage(counts, t2d), "loss_tokens": int(counts.sum())}
+    return d, {
+        "distinct_loss_tokens": int((counts > 0).sum()),
+        "coverage": coverage(counts, t2d),
+        "loss_tokens": int(counts.sum()),
+    }
 
 
 # fault injection for tests: "RANK:STEP" makes that rank SIGKILL itself right after STEP
@@ -135,10 +159,18 @@ def make_source(ds, cfg: TrainConfig):
     if hasattr(ds, "configure"):
         return ds.configure(cfg.batch_size, cfg.seed, cfg.bucket_by_length, cfg.bucket_window)
 
-    return OfflineSource(ds, cfg.batch_size, cfg.seed, cfg.bucket_by_length, cfg.bucket_window, cfg.loader_workers)
+    return OfflineSource(
+        ds, cfg.batch_size, cfg.seed, cfg.bucket_by_length, cfg.bucket_window, cfg.loader_workers
+    )
 
 
-def _noisy(aux: torch.Tensor, attn_mask: torch.Tensor, sample_index: torch.Tensor, step: int, cfg: TrainConfig) -> torch.Tensor:
+def _noisy(
+    aux: torch.Tensor,
+    attn_mask: torch.Tensor,
+    sample_index: torch.Tensor,
+    step: int,
+    cfg: TrainConfig,
+) -> torch.Tensor:
     """Feature noise as EAGLE's training adds to hidden states: per sample, std = aux_noise x the
     sample's own aux std, from a CPU generator seeded by (seed, step, sample): the same noise for a
     sample whichever rank or device trains it."""
@@ -153,7 +185,9 @@ def _noisy(aux: torch.Tensor, attn_mask: torch.Tensor, sample_index: torch.Tenso
     return out
 
 
-def train_drafter(data, target, cfg: TrainConfig, out_dir: str | os.PathLike, progress=None) -> tuple[Eagle3Drafter, dict]:
+def train_drafter(
+    data, target, cfg: TrainConfig, out_dir: str | os.PathLike, progress=None
+) -> tuple[Eagle3Drafter, dict]:
     """Train a drafter and return ``(drafter, report)``; under torchrun every rank calls it.
 
     Args:
@@ -176,19 +210,31 @@ def train_drafter(data, target, cfg: TrainConfig, out_dir: str | os.PathLike, pr
         ValueError: a checkpoint with another config or dataset (before any step).
     """
     ctx = distributed.current()
-    source = data if hasattr(data, "batches") and not hasattr(data, "configure") else make_source(data, cfg)
+    source = (
+        data
+        if hasattr(data, "batches") and not hasattr(data, "configure")
+        else make_source(data, cfg)
+    )
     ckdir = Path(out_dir) / "checkpoints"
     if ctx.is_main:
         ckdir.mkdir(parents=True, exist_ok=True)
     drafter, vocab = build_drafter(source, target, cfg)
-    drafter.set_attention(cfg.attention)  # same function either way (tests/test_drafter_attention.py)
-    dev = next(target.parameters()).device  # train where the target lives (its norm/lm_head give the labels)
-    objective = TTTObjective(drafter, target.model.norm, target.lm_head, cfg.ttt_steps, cfg.loss_decay).to(dev)
+    drafter.set_attention(
+        cfg.attention
+    )  # same function either way (tests/test_drafter_attention.py)
+    dev = next(
+        target.parameters()
+    ).device  # train where the target lives (its norm/lm_head give the labels)
+    objective = TTTObjective(
+        drafter, target.model.norm, target.lm_head, cfg.ttt_steps, cfg.loss_decay
+    ).to(dev)
     n_trainable = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
     model, mode = distributed.wrap(objective, distributed.use_fsdp(cfg.fsdp, n_trainable, ctx), ctx)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_lambda(s, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: lr_lambda(s, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
+    )
     step, history, empty_batches = 0, [], 0
     prev_secs, prev_tokens = 0.0, 0  # training time and token-steps of earlier (interrupted) runs
     expect = {"config": cfg.identity(), "data": source.fingerprint()}
@@ -198,7 +244,11 @@ def train_drafter(data, target, cfg: TrainConfig, out_dir: str | os.PathLike, pr
         step, history, empty_batches = extra["step"], extra["history"], extra["empty_batches"]
         prev_secs, prev_tokens = extra["seconds"], extra["token_steps"]
     count_reduce = ctx.sum if ctx.world > 1 else None
-    fault = tuple(int(x) for x in os.environ[FAULT_ENV].split(":")) if os.environ.get(FAULT_ENV) else None
+    fault = (
+        tuple(int(x) for x in os.environ[FAULT_ENV].split(":"))
+        if os.environ.get(FAULT_ENV)
+        else None
+    )
     model.train()
     t0, tokens = time.time(), 0
     step_seconds, step_tokens, t_prev = [], [], t0  # per step of this run (for benchmarks)
@@ -213,7 +263,9 @@ def train_drafter(data, target, cfg: TrainConfig, out_dir: str | os.PathLike, pr
         # mean, so scale by the world size to get the one-process gradient of the global batch
         (r.loss * ctx.world if ctx.world > 1 else r.loss).backward()
         if sum(r.step_total) == 0:
-            empty_batches += 1  # nothing loss-bearing anywhere: no update (AdamW would still decay and drift)
+            empty_batches += (
+                1  # nothing loss-bearing anywhere: no update (AdamW would still decay and drift)
+            )
             with warnings.catch_warnings():  # the schedule still advances: one step = one batch
                 warnings.simplefilter("ignore", UserWarning)
                 sched.step()
@@ -228,11 +280,34 @@ def train_drafter(data, target, cfg: TrainConfig, out_dir: str | os.PathLike, pr
         step_tokens.append(sum(r.step_total))
         t_prev = t_now
         if step % cfg.log_every == 0 or step == cfg.max_steps:
-            v = ctx.sum(torch.tensor([float(r.loss.detach())] + r.step_loss + r.step_acc, dtype=torch.float64))
+            v = ctx.sum(
+                torch.tensor(
+                    [float(r.loss.detach())] + r.step_loss + r.step_acc, dtype=torch.float64
+                )
+            )
             k = cfg.ttt_steps
-            history.append({"step": step, "loss": v[0].item(), "lr": sched.get_last_lr()[0], "step_loss": v[1 : 1 + k].tolist(), "step_acc": v[1 + k :].tolist()})
+            history.append(
+                {
+                    "step": step,
+                    "loss": v[0].item(),
+                    "lr": sched.get_last_lr()[0],
+                    "step_loss": v[1 : 1 + k].tolist(),
+                    "step_acc": v[1 + k :].tolist(),
+                }
+            )
         if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
-            st = {"config": cfg.identity(), "data": source.fingerprint(), "scheduler": sched.state_dict(), "step": step, "position": source.plan.position(step) if hasattr(source, "plan") else None, "history": history, "empty_batches": empty_batches, "seconds": prev_secs + time.time() - t0, "token_steps": prev_tokens + tokens, "world_size": ctx.world}
+            st = {
+                "config": cfg.identity(),
+                "data": source.fingerprint(),
+                "scheduler": sched.state_dict(),
+                "step": step,
+                "position": source.plan.position(step) if hasattr(source, "plan") else None,
+                "history": history,
+                "empty_batches": empty_batches,
+                "seconds": prev_secs + time.time() - t0,
+                "token_steps": prev_tokens + tokens,
+                "world_size": ctx.world,
+            }
             distributed.save_checkpoint(ckdir, step, model, opt, st, ctx, mode)
         if fault == (ctx.rank, step):
             os.kill(os.getpid(), signal.SIGKILL)  # injected kill -9 of this rank (resume tests)
@@ -240,14 +315,28 @@ def train_drafter(data, target, cfg: TrainConfig, out_dir: str | os.PathLike, pr
             bar.update(1)
     if bar is not None:
         bar.close()
-    secs, tokens = prev_secs + time.time() - t0, prev_tokens + tokens  # whole training, across resumes
+    secs, tokens = (
+        prev_secs + time.time() - t0,
+        prev_tokens + tokens,
+    )  # whole training, across resumes
     if mode == "fsdp":  # gather the shards into a plain drafter (every rank takes part)
         full = distributed.unwrap_full_state(model)  # rank 0 only (the others get {})
         drafter = Eagle3Drafter(drafter.config)
         if ctx.is_main:
             drafter.load_state_dict({k.removeprefix("drafter."): v for k, v in full.items()})
     drafter.eval()
-    rep = {"history": history, "vocab": vocab, "seconds": secs, "tokens_per_s": tokens / secs if secs > 0 else None, "steps": step, "empty_batches": empty_batches, "world_size": ctx.world, "parallel": mode, "step_seconds": step_seconds, "step_token_steps": step_tokens}
+    rep = {
+        "history": history,
+        "vocab": vocab,
+        "seconds": secs,
+        "tokens_per_s": tokens / secs if secs > 0 else None,
+        "steps": step,
+        "empty_batches": empty_batches,
+        "world_size": ctx.world,
+        "parallel": mode,
+        "step_seconds": step_seconds,
+        "step_token_steps": step_tokens,
+    }
     if hasattr(source, "padding"):
         rep["padding"] = source.padding(ctx.world)
     return drafter, rep

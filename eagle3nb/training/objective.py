@@ -46,7 +46,9 @@ def ttt_inputs(input_ids: torch.Tensor, loss_mask: torch.Tensor, attn_mask: torc
 
 
 @torch.no_grad()
-def target_probs(final: torch.Tensor, target_norm, target_lm_head, t2d: torch.Tensor, d2t: torch.Tensor):
+def target_probs(
+    final: torch.Tensor, target_norm, target_lm_head, t2d: torch.Tensor, d2t: torch.Tensor
+):
     """Target next-token distribution restricted to the draft vocab.
 
     Args:
@@ -86,7 +88,19 @@ class TTTResult:
             self.step_total = list(self.step_count)
 
 
-def ttt_loss(drafter: Eagle3Drafter, input_ids, aux, final, loss_mask, attn_mask, target_norm, target_lm_head, k: int = 7, decay: float = 0.8, count_reduce=None) -> TTTResult:
+def ttt_loss(
+    drafter: Eagle3Drafter,
+    input_ids,
+    aux,
+    final,
+    loss_mask,
+    attn_mask,
+    target_norm,
+    target_lm_head,
+    k: int = 7,
+    decay: float = 0.8,
+    count_reduce=None,
+) -> TTTResult:
     """Unroll the drafter k steps and return the weighted soft cross-entropy.
 
     Args:
@@ -107,7 +121,9 @@ def ttt_loss(drafter: Eagle3Drafter, input_ids, aux, final, loss_mask, attn_mask
         raise ValueError(f"k={k}: the number of TTT steps must be >= 1")
     B, T = input_ids.shape
     dev = input_ids.device
-    probs, in_vocab, amax = target_probs(final, target_norm, target_lm_head, drafter.t2d, drafter.d2t)
+    probs, in_vocab, amax = target_probs(
+        final, target_norm, target_lm_head, drafter.t2d, drafter.d2t
+    )
     key_mask = attn_mask.bool()  # [B, T]
     q_index = torch.arange(T, device=dev)
     base_pos = q_index[None].expand(B, T)
@@ -155,4 +171,16 @@ class TTTObjective(torch.nn.Module):
     def forward(self, b: dict, count_reduce=None) -> TTTResult:
         """``b``: a batch of :class:`BatchSource` on the training device -> :func:`ttt_loss` result."""
         norm, head = self._target
-        return ttt_loss(self.drafter, b["input_ids"], b["aux"], b["final"], b["loss_mask"], b["attn_mask"], norm, head, self.k, self.decay, count_reduce)
+        return ttt_loss(
+            self.drafter,
+            b["input_ids"],
+            b["aux"],
+            b["final"],
+            b["loss_mask"],
+            b["attn_mask"],
+            norm,
+            head,
+            self.k,
+            self.decay,
+            count_reduce,
+        )

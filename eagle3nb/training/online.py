@@ -44,7 +44,14 @@ class OnlineSource:
         ValueError: no sample with a loss-bearing token; ids the convention cannot capture.
     """
 
-    def __init__(self, samples: Sequence[tuple[int, list[int], list[int]]], model, ids: Sequence[int], convention: str, manifest: dict):
+    def __init__(
+        self,
+        samples: Sequence[tuple[int, list[int], list[int]]],
+        model,
+        ids: Sequence[int],
+        convention: str,
+        manifest: dict,
+    ):
         import transformers
 
         self.model = model
@@ -52,15 +59,35 @@ class OnlineSource:
         self.ids = list(ids)
         self.boundaries = self.engine.boundaries(self.ids)
         self.n = n_layers_of(model)
-        self.items = [{"input_ids": torch.tensor(s[1], dtype=torch.long), "loss_mask": torch.tensor(s[2], dtype=torch.uint8), "sample_id": int(s[0])} for s in samples if any(s[2])]
+        self.items = [
+            {
+                "input_ids": torch.tensor(s[1], dtype=torch.long),
+                "loss_mask": torch.tensor(s[2], dtype=torch.uint8),
+                "sample_id": int(s[0]),
+            }
+            for s in samples
+            if any(s[2])
+        ]
         if not self.items:
-            raise ValueError("no sample with a loss-bearing token: nothing to train on online; check 01's output and the loss mask (mode)")
+            raise ValueError(
+                "no sample with a loss-bearing token: nothing to train on online; check 01's output and the loss mask (mode)"
+            )
         empty = [int(s[0]) for s in samples if not any(s[2])]
         self.manifest = dict(
             manifest,
-            engine={"name": self.engine.engine_name, "version": transformers.__version__, "capture_point_of": convention, "online": True},
-            convention=convention, layer_ids=self.ids, aux_boundaries=self.boundaries, final_boundary=self.n,
-            training_mode="online", n_samples=len(self.items), n_tokens=int(sum(x["input_ids"].numel() for x in self.items)),
+            engine={
+                "name": self.engine.engine_name,
+                "version": transformers.__version__,
+                "capture_point_of": convention,
+                "online": True,
+            },
+            convention=convention,
+            layer_ids=self.ids,
+            aux_boundaries=self.boundaries,
+            final_boundary=self.n,
+            training_mode="online",
+            n_samples=len(self.items),
+            n_tokens=int(sum(x["input_ids"].numel() for x in self.items)),
             skipped={"nonfinite": [], "empty_loss_mask": empty},
         )
         self.n_aux = len(self.boundaries)
@@ -71,7 +98,16 @@ class OnlineSource:
 
     def fingerprint(self) -> str:
         """sha256 over what determines the batches: sample ids and tokens, target, boundaries, dtype."""
-        h = hashlib.sha256(json.dumps({k: self.manifest.get(k) for k in ("target", "aux_boundaries", "dtype", "generation_sha256", "template")}, sort_keys=True, default=str).encode())
+        h = hashlib.sha256(
+            json.dumps(
+                {
+                    k: self.manifest.get(k)
+                    for k in ("target", "aux_boundaries", "dtype", "generation_sha256", "template")
+                },
+                sort_keys=True,
+                default=str,
+            ).encode()
+        )
         for x in self.items:
             h.update(str(x["sample_id"]).encode())
             h.update(x["input_ids"].numpy().tobytes())
@@ -89,13 +125,17 @@ class OnlineSource:
         for x in self.items:
             yield x["input_ids"], x["loss_mask"]
 
-    def configure(self, global_batch: int, seed: int = 0, bucket: bool = True, bucket_window: int = 16) -> "OnlineSource":
+    def configure(
+        self, global_batch: int, seed: int = 0, bucket: bool = True, bucket_window: int = 16
+    ) -> "OnlineSource":
         """Use the offline loader's batch plan (:class:`eagle3nb.training.batches.BatchPlan`) over these
         samples' lengths, so online and offline training see the same global batches in the same
         order; :func:`eagle3nb.training.loop.make_source` calls it with the training config. Returns self."""
         from eagle3nb.training.batches import BatchPlan
 
-        self.plan = BatchPlan([x["input_ids"].numel() for x in self.items], global_batch, seed, bucket, bucket_window)
+        self.plan = BatchPlan(
+            [x["input_ids"].numel() for x in self.items], global_batch, seed, bucket, bucket_window
+        )
         return self
 
     def padding(self, world: int = 1) -> dict:
@@ -103,15 +143,22 @@ class OnlineSource:
         from eagle3nb.training.batches import BatchPlan, padding_stats
 
         plain = BatchPlan(self.plan.lengths, self.plan.global_batch, self.plan.seed, bucket=False)
-        return {"this_plan": padding_stats(self.plan, world), "plain_shuffle": padding_stats(plain, world)}
+        return {
+            "this_plan": padding_stats(self.plan, world),
+            "plain_shuffle": padding_stats(plain, world),
+        }
 
-    def batches(self, start: int, stop: int, rank: int = 0, world: int = 1, pin_memory: bool = False):
+    def batches(
+        self, start: int, stop: int, rank: int = 0, world: int = 1, pin_memory: bool = False
+    ):
         """The :class:`eagle3nb.training.batches.BatchSource` interface: this rank's slice of each global
         step's batch (the plan and slicing of :class:`eagle3nb.training.batches.OfflineSource`), its states
         captured by the target now, on the target's device, plus ``sample_index [b]`` (-1 for the
         loss-free stand-in row of a rank left without samples)."""
         if self.plan is None:
-            raise RuntimeError("OnlineSource.batches before configure(): pass the source to train_drafter, which configures it from TrainConfig")
+            raise RuntimeError(
+                "OnlineSource.batches before configure(): pass the source to train_drafter, which configures it from TrainConfig"
+            )
         dev = next(self.model.parameters()).device
         for s in range(start, stop):
             b = self.plan.global_batch_at(s)

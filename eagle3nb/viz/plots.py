@@ -14,10 +14,18 @@ import plotly.graph_objects as go
 import torch
 from plotly.subplots import make_subplots
 
-__all__ = ["engine_drift_figure", "hidden_state_figure", "acceptance_figure", "training_figure", "save_html"]
+__all__ = [
+    "engine_drift_figure",
+    "hidden_state_figure",
+    "acceptance_figure",
+    "training_figure",
+    "save_html",
+]
 
 
-def hidden_state_figure(states: Mapping[int, torch.Tensor], engine: str, max_values: int = 20000, seed: int = 0) -> go.Figure:
+def hidden_state_figure(
+    states: Mapping[int, torch.Tensor], engine: str, max_values: int = 20000, seed: int = 0
+) -> go.Figure:
     """Distribution per boundary: histogram of values (left) and of per-token L2 norms (right).
 
     Args:
@@ -33,13 +41,43 @@ def hidden_state_figure(states: Mapping[int, torch.Tensor], engine: str, max_val
         if vals.numel() > max_values:
             vals = vals[torch.randperm(vals.numel(), generator=g)[:max_values]]
         name = f"{engine} b={b}"
-        fig.add_trace(go.Histogram(x=vals.tolist(), name=name, legendgroup=name, opacity=0.6, nbinsx=80, histnorm="probability density"), 1, 1)
-        fig.add_trace(go.Histogram(x=x.norm(dim=-1).tolist(), name=name, legendgroup=name, showlegend=False, opacity=0.6, nbinsx=60, histnorm="probability density"), 1, 2)
-    fig.update_layout(barmode="overlay", title=f"Hidden states per boundary ({engine})", template="plotly_white")
+        fig.add_trace(
+            go.Histogram(
+                x=vals.tolist(),
+                name=name,
+                legendgroup=name,
+                opacity=0.6,
+                nbinsx=80,
+                histnorm="probability density",
+            ),
+            1,
+            1,
+        )
+        fig.add_trace(
+            go.Histogram(
+                x=x.norm(dim=-1).tolist(),
+                name=name,
+                legendgroup=name,
+                showlegend=False,
+                opacity=0.6,
+                nbinsx=60,
+                histnorm="probability density",
+            ),
+            1,
+            2,
+        )
+    fig.update_layout(
+        barmode="overlay", title=f"Hidden states per boundary ({engine})", template="plotly_white"
+    )
     return fig
 
 
-def engine_drift_figure(sources: Mapping[str, Mapping[int, torch.Tensor]], reference: str, max_values: int = 20000, seed: int = 0) -> go.Figure:
+def engine_drift_figure(
+    sources: Mapping[str, Mapping[int, torch.Tensor]],
+    reference: str,
+    max_values: int = 20000,
+    seed: int = 0,
+) -> go.Figure:
     """Hidden states of several engines/dtypes at the *same* boundaries and tokens, per boundary:
     value distributions (left) and each token's relative deviation from the reference (right,
     log10 of ||x - x_ref|| / ||x_ref||). Comparing at equal boundaries takes layer-id offsets out,
@@ -57,7 +95,19 @@ def engine_drift_figure(sources: Mapping[str, Mapping[int, torch.Tensor]], refer
     if reference not in sources:
         raise ValueError(f"reference={reference!r} is not among the sources {list(sources)}")
     bnds = sorted(sources[reference])
-    fig = make_subplots(rows=len(bnds), cols=2, subplot_titles=[t for b in bnds for t in (f"b={b}: values", f"b={b}: per-token log10 relative deviation from {reference}")], vertical_spacing=0.08)
+    fig = make_subplots(
+        rows=len(bnds),
+        cols=2,
+        subplot_titles=[
+            t
+            for b in bnds
+            for t in (
+                f"b={b}: values",
+                f"b={b}: per-token log10 relative deviation from {reference}",
+            )
+        ],
+        vertical_spacing=0.08,
+    )
     g = torch.Generator().manual_seed(seed)
     palette = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692"]
     for r, b in enumerate(bnds, start=1):
@@ -67,16 +117,52 @@ def engine_drift_figure(sources: Mapping[str, Mapping[int, torch.Tensor]], refer
                 continue
             x = st[b].float()
             if x.shape != ref.shape:
-                raise ValueError(f"source {lab!r} has {tuple(x.shape)} at b={b}, the reference {tuple(ref.shape)}: not the same tokens")
+                raise ValueError(
+                    f"source {lab!r} has {tuple(x.shape)} at b={b}, the reference {tuple(ref.shape)}: not the same tokens"
+                )
             vals = x.flatten()
             if vals.numel() > max_values:
                 vals = vals[torch.randperm(vals.numel(), generator=g)[:max_values]]
             col = palette[i % len(palette)]
-            fig.add_trace(go.Histogram(x=vals.tolist(), name=lab, legendgroup=lab, showlegend=(r == 1), marker_color=col, opacity=0.5, nbinsx=80, histnorm="probability density"), r, 1)
+            fig.add_trace(
+                go.Histogram(
+                    x=vals.tolist(),
+                    name=lab,
+                    legendgroup=lab,
+                    showlegend=(r == 1),
+                    marker_color=col,
+                    opacity=0.5,
+                    nbinsx=80,
+                    histnorm="probability density",
+                ),
+                r,
+                1,
+            )
             if lab != reference:
-                dev = ((x - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-12)).clamp_min(1e-12).log10()
-                fig.add_trace(go.Histogram(x=dev.tolist(), name=lab, legendgroup=lab, showlegend=False, marker_color=col, opacity=0.6, nbinsx=60), r, 2)
-    fig.update_layout(barmode="overlay", title="Hidden-state drift across engines and dtypes, per boundary (same tokens, same boundaries)", template="plotly_white", height=320 * len(bnds))
+                dev = (
+                    ((x - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-12))
+                    .clamp_min(1e-12)
+                    .log10()
+                )
+                fig.add_trace(
+                    go.Histogram(
+                        x=dev.tolist(),
+                        name=lab,
+                        legendgroup=lab,
+                        showlegend=False,
+                        marker_color=col,
+                        opacity=0.6,
+                        nbinsx=60,
+                    ),
+                    r,
+                    2,
+                )
+    fig.update_layout(
+        barmode="overlay",
+        title="Hidden-state drift across engines and dtypes, per boundary (same tokens, same boundaries)",
+        template="plotly_white",
+        height=320 * len(bnds),
+    )
     return fig
 
 
@@ -89,20 +175,44 @@ def acceptance_figure(results: Mapping[str, dict]) -> go.Figure:
     fig = go.Figure()
     for label, r in results.items():
         a = r["per_position_acceptance"]
-        fig.add_trace(go.Bar(x=[f"a{i + 1}" for i in range(len(a))], y=a, name=f"{label} (tau={r['tau']:.2f})"))
-    fig.update_layout(barmode="group", title="Per-position acceptance on held-out prompts", yaxis_title="fraction of cycles accepted", yaxis_range=[0, 1], template="plotly_white")
+        fig.add_trace(
+            go.Bar(
+                x=[f"a{i + 1}" for i in range(len(a))], y=a, name=f"{label} (tau={r['tau']:.2f})"
+            )
+        )
+    fig.update_layout(
+        barmode="group",
+        title="Per-position acceptance on held-out prompts",
+        yaxis_title="fraction of cycles accepted",
+        yaxis_range=[0, 1],
+        template="plotly_white",
+    )
     return fig
 
 
 def training_figure(history: Sequence[dict]) -> go.Figure:
     """Training loss (left) and accuracy per TTT step (right) against optimizer step."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("loss (weighted sum over TTT steps)", "accuracy per TTT step"))
+    fig = make_subplots(
+        rows=1,
+        cols=2,
+        subplot_titles=("loss (weighted sum over TTT steps)", "accuracy per TTT step"),
+    )
     steps = [h["step"] for h in history]
-    fig.add_trace(go.Scatter(x=steps, y=[h["loss"] for h in history], name="loss", mode="lines"), 1, 1)
+    fig.add_trace(
+        go.Scatter(x=steps, y=[h["loss"] for h in history], name="loss", mode="lines"), 1, 1
+    )
     k = len(history[0]["step_acc"]) if history else 0
     for j in range(k):
-        fig.add_trace(go.Scatter(x=steps, y=[h["step_acc"][j] for h in history], name=f"TTT step {j}", mode="lines"), 1, 2)
-    fig.update_layout(title="Drafter training", template="plotly_white", xaxis_title="step", xaxis2_title="step")
+        fig.add_trace(
+            go.Scatter(
+                x=steps, y=[h["step_acc"][j] for h in history], name=f"TTT step {j}", mode="lines"
+            ),
+            1,
+            2,
+        )
+    fig.update_layout(
+        title="Drafter training", template="plotly_white", xaxis_title="step", xaxis2_title="step"
+    )
     return fig
 
 
@@ -116,9 +226,23 @@ def save_html(fig: go.Figure, path: str | os.PathLike) -> Path:
     return path
 
 
-def alignment_figure(err: torch.Tensor, boundaries: list[int], declared: Sequence[int], engine: str) -> go.Figure:
+def alignment_figure(
+    err: torch.Tensor, boundaries: list[int], declared: Sequence[int], engine: str
+) -> go.Figure:
     """Heatmap of log10 relative error, slots (rows) x reference boundaries (columns)."""
     z = torch.log10(err.clamp_min(1e-12)).tolist()
-    fig = go.Figure(go.Heatmap(z=z, x=[f"b={b}" for b in boundaries], y=[f"slot {i} (declared b={d})" for i, d in enumerate(declared)], colorscale="Viridis_r", colorbar={"title": "log10 rel. error"}))
-    fig.update_layout(title=f"Which boundary did {engine} capture? (relative error vs HF reference)", template="plotly_white", xaxis_title="HF reference boundary")
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=[f"b={b}" for b in boundaries],
+            y=[f"slot {i} (declared b={d})" for i, d in enumerate(declared)],
+            colorscale="Viridis_r",
+            colorbar={"title": "log10 rel. error"},
+        )
+    )
+    fig.update_layout(
+        title=f"Which boundary did {engine} capture? (relative error vs HF reference)",
+        template="plotly_white",
+        xaxis_title="HF reference boundary",
+    )
     return fig

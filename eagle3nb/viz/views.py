@@ -17,7 +17,9 @@ import torch
 __all__ = ["hidden_state_explorer", "acceptance_explorer", "token_acceptance_view"]
 
 
-def hidden_state_explorer(sources: Mapping[str, Mapping[int, torch.Tensor]], max_values: int = 20000) -> W.VBox:
+def hidden_state_explorer(
+    sources: Mapping[str, Mapping[int, torch.Tensor]], max_values: int = 20000
+) -> W.VBox:
     """Overlay hidden-state value distributions of several sources (engines or runs).
 
     Args:
@@ -31,7 +33,14 @@ def hidden_state_explorer(sources: Mapping[str, Mapping[int, torch.Tensor]], max
     pick = W.SelectMultiple(options=labels, value=tuple(labels[:2]), description="sources")
     bsel = W.Dropdown(options=bnds, value=bnds[0], description="boundary")
     rng = W.IntRangeSlider(value=(0, n_max), min=0, max=n_max, step=1, description="tokens")
-    fig = go.FigureWidget(layout={"barmode": "overlay", "template": "plotly_white", "xaxis_title": "value", "yaxis_title": "density"})
+    fig = go.FigureWidget(
+        layout={
+            "barmode": "overlay",
+            "template": "plotly_white",
+            "xaxis_title": "value",
+            "yaxis_title": "density",
+        }
+    )
 
     def redraw(*_):
         with fig.batch_update():
@@ -41,7 +50,13 @@ def hidden_state_explorer(sources: Mapping[str, Mapping[int, torch.Tensor]], max
                 if x is None:
                     continue
                 v = x[rng.value[0] : rng.value[1]].float().flatten()[:max_values]
-                fig.add_histogram(x=v.tolist(), name=f"{lab} b={bsel.value}", opacity=0.6, nbinsx=80, histnorm="probability density")
+                fig.add_histogram(
+                    x=v.tolist(),
+                    name=f"{lab} b={bsel.value}",
+                    opacity=0.6,
+                    nbinsx=80,
+                    histnorm="probability density",
+                )
             fig.layout.title = f"boundary {bsel.value}, tokens {rng.value[0]}..{rng.value[1]}"
 
     for w in (pick, bsel, rng):
@@ -58,14 +73,25 @@ def acceptance_explorer(results: Mapping[str, dict]) -> W.VBox:
     """
     labels = list(results)
     pick = W.SelectMultiple(options=labels, value=tuple(labels), description="drafters")
-    fig = go.FigureWidget(layout={"barmode": "group", "template": "plotly_white", "yaxis_range": [0, 1], "yaxis_title": "fraction of cycles accepted"})
+    fig = go.FigureWidget(
+        layout={
+            "barmode": "group",
+            "template": "plotly_white",
+            "yaxis_range": [0, 1],
+            "yaxis_title": "fraction of cycles accepted",
+        }
+    )
 
     def redraw(*_):
         with fig.batch_update():
             fig.data = []
             for lab in pick.value:
                 a = results[lab]["per_position_acceptance"]
-                fig.add_bar(x=[f"a{i + 1}" for i in range(len(a))], y=a, name=f"{lab} (tau={results[lab]['tau']:.2f})")
+                fig.add_bar(
+                    x=[f"a{i + 1}" for i in range(len(a))],
+                    y=a,
+                    name=f"{lab} (tau={results[lab]['tau']:.2f})",
+                )
 
     pick.observe(redraw, names="value")
     redraw()
@@ -91,12 +117,19 @@ def token_acceptance_view(tokenizer, traces: list[dict], k: int) -> W.VBox:
 
     def render(*_):
         t = traces[pick.value]
-        parts = [f"<span style='color:#666'>{html.escape(tokenizer.decode(t['prompt_ids'], skip_special_tokens=True))}</span>"]
+        parts = [
+            f"<span style='color:#666'>{html.escape(tokenizer.decode(t['prompt_ids'], skip_special_tokens=True))}</span>"
+        ]
         for m, toks in t["cycles"]:
             text = html.escape(tokenizer.decode(toks, skip_special_tokens=False))
             tip = "prefill token (the target's own)" if m < 0 else f"accepted {m} of {k}"
-            parts.append(f"<span title='{tip}' style='background:{_colour(m, k)};padding:1px;margin:1px;border-radius:3px'>{text}</span>")
-        legend = " ".join(f"<span style='background:{_colour(a, k)};padding:1px 4px'>{a}</span>" for a in range(k + 1))
+            parts.append(
+                f"<span title='{tip}' style='background:{_colour(m, k)};padding:1px;margin:1px;border-radius:3px'>{text}</span>"
+            )
+        legend = " ".join(
+            f"<span style='background:{_colour(a, k)};padding:1px 4px'>{a}</span>"
+            for a in range(k + 1)
+        )
         out.value = f"<div style='font-family:monospace;line-height:1.8'>{''.join(parts)}</div><div>accepted drafts per cycle: {legend}</div>"
 
     pick.observe(render, names="value")

@@ -27,7 +27,13 @@ class Backend:
         self.closed = False
 
     def info(self):
-        return {"engine_name": "fake", "engine_version": "0", "torch_version": torch.__version__, "convention": "vllm", "pid": os.getpid()}
+        return {
+            "engine_name": "fake",
+            "engine_version": "0",
+            "torch_version": torch.__version__,
+            "convention": "vllm",
+            "pid": os.getpid(),
+        }
 
     def generate(self, prompts, max_new_tokens, stop_token_ids, temperature, top_p, seed):
         print("engine noise on stdout must not break the protocol", flush=True)

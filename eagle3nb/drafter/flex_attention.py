@@ -1,0 +1,80 @@
+"""Training-time-test attention through PyTorch flex attention (the fast path of the drafter).
+
+Computes the same function as the eager attention of :mod:`eagle3nb.drafter.model` (the
+reference; tests/test_drafter_attention.py) for the training layout, with a block mask over the
+concatenated keys of all TTT steps instead of score matrices in memory: masked blocks are skipped,
+and on CUDA the kernel is compiled.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+try:  # flex attention: torch >= 2.5
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+except ImportError:  # pragma: no cover - older torch keeps the eager path
+    create_block_mask = flex_attention = None
+
+__all__ = ["ttt_flex_attention", "flex_attention"]
+
+_flex_compiled = None  # flex_attention compiled once per process, on first CUDA use
+
+
+def _flex_fn():
+    """flex_attention compiled once per process (uncompiled it is a slow reference implementation)."""
+    global _flex_compiled
+    if _flex_compiled is None:
+        _flex_compiled = torch.compile(flex_attention, dynamic=False)
+    return _flex_compiled
+
+
+def ttt_flex_attention(
+    q: torch.Tensor,
+    ks: list[torch.Tensor],
+    vs: list[torch.Tensor],
+    key_mask: Optional[torch.Tensor],
+    scale: float,
+) -> torch.Tensor:
+    """TTT attention through flex attention, for the training layout (queries = step-0 positions).
+
+    Args:
+        q: ``[B, nh, T, d]`` queries of step j = len(ks) - 1 (after RoPE).
+        ks, vs: per step 0..j, ``[B, nkv, T, d]`` each (kv heads not repeated: flex does GQA).
+        key_mask: ``[B, T]`` bool, False on padding (step-0 keys only, as in the eager path) or None.
+        scale: score scale (1/sqrt(d)).
+
+    Returns:
+        ``[B, nh, T, d]``. The keys of all steps are concatenated to ``[B, nkv, (j+1)*T, d]``; key
+        index s*T + u is step s at position u. Query t sees step-0 keys u <= t (and not padding) and
+        the key of each later step at u = t. Blocks the mask rules out (all of the causal upper half,
+        all but the diagonal blocks of later steps) are skipped, so the cost stays that of causal
+        attention plus a sliver per step. A query that sees no key (a padding position whose
+        earlier keys are all padding) gets 0 here and a uniform average in the eager path; both
+        are outside the loss.
+    """
+    B, nh, T, _ = q.shape
+    k, v = torch.cat(ks, dim=2), torch.cat(vs, dim=2)  # [B, nkv, (j+1)*T, d]
+    # no padding: one mask for the whole batch
+    km = None if key_mask is None or bool(key_mask.all()) else key_mask
+
+    def mask_mod(b, h, qi, ki):
+        u = ki % T  # position of key ki within its step
+        first = (ki < T) & (u <= qi)
+        if km is not None:
+            first = first & km[b, u]
+        return first | ((ki >= T) & (u == qi))
+
+    on_gpu = q.is_cuda
+    bm = create_block_mask(
+        mask_mod,
+        B if km is not None else None,
+        None,
+        T,
+        k.shape[2],
+        device=q.device,
+        _compile=on_gpu,
+    )
+    attn = _flex_fn() if on_gpu else flex_attention
+    return attn(q, k, v, block_mask=bm, scale=scale, enable_gqa=k.shape[1] != nh)
