@@ -71,7 +71,7 @@ def test_mismatched_boundaries_refused_before_training(smoke_run, tmp_path):
 
     from eagle3nb.manifest import ManifestMismatch
     from eagle3nb.params import RunParams
-    from eagle3nb.steps.common import train_step
+    from eagle3nb.steps.train import train_step
 
     shutil.copytree(smoke_run / "dataset", tmp_path / "ci-smoke" / "dataset")
     p = RunParams(outputs_dir=str(tmp_path), run_name="ci-smoke", layer_ids=[1, 2, 3])
@@ -85,7 +85,7 @@ def test_dataset_from_other_settings_refused_by_03_unless_overridden(smoke_run, 
 
     from eagle3nb.manifest import ManifestMismatch, atomic_write_json
     from eagle3nb.params import RunParams
-    from eagle3nb.steps.common import train_step
+    from eagle3nb.steps.train import train_step
 
     d = tmp_path / "ci-smoke" / "dataset"
     shutil.copytree(smoke_run / "dataset", d)

@@ -5,7 +5,7 @@ import pytest
 from eagle3nb.rundir import REPO_ROOT
 from eagle3nb.params import RunParams
 from eagle3nb.text.prompts import load_prompts, split_prompts
-from eagle3nb.steps.common import generate_step
+from eagle3nb.steps.generate import generate_step
 
 BAD = REPO_ROOT / "tests" / "bad_inputs" / "prompts"
 
