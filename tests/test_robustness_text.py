@@ -12,11 +12,11 @@ import pytest
 import torch
 from transformers import AddedToken, AutoTokenizer
 
-from eagle3nb.steps.evaluate import eval_step
+from eagle3nb.steps.evaluate import check_drafter_matches, eval_step
 from eagle3nb.target.capture import HFCaptureEngine, capture_boundaries
 from eagle3nb.text.chat import generated_sample, CHATML_TEMPLATE, CHATML_TEMPLATE_WITH_GENERATION, chat_sample, chat_turns_from_generation, encode_prompt, template_hash
 from eagle3nb.text.generation import generate_batch
-from eagle3nb.manifest import ManifestMismatch, check_compatible
+from eagle3nb.manifest import ManifestMismatch
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 
@@ -183,8 +183,8 @@ def test_generated_sample_keeps_generated_tokens_exactly(chat_tok):
 
 
 def _eval_template_check(dman, mode, template, target_sha):
-    """The check eval_step runs before evaluating a drafter (same call as in eval_step)."""
-    check_compatible(dman, {"template": {"mode": mode, "sha256": template_hash(template)}, "target": {"sha256": target_sha}}, ["template", "target.sha256"], "drafter run/drafter", "allow_template_mismatch")
+    """The check eval_step runs before evaluating a drafter."""
+    check_drafter_matches(dman, mode, template, target_sha, "run/drafter")
 
 
 def test_template_hash_is_sha256_and_differs():
@@ -195,8 +195,7 @@ def test_template_hash_is_sha256_and_differs():
 
 
 def test_eval_refuses_drafter_trained_under_another_template():
-    src = inspect.getsource(eval_step)
-    assert 'check_compatible(dman, {"template"' in src and '["template", "target.sha256"]' in src
+    assert "check_drafter_matches(dman, p.mode, template_of(p, tok)" in inspect.getsource(eval_step)
     sha = "ab" * 32
     dman = {"template": {"mode": "chat", "sha256": hashlib.sha256(CHATML_TEMPLATE.encode()).hexdigest()}, "target": {"sha256": sha}}
     _eval_template_check(dman, "chat", CHATML_TEMPLATE, sha)  # same template: accepted

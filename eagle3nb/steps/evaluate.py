@@ -51,12 +51,8 @@ def eval_step(p: RunParams, progress=True) -> dict:
     drafter.to(model.device)
     dman = read_json(rd.drafter / "manifest.json", "drafter manifest")
     if not p.allow_template_mismatch:
-        want = {
-            "template": {"mode": p.mode, "sha256": chat.template_hash(template_of(p, tok))},
-            "target": {"sha256": models.model_hash(path, rd.root)},
-        }
-        keys = ["template", "target.sha256"]
-        check_compatible(dman, want, keys, f"drafter {rd.drafter}", "allow_template_mismatch")
+        target_sha = models.model_hash(path, rd.root)
+        check_drafter_matches(dman, p.mode, template_of(p, tok), target_sha, rd.drafter)
     bnds = cfg["eagle3nb"]["aux_boundaries"]
     n = n_layers_of(model)
     prompts = _heldout_prompts(p, rd)
@@ -95,6 +91,22 @@ def eval_step(p: RunParams, progress=True) -> dict:
     update_metrics(rd.metrics, "eval", stats)
     _record_checks(p, rd, len(prompts), stats, vllm_block)
     return {"results": results, "stats": stats, "tokenizer": tok}
+
+
+def check_drafter_matches(dman: dict, mode: str, template: str, target_sha: str, where) -> None:
+    """Refuse a drafter (manifest ``dman``, folder ``where``) trained for another chat template
+    (text ``template`` in ``mode``) or another target (sha256 ``target_sha``).
+
+    Raises:
+        ManifestMismatch: the template or the target differs (``allow_template_mismatch``
+            skips this check).
+    """
+    want = {
+        "template": {"mode": mode, "sha256": chat.template_hash(template)},
+        "target": {"sha256": target_sha},
+    }
+    keys = ["template", "target.sha256"]
+    check_compatible(dman, want, keys, f"drafter {where}", "allow_template_mismatch")
 
 
 def _heldout_prompts(p: RunParams, rd: RunDir) -> list[list[int]]:
