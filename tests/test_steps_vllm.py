@@ -10,6 +10,8 @@ import torch
 
 from eagle3nb.target import conventions
 from eagle3nb import params
+from eagle3nb.preflight import check_against_model
+from eagle3nb.rundir import RunDir
 from eagle3nb.steps.evaluate import eval_step
 from eagle3nb.steps.extract_sglang import extract_sglang_step
 from eagle3nb.steps.extract_vllm import extract_vllm_step
@@ -25,7 +27,7 @@ pytestmark = pytest.mark.skipif(not Path(DEFAULT_ENGINE_PYTHONS["vllm"]).is_file
 def run(tmp_path_factory):
     p = params.RunParams(outputs_dir=str(tmp_path_factory.mktemp("out")), run_name="v", max_train_prompts=8, max_new_tokens=16, max_steps=10, max_eval_prompts=4, eval_max_new_tokens=16, generate_engine="vllm", interactive=False)
     p = p.model_copy(update={k: v for k, v in {"extract_engine": "hf"}.items() if k in params.RunParams.model_fields})  # 02b on HF: the independent reference
-    params.check_against_model(p)
+    check_against_model(p)
     out = {"01": generate_step(p, progress=False), "02a": extract_vllm_step(p, progress=False), "02b": extract_sglang_step(p, progress=False)}
     return p, out
 
@@ -39,7 +41,7 @@ def test_generation_manifest_names_vllm(run):
 
 def test_02a_dataset_is_vllms_and_equals_hf_boundaries(run):
     p, out = run
-    rd = params.RunDir(p)
+    rd = RunDir(p)
     v, h = AuxDataset(rd.dataset_vllm), AuxDataset(rd.dataset)
     assert v.manifest["engine"]["name"] == "vllm" and v.manifest["engine"]["version"] == "0.32.0" and v.manifest["convention"] == "vllm"
     assert v.manifest["layer_ids"] == [1, 2, 4] and v.manifest["aux_boundaries"] == h.manifest["aux_boundaries"] == [1, 2, 4]
@@ -54,7 +56,7 @@ def test_02a_dataset_is_vllms_and_equals_hf_boundaries(run):
 
 def test_engine_speed_metrics(run):
     p, out = run
-    e = json.loads(params.RunDir(p).metrics.read_text())["engines"]["vllm"]
+    e = json.loads(RunDir(p).metrics.read_text())["engines"]["vllm"]
     for k in ("generate_tokens_per_s", "prefill_tokens_per_s_without_capture", "extract_tokens_per_s", "generate_tokens_per_s_01"):
         assert e[k] > 0
     assert e["capture_overhead_ratio"] == pytest.approx(e["prefill_tokens_per_s_without_capture"] / e["extract_tokens_per_s"], rel=1e-2)
@@ -65,7 +67,7 @@ def test_02a_stops_when_vllm_captures_other_boundaries(run, monkeypatch):
     boundary lower; the probe measures it and nothing is written."""
     p, _ = run
     p2 = p.model_copy(update={"run_name": "v-mismatch"})
-    src, dst = params.RunDir(p), params.RunDir(p2)
+    src, dst = RunDir(p), RunDir(p2)
     dst.make()
     for f in (src.generated, src.generation_manifest):
         (dst.generated.parent / f.name).write_bytes(f.read_bytes())
