@@ -5,6 +5,7 @@ Every expected value is computed here independently of the code under test: hand
 with character offsets for the loss mask, hashlib for template hashes, a plain no-cache greedy loop
 for generation, HF ``output_hidden_states`` for capture.
 """
+
 import hashlib
 import inspect
 
@@ -12,11 +13,19 @@ import pytest
 import torch
 from transformers import AddedToken, AutoTokenizer
 
-from eagle3nb.steps.evaluate import eval_step
+from eagle3nb.steps.evaluate import check_drafter_matches, eval_step
 from eagle3nb.target.capture import HFCaptureEngine, capture_boundaries
-from eagle3nb.text.chat import generated_sample, CHATML_TEMPLATE, CHATML_TEMPLATE_WITH_GENERATION, chat_sample, chat_turns_from_generation, encode_prompt, template_hash
+from eagle3nb.text.chat import (
+    generated_sample,
+    CHATML_TEMPLATE,
+    CHATML_TEMPLATE_WITH_GENERATION,
+    chat_sample,
+    chat_turns_from_generation,
+    encode_prompt,
+    template_hash,
+)
 from eagle3nb.text.generation import generate_batch
-from eagle3nb.manifest import ManifestMismatch, check_compatible
+from eagle3nb.manifest import ManifestMismatch
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 
@@ -52,7 +61,14 @@ S = lambda c: {"role": "system", "content": c}  # noqa: E731
 CONVERSATIONS = {
     "single": [U("Tell me a story."), A("Once upon a time there was a cat.")],
     "system": [S("You are kind."), U("Hi!"), A("Hello, little friend.")],
-    "multi": [U("Hi"), A("Hello."), U("And then?"), A("The dog ran\nto the park."), U("Why?"), A("It was happy!")],
+    "multi": [
+        U("Hi"),
+        A("Hello."),
+        U("And then?"),
+        A("The dog ran\nto the park."),
+        U("Why?"),
+        A("It was happy!"),
+    ],
     "system-multi": [S("Be brief."), U("Name a pet."), A("A cat."), U("Another?"), A("A dog.")],
     "short": [U("?"), A("!")],
 }
@@ -73,7 +89,12 @@ def chat_tok(target):
     (added, not special, not normalized: decode(skip_special_tokens=True) keeps them)."""
     t = AutoTokenizer.from_pretrained(str(target[2]))
     t.add_special_tokens({"additional_special_tokens": [IM_START, IM_END]})
-    t.add_tokens([AddedToken("<think>", normalized=False, special=False), AddedToken("</think>", normalized=False, special=False)])
+    t.add_tokens(
+        [
+            AddedToken("<think>", normalized=False, special=False),
+            AddedToken("</think>", normalized=False, special=False),
+        ]
+    )
     return t
 
 
@@ -97,7 +118,9 @@ def expected_sample(tok, messages):
 
 
 @pytest.mark.parametrize("name", list(CONVERSATIONS))
-@pytest.mark.parametrize("template", [CHATML_TEMPLATE, CHATML_TEMPLATE_WITH_GENERATION], ids=["prefix", "gentags"])
+@pytest.mark.parametrize(
+    "template", [CHATML_TEMPLATE, CHATML_TEMPLATE_WITH_GENERATION], ids=["prefix", "gentags"]
+)
 def test_chat_mask_is_assistant_spans_never_all_ones_or_zeros(chat_tok, name, template):
     messages = CONVERSATIONS[name]
     ids, mask = chat_sample(chat_tok, messages, chat_template=template)
@@ -115,17 +138,26 @@ REASONING = [
 
 
 @pytest.mark.parametrize("prompt,reasoning,answer", REASONING)
-def test_think_template_single_turn_is_what_serving_sends_and_generates(chat_tok, prompt, reasoning, answer):
+def test_think_template_single_turn_is_what_serving_sends_and_generates(
+    chat_tok, prompt, reasoning, answer
+):
     tok = chat_tok
     reply = f"<think>\n{reasoning}\n</think>\n\n{answer}"
     # served prompt: rendered by hand, tokenized like the server does
-    served = tok(f"{IM_START}user\n{prompt}{IM_END}\n{IM_START}assistant\n", add_special_tokens=False).input_ids
+    served = tok(
+        f"{IM_START}user\n{prompt}{IM_END}\n{IM_START}assistant\n", add_special_tokens=False
+    ).input_ids
     assert encode_prompt(tok, prompt, "chat", chat_template=THINK_TEMPLATE) == served
     # what the target generates: the reply (think block included) then the end-of-turn token
     generated = tok(reply, add_special_tokens=False).input_ids + [tok.convert_tokens_to_ids(IM_END)]
-    assert tok.convert_tokens_to_ids("<think>") in generated and tok.convert_tokens_to_ids("</think>") in generated
+    assert (
+        tok.convert_tokens_to_ids("<think>") in generated
+        and tok.convert_tokens_to_ids("</think>") in generated
+    )
 
-    ids, mask = chat_sample(tok, chat_turns_from_generation(prompt, reply), chat_template=THINK_TEMPLATE)
+    ids, mask = chat_sample(
+        tok, chat_turns_from_generation(prompt, reply), chat_template=THINK_TEMPLATE
+    )
     n = len(served) + len(generated)
     assert ids[:n] == served + generated
     assert tok.decode(ids[n:]).strip() == ""  # only ChatML's separator newline follows
@@ -164,17 +196,29 @@ def test_generated_sample_keeps_generated_tokens_exactly(chat_tok):
     text (decode is not the inverse of encode: '<think>' + newline decodes with an extra space; the
     target may emit a non-canonical split like '\u2581Once' that re-tokenises as 'O','n','ce')."""
     prompt = "Hi"
-    for template, reply in [(THINK_TEMPLATE, "<think>\nA cat.\n</think>\n\nOnce upon a time."), (CHATML_TEMPLATE, "Once upon a time.")]:
+    for template, reply in [
+        (THINK_TEMPLATE, "<think>\nA cat.\n</think>\n\nOnce upon a time."),
+        (CHATML_TEMPLATE, "Once upon a time."),
+    ]:
         served, generated = _served_and_generated(chat_tok, prompt, reply)
         assert encode_prompt(chat_tok, prompt, "chat", chat_template=template) == served
         ids, mask = generated_sample(served, generated)
         assert ids == served + generated and mask == [0] * len(served) + [1] * len(generated)
     odd = chat_tok.convert_tokens_to_ids(["\u2581Once"]) + [chat_tok.convert_tokens_to_ids(IM_END)]
     ids, mask = generated_sample(served, odd)
-    assert ids[len(served):] == odd
+    assert ids[len(served) :] == odd
     # on a canonical reply the chat template's own prefix rendering gives the same mask
-    served, generated = _served_and_generated(chat_tok, prompt, "Once upon a time, Tom saw a big dog.")
-    ids_c, mask_c = chat_sample(chat_tok, [{"role": "user", "content": prompt}, {"role": "assistant", "content": "Once upon a time, Tom saw a big dog."}], chat_template=CHATML_TEMPLATE)
+    served, generated = _served_and_generated(
+        chat_tok, prompt, "Once upon a time, Tom saw a big dog."
+    )
+    ids_c, mask_c = chat_sample(
+        chat_tok,
+        [
+            {"role": "user", "content": prompt},
+            {"role": "assistant", "content": "Once upon a time, Tom saw a big dog."},
+        ],
+        chat_template=CHATML_TEMPLATE,
+    )
     n = len(served) + len(generated)
     assert (ids_c[:n], mask_c[:n]) == generated_sample(served, generated)
 
@@ -183,33 +227,59 @@ def test_generated_sample_keeps_generated_tokens_exactly(chat_tok):
 
 
 def _eval_template_check(dman, mode, template, target_sha):
-    """The check eval_step runs before evaluating a drafter (same call as in eval_step)."""
-    check_compatible(dman, {"template": {"mode": mode, "sha256": template_hash(template)}, "target": {"sha256": target_sha}}, ["template", "target.sha256"], "drafter run/drafter", "allow_template_mismatch")
+    """The check eval_step runs before evaluating a drafter."""
+    check_drafter_matches(dman, mode, template, target_sha, "run/drafter")
 
 
 def test_template_hash_is_sha256_and_differs():
     for t in (CHATML_TEMPLATE, THINK_TEMPLATE, "completion-mode"):
         assert template_hash(t) == hashlib.sha256(t.encode("utf-8")).hexdigest()
-    assert len({template_hash(t) for t in (CHATML_TEMPLATE, CHATML_TEMPLATE_WITH_GENERATION, THINK_TEMPLATE, "completion-mode")}) == 4
+    assert (
+        len(
+            {
+                template_hash(t)
+                for t in (
+                    CHATML_TEMPLATE,
+                    CHATML_TEMPLATE_WITH_GENERATION,
+                    THINK_TEMPLATE,
+                    "completion-mode",
+                )
+            }
+        )
+        == 4
+    )
     assert template_hash(CHATML_TEMPLATE) != template_hash(CHATML_TEMPLATE + " ")
 
 
 def test_eval_refuses_drafter_trained_under_another_template():
-    src = inspect.getsource(eval_step)
-    assert 'check_compatible(dman, {"template"' in src and '["template", "target.sha256"]' in src
+    assert "check_drafter_matches(dman, p.mode, template_of(p, tok)" in inspect.getsource(eval_step)
     sha = "ab" * 32
-    dman = {"template": {"mode": "chat", "sha256": hashlib.sha256(CHATML_TEMPLATE.encode()).hexdigest()}, "target": {"sha256": sha}}
+    dman = {
+        "template": {
+            "mode": "chat",
+            "sha256": hashlib.sha256(CHATML_TEMPLATE.encode()).hexdigest(),
+        },
+        "target": {"sha256": sha},
+    }
     _eval_template_check(dman, "chat", CHATML_TEMPLATE, sha)  # same template: accepted
     with pytest.raises(ManifestMismatch, match="template") as e:
         _eval_template_check(dman, "chat", THINK_TEMPLATE, sha)
-    assert hashlib.sha256(THINK_TEMPLATE.encode()).hexdigest() in str(e.value) and "target.sha256" not in str(e.value)
-    with pytest.raises(ManifestMismatch, match="template"):  # a completion-mode eval of a chat drafter
+    assert hashlib.sha256(THINK_TEMPLATE.encode()).hexdigest() in str(
+        e.value
+    ) and "target.sha256" not in str(e.value)
+    with pytest.raises(
+        ManifestMismatch, match="template"
+    ):  # a completion-mode eval of a chat drafter
         _eval_template_check(dman, "completion", "completion-mode", sha)
 
 
 # --- 3. padding ---------------------------------------------------------------------------------
 
-TEXTS = ["Tom ran.", "Lily had a red ball and a", "Once upon a time, there was a big tree in the middle of a field and a bird"]
+TEXTS = [
+    "Tom ran.",
+    "Lily had a red ball and a",
+    "Once upon a time, there was a big tree in the middle of a field and a bird",
+]
 
 
 @torch.no_grad()
@@ -253,12 +323,16 @@ def test_capture_right_padded_equals_unpadded(target, pad):
         hs = model(torch.tensor([s]), output_hidden_states=True).hidden_states
         for b in range(n):
             torch.testing.assert_close(st[b][i, : len(s)], hs[b][0], atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(model.model.norm(st[n][i, : len(s)]), hs[n][0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            model.model.norm(st[n][i, : len(s)]), hs[n][0], atol=1e-5, rtol=1e-5
+        )
     # the engine (which pads with 0) gives the same per-sample states
     eng = HFCaptureEngine(model, "vllm", batch_size=3).capture(samples, [1, 2, n])
     for i, (c, s) in enumerate(zip(eng, samples)):
         hs = model(torch.tensor([s]), output_hidden_states=True).hidden_states
-        torch.testing.assert_close(c.aux, torch.cat([hs[1][0], hs[2][0], st[n][i, : len(s)]], -1), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            c.aux, torch.cat([hs[1][0], hs[2][0], st[n][i, : len(s)]], -1), atol=1e-5, rtol=1e-5
+        )
 
 
 def test_capture_refuses_left_padding_and_gaps(target):
@@ -297,7 +371,11 @@ def test_encode_prompt_lengths_and_context_limit(target, chat_tok):
     assert ids == tok(text).input_ids and ids[0] == tok.bos_token_id
     assert len(ids) > ctx  # never truncated silently
     chat_ids = encode_prompt(chat_tok, "Hi", "chat", chat_template=CHATML_TEMPLATE)
-    assert len(chat_ids) == len(chat_tok(f"{IM_START}user\nHi{IM_END}\n{IM_START}assistant\n", add_special_tokens=False).input_ids)
+    assert len(chat_ids) == len(
+        chat_tok(
+            f"{IM_START}user\nHi{IM_END}\n{IM_START}assistant\n", add_special_tokens=False
+        ).input_ids
+    )
     with pytest.raises(ValueError, match=f"exceeds the context of {ctx}"):
         generate_batch(model, [[1, 300], ids], 5, tok.eos_token_id)
     short = ids[: ctx - 10]

@@ -1,34 +1,53 @@
-"""One function per notebook: the work of 01/02b/03/04, reading and writing only the run directory.
+"""What the step modules share: run-folder inputs, checks written once (generation manifest,
+measured boundaries) and metrics.json helpers.
 
-Notebooks call these and plot; each step validates its inputs (and the previous step's manifest)
-before long work starts, writes its artefacts atomically, and merges its numbers into metrics.json.
+Each step validates its inputs (and the previous step's manifest) before long work starts, writes
+its artefacts atomically, and merges its numbers into metrics.json.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 
+import torch
 
-from eagle3nb.text import chat
-from eagle3nb.target import conventions, models
-from eagle3nb.target.capture import n_layers_of
 from eagle3nb.manifest import check_compatible, read_json
-from eagle3nb.rundir import RunDir, resolve_path, update_metrics
 from eagle3nb.params import RunParams, resolve_device
+from eagle3nb.rundir import RunDir, read_metrics, resolve_path, update_metrics
+from eagle3nb.target import conventions, models
+from eagle3nb.target.alignment import (
+    alignment_matrix,
+    alignment_verdict,
+    reference_states,
+)
+from eagle3nb.target.capture import n_layers_of
+from eagle3nb.text import chat
 
 
 def progress_bar():
+    """tqdm's notebook-aware bar class (imported only when a step shows progress)."""
     from tqdm.auto import tqdm
 
     return tqdm
 
 
 def target_info(path, model, cache_dir=None) -> dict:
-    """Manifest block describing the target model (its sha256 cached in ``cache_dir``, the run folder)."""
+    """Manifest block describing the target model (its sha256 cached in ``cache_dir``, the run
+    folder)."""
     c = model.config
-    return {"name": path.name, "path": str(path), "sha256": models.model_hash(path, cache_dir), "architecture": (c.architectures or ["?"])[0], "n_layers": n_layers_of(model), "hidden_size": c.hidden_size, "vocab_size": c.vocab_size}
+    return {
+        "name": path.name,
+        "path": str(path),
+        "sha256": models.model_hash(path, cache_dir),
+        "architecture": (c.architectures or ["?"])[0],
+        "n_layers": n_layers_of(model),
+        "hidden_size": c.hidden_size,
+        "vocab_size": c.vocab_size,
+    }
 
 
 def template_of(p: RunParams, tok) -> str:
+    """The chat template text this run renders with (``p.chat_template`` or the tokenizer's)."""
     text = resolve_path(p.chat_template).read_text() if p.chat_template else None
     return chat.template_text(tok, text, p.mode)
 
@@ -45,12 +64,47 @@ def record_checks(rd: RunDir, step: str, checks: list[str]) -> None:
 
 
 def merge_engine_metrics(rd: RunDir, engine: str, values: dict) -> None:
-    """Merge ``values`` into ``metrics.json["engines"][engine]`` (01, 02a and 04 each add theirs)."""
-    from eagle3nb.rundir import read_metrics
-
+    """Merge ``values`` into ``metrics.json["engines"][engine]`` (01, 02a, 02b and 04 each add
+    theirs)."""
     cur = dict(read_metrics(rd.metrics).get("engines", {}).get(engine, {}))
     cur.update(values)
     update_metrics(rd.metrics, "engines", {engine: cur})
+
+
+def read_generation_manifest(rd: RunDir) -> dict:
+    """01's ``generation_manifest.json``.
+
+    Raises:
+        FileNotFoundError: 01_generate has not run in this run folder.
+    """
+    return read_json(rd.generation_manifest, "generation manifest (from 01_generate)")
+
+
+def checked_generation(
+    p: RunParams, rd: RunDir, model, tok, path, gman: dict | None = None
+) -> tuple[dict, dict]:
+    """01's generation manifest (``gman`` when already read), checked against this run's target and
+    template (02a, 02b and online 03 all start from 01's output).
+
+    Returns:
+        ``(generation manifest, target block)`` (the block as :func:`target_info` gives it).
+
+    Raises:
+        FileNotFoundError: 01_generate has not run in this run folder.
+        ManifestMismatch: 01 ran with another target (sha256) or template.
+    """
+    if gman is None:
+        gman = read_generation_manifest(rd)
+    tinfo = target_info(path, model, rd.root)
+    template = {"mode": p.mode, "sha256": chat.template_hash(template_of(p, tok))}
+    check_compatible(
+        gman,
+        {"target": tinfo, "template": template},
+        ["target.sha256", "template"],
+        "generation output",
+        "(delete the run folder)",
+    )
+    return gman, tinfo
 
 
 def extraction_inputs(p: RunParams):
@@ -58,10 +112,101 @@ def extraction_inputs(p: RunParams):
     and template), the target in ``p.dtype`` on its device, its manifest block, and the run's aux
     ids and boundaries. Returns ``(rd, gman, device, model, tok, path, tinfo, ids, bnds)``."""
     rd = RunDir(p)
-    gman = read_json(rd.generation_manifest, "generation manifest (from 01_generate)")
+    gman = read_generation_manifest(rd)  # a missing 01 fails before the target loads
     device = resolve_device(p)
     model, tok, path = models.load_target(p.model, p.dtype, device)
-    tinfo = target_info(path, model, rd.root)
-    check_compatible(gman, {"target": tinfo, "template": {"mode": p.mode, "sha256": chat.template_hash(template_of(p, tok))}}, ["target.sha256", "template"], "generation output", "(delete the run folder)")
+    gman, tinfo = checked_generation(p, rd, model, tok, path, gman)
     ids, bnds = resolve_aux(p, tinfo["n_layers"])
     return rd, gman, device, model, tok, path, tinfo, ids, bnds
+
+
+def check_engine_boundaries(label: str, engine, engine_ids: Sequence[int], bnds: list[int]) -> None:
+    """Refuse an engine whose ids (its own convention) name other boundaries than the run's.
+
+    Raises:
+        ValueError: ``engine.boundaries(engine_ids) != bnds``.
+    """
+    got = engine.boundaries(engine_ids)
+    if got != bnds:
+        raise ValueError(f"{label} ids {engine_ids} name boundaries {got}, the run declares {bnds}")
+
+
+def check_alignment(
+    p: RunParams,
+    name: str,
+    convention: str,
+    engine_ids: Sequence[int],
+    bnds: list[int],
+    captured: torch.Tensor,
+    model,
+    probe: Sequence[int],
+) -> tuple[dict, torch.Tensor, list[int]]:
+    """Measure which boundaries an engine really captured on one probe sample, before anything is
+    written or trained: every captured slot against the HF reference (``model``) at every boundary
+    0..N (see :mod:`eagle3nb.target.alignment`).
+
+    Args:
+        name, convention: the engine's name and id convention (for the error message).
+        engine_ids: the ids the engine was asked for; ``bnds``: the boundaries they declare.
+        captured: ``[T, n_aux*H]`` aux states of ``probe`` (``T`` tokens) from the engine.
+        model: HF target, in the capture dtype, giving the reference states.
+
+    Returns:
+        ``(verdict, err, reference_boundaries)``: :func:`alignment_verdict`'s dict, the error
+        matrix ``[n_aux, N+1]`` float64 and its column boundaries.
+
+    Raises:
+        ValueError: a measured boundary differs from the declared one (unless
+            ``p.allow_boundary_mismatch``), or the capture has other rows/widths than the reference.
+    """
+    err, ref_b = alignment_matrix(captured.float(), reference_states(model, probe), len(bnds))
+    align = alignment_verdict(err, ref_b, bnds, p.dtype)
+    if not align["ok"] and not p.allow_boundary_mismatch:
+        verdicts = [s["verdict"] for s in align["slots"]]
+        raise ValueError(
+            f"{name} captured boundaries {align['measured']} for {convention} ids "
+            f"{list(engine_ids)}, declared {bnds} ({verdicts}); fix convention/layer_ids, or set "
+            "allow_boundary_mismatch=True to continue"
+        )
+    return align, err, ref_b
+
+
+def record_alignment(rd: RunDir, name: str, align: dict, **extra) -> None:
+    """Merge one engine's alignment verdict (and ``extra`` keys) into
+    ``metrics.json["alignment"][name]``."""
+    entry = {
+        "declared": align["declared"],
+        "measured": align["measured"],
+        "verdicts": [x["verdict"] for x in align["slots"]],
+        "max_error": max(x["error"] for x in align["slots"]),
+        "tolerance": align["tolerance"],
+    }
+    update_metrics(rd.metrics, "alignment", {name: dict(entry, **extra)})
+
+
+def extraction_check_lines(
+    gman: dict, ids_line: str, align: dict, disk: dict, m: dict
+) -> list[str]:
+    """The metrics.json["checks"] lines 02a and 02b both record: 01's manifest, the ids
+    (``ids_line``), the alignment verdict, the disk plan, the written dataset (manifest ``m``)."""
+    state = "match" if align["ok"] else "MISMATCH, allowed by allow_boundary_mismatch"
+    sk = m["skipped"]
+    sha = gman["target"]["sha256"][:12]
+    return [
+        f"target sha256 and template match the generation manifest ({sha})",
+        ids_line,
+        (
+            f"alignment on a probe sample: measured boundaries {align['measured']} ({state}; "
+            f"tolerance {align['tolerance']})"
+        ),
+        (
+            f"disk need {disk['total_bytes']} B (shards exact: {disk['shard_bytes']} B) "
+            f"<= free {disk['free_bytes']} B"
+        ),
+        f"engine row count == token count for all {m['n_samples']} samples",
+        (
+            f"finite states: {len(sk['nonfinite'])} samples skipped, "
+            f"{len(sk['empty_loss_mask'])} with empty loss mask skipped"
+        ),
+        f"{len(m['shards'])} shards written atomically with sha256",
+    ]

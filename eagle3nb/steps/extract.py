@@ -1,5 +1,5 @@
-"""Offline extraction plumbing shared by the 02 notebooks: the disk plan, and sharded extraction
-over N worker processes.
+"""Offline extraction plumbing shared by the 02 notebooks: the samples, the disk plan, the engine
+speed, and sharded extraction over N worker processes.
 
 Sharded extraction: the samples are cut into shards exactly as one process would
 (:func:`eagle3nb.dataset.write.shard_plan`); worker ``w`` of ``W`` writes the shards ``i % W == w``
@@ -17,35 +17,93 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
-from eagle3nb.text import chat
-from eagle3nb.target import models
-from eagle3nb.dataset.write import WORKERS_DIR, merge_workers, prepare_dataset, shard_plan, write_dataset
-from eagle3nb.text.generation import read_jsonl
+from eagle3nb.dataset.layout import (
+    estimate_dataset_bytes,
+    shard_file_bytes,
+    shard_layout,
+)
+from eagle3nb.dataset.write import (
+    WORKERS_DIR,
+    merge_workers,
+    prepare_dataset,
+    shard_plan,
+    write_dataset,
+)
 from eagle3nb.manifest import atomic_write_json, read_json
-from eagle3nb.rundir import RunDir
 from eagle3nb.params import RunParams
-from eagle3nb.dataset.layout import estimate_dataset_bytes, shard_file_bytes, shard_layout
+from eagle3nb.rundir import RunDir
+from eagle3nb.target import models
+from eagle3nb.text import chat
+from eagle3nb.text.generation import read_jsonl
 
-__all__ = ["train_samples", "disk_plan", "check_disk", "write", "launch_workers", "finish_workers", "worker_main", "metadata_bytes_max", "capture_overhead"]
+__all__ = [
+    "capture_overhead",
+    "check_disk",
+    "checked_train_samples",
+    "disk_plan",
+    "engine_speed",
+    "finish_workers",
+    "launch_workers",
+    "metadata_bytes_max",
+    "train_samples",
+    "worker_main",
+    "write",
+]
 
 
 def train_samples(rd: RunDir) -> list[tuple[int, list[int], list[int]]]:
     """``(sample_id, input_ids, loss_mask)`` of every train record of 01 with generated tokens: the
-    served prompt ids plus exactly the generated ids (see :func:`eagle3nb.text.chat.generated_sample`)."""
+    served prompt ids plus exactly the generated ids (see
+    :func:`eagle3nb.text.chat.generated_sample`)."""
     recs = [r for r in read_jsonl(rd.generated) if r["split"] == "train"]
-    return [(r["id"], *chat.generated_sample(r["prompt_ids"], r["output_ids"])) for r in recs if r["output_ids"]]
+    return [
+        (r["id"], *chat.generated_sample(r["prompt_ids"], r["output_ids"]))
+        for r in recs
+        if r["output_ids"]
+    ]
+
+
+def checked_train_samples(
+    rd: RunDir, purpose: str = "extract"
+) -> list[tuple[int, list[int], list[int]]]:
+    """:func:`train_samples`, refusing an empty list (``purpose`` names what they were for).
+
+    Raises:
+        ValueError: no train record of 01 has generated tokens.
+    """
+    samples = train_samples(rd)
+    if not samples:
+        raise ValueError(
+            "no train sample with generated tokens: 01_generate produced nothing to "
+            f"{purpose}; check prompts_file and max_new_tokens"
+        )
+    return samples
 
 
 def metadata_bytes_max(n_shards: int, n_samples: int) -> int:
-    """Upper bound on manifest.json (provenance ~ a few KB, one ~0.5 KB entry per shard, skipped ids)."""
+    """Upper bound on manifest.json in bytes (provenance ~ a few KB, one ~0.5 KB entry per shard,
+    skipped ids)."""
     return 64 * 1024 + 640 * n_shards + 24 * n_samples
 
 
-def disk_plan(p: RunParams, samples: Sequence | None = None, n_aux: int | None = None, hidden: int | None = None) -> dict:
+def disk_plan(
+    p: RunParams,
+    samples: Sequence | None = None,
+    n_aux: int | None = None,
+    hidden: int | None = None,
+    *,
+    out_dir: str | os.PathLike | None = None,
+    aux_storage: str | None = None,
+) -> dict:
     """Disk need of the offline dataset vs the free space, before any capture (config.json only).
+
+    Args:
+        samples, n_aux, hidden: default to 01's train samples and the run's boundaries and H.
+        out_dir: the dataset folder (default the run's ``dataset/``; 02a: ``dataset_vllm/``).
+        aux_storage: how the aux slots are stored (default ``p.aux_storage``).
 
     Returns:
         ``{"shard_bytes"`` (exact size of the shard files), ``"metadata_bytes_max"``,
@@ -56,36 +114,93 @@ def disk_plan(p: RunParams, samples: Sequence | None = None, n_aux: int | None =
     from eagle3nb.target.conventions import aux_ids_and_boundaries
 
     rd = RunDir(p)
+    out = Path(out_dir) if out_dir is not None else rd.dataset
+    storage = aux_storage or p.aux_storage
     if samples is None:
         samples = train_samples(rd)
     if n_aux is None or hidden is None:
         cfg = models.read_model_config(models.resolve_model(p.model))
-        n_aux = len(aux_ids_and_boundaries(p.convention, p.layer_ids, cfg["num_hidden_layers"])[1])
+        _, bnds = aux_ids_and_boundaries(p.convention, p.layer_ids, cfg["num_hidden_layers"])
+        n_aux = len(bnds)
         hidden = cfg["hidden_size"]
     dtype = models.DTYPES[p.dtype]
     plan = shard_plan(list(samples), p.shard_size)
-    lens = [[len(s[1]) for s in chunk if any(s[2])] for _, chunk in plan]  # empty masks are skipped
-    est = estimate_dataset_bytes(lens, n_aux, hidden, dtype, p.aux_storage)
+    lens = [[len(s[1]) for s in chunk if any(s[2])] for _, chunk in plan]  # empty masks: skipped
+    est = estimate_dataset_bytes(lens, n_aux, hidden, dtype, storage)
     meta = metadata_bytes_max(len(plan), len(samples))
-    todo = sum(shard_file_bytes(shard_layout(ls, n_aux, hidden, dtype, p.aux_storage)) for (name, _), ls in zip(plan, lens) if not (rd.dataset / name).exists())
-    where = rd.dataset if rd.dataset.exists() else next(x for x in [rd.dataset, *rd.dataset.parents] if x.exists())
+    todo = sum(
+        shard_file_bytes(shard_layout(ls, n_aux, hidden, dtype, storage))
+        for (name, _), ls in zip(plan, lens)
+        if not (out / name).exists()
+    )
+    where = out if out.exists() else next(x for x in [out, *out.parents] if x.exists())
     free = shutil.disk_usage(where).free
-    return dict(est, metadata_bytes_max=meta, total_bytes=est["shard_bytes"] + meta, remaining_bytes=todo + meta, free_bytes=free, fits=todo + meta <= free, aux_storage=p.aux_storage, dtype=p.dtype, path=str(rd.dataset))
+    return dict(
+        est,
+        metadata_bytes_max=meta,
+        total_bytes=est["shard_bytes"] + meta,
+        remaining_bytes=todo + meta,
+        free_bytes=free,
+        fits=todo + meta <= free,
+        aux_storage=storage,
+        dtype=p.dtype,
+        path=str(out),
+    )
 
 
-def check_disk(plan: dict) -> None:
-    """Refuse to start an extraction that cannot fit.
+def check_disk(plan: dict, int8_hint: bool = True) -> None:
+    """Refuse to start an extraction that cannot fit (``int8_hint``: whether ``aux_storage: int8``
+    would apply to this dataset, so the message may suggest it).
 
     Raises:
         OSError: the remaining shards and metadata need more than the free space; the message
             gives both numbers and the fixes.
     """
     if not plan["fits"]:
-        hint = "" if plan["aux_storage"] == "int8" else ", or aux_storage: int8"
-        raise OSError(f"the dataset needs {plan['remaining_bytes'] / 1e9:.3f} GB more ({plan['formula']}) but {plan['path']} has {plan['free_bytes'] / 1e9:.3f} GB free; free space, lower max_train_prompts/max_new_tokens, use dtype: bfloat16{hint}, or training_mode: online (no states on disk)")
+        hint = "" if plan["aux_storage"] == "int8" or not int8_hint else ", or aux_storage: int8"
+        raise OSError(
+            f"the dataset needs {plan['remaining_bytes'] / 1e9:.3f} GB more ({plan['formula']}) "
+            f"but {plan['path']} has {plan['free_bytes'] / 1e9:.3f} GB free; free space, lower "
+            f"max_train_prompts/max_new_tokens, use dtype: bfloat16{hint}, or training_mode: "
+            "online (no states on disk)"
+        )
 
 
-def write(p: RunParams, rd: RunDir, samples: Sequence, engine, ids: Sequence[int], manifest: dict, progress=None) -> dict:
+def engine_speed(
+    p: RunParams, client, timed, samples: Sequence, engine_ids, model, tok, batch_size: int = 32
+) -> dict:
+    """An engine server's tokens/s in this run (see
+    :func:`eagle3nb.engines.vllm_helpers.measure_speed`): generation of 01's train prompts,
+    prefill without capture in calls of ``batch_size`` samples, and the capture ``timed`` (a
+    ``TimedCapture``) measured during extraction, or now if the dataset was complete already."""
+    from eagle3nb.engines.vllm_helpers import measure_speed
+
+    if not timed.tokens:  # the dataset was complete already (resumed): time one capture pass now
+        for i in range(0, len(samples), p.capture_batch_size):
+            timed.capture([s[1] for s in samples[i : i + p.capture_batch_size]], engine_ids)
+    recs = [r for r in read_jsonl(RunDir(p).generated) if r["split"] == "train"]
+    return measure_speed(
+        client,
+        [r["prompt_ids"] for r in recs],
+        [s[1] for s in samples],
+        p.max_new_tokens,
+        models.stop_token_ids(model, tok),
+        p.seed,
+        timed.seconds,
+        timed.tokens,
+        batch_size,
+    )
+
+
+def write(
+    p: RunParams,
+    rd: RunDir,
+    samples: Sequence,
+    engine,
+    ids: Sequence[int],
+    manifest: dict,
+    progress=None,
+) -> dict:
     """Write the dataset with ``p.extract_workers`` processes (1: in this process, with ``engine``;
     more: each worker loads its own HF engine). Returns the complete manifest.
 
@@ -94,23 +209,33 @@ def write(p: RunParams, rd: RunDir, samples: Sequence, engine, ids: Sequence[int
     """
     dtype = models.DTYPES[p.dtype]
     if p.extract_workers <= 1:
-        return write_dataset(rd.dataset, samples, lambda xs: engine.capture(xs, ids), manifest, p.shard_size, dtype, progress, p.aux_storage)
-    man = prepare_dataset(rd.dataset, samples, manifest, p.shard_size, p.aux_storage)
+        return write_dataset(
+            rd.dataset,
+            samples,
+            lambda xs: engine.capture(xs, ids),
+            manifest,
+            p.shard_size,
+            dtype,
+            progress,
+            p.aux_storage,
+        )
+    # the folder and its incomplete manifest first: refuses other settings before any worker starts
+    prepare_dataset(rd.dataset, samples, manifest, p.shard_size, p.aux_storage)
     plan_file = rd.dataset / WORKERS_DIR / "plan.json"
     atomic_write_json(plan_file, {"params": p.model_dump(), "manifest": manifest, "ids": list(ids)})
-    del man
     return finish_workers(launch_workers(plan_file, p.extract_workers), plan_file)
 
 
 def launch_workers(plan_file: str | os.PathLike, workers: int) -> list[subprocess.Popen]:
-    """Start ``workers`` processes ``python -m eagle3nb.steps.extract PLAN w W`` (their output goes to
-    ``workers/worker-w.log``)."""
+    """Start ``workers`` processes ``python -m eagle3nb.steps.extract PLAN w W`` (their output
+    goes to ``workers/worker-w.log``)."""
     plan_file = Path(plan_file)
     procs = []
     for w in range(workers):
-        log = open(plan_file.parent / f"worker-{w:05d}.log", "w")
-        procs.append(subprocess.Popen([sys.executable, "-m", "eagle3nb.steps.extract", str(plan_file), str(w), str(workers)], stdout=log, stderr=subprocess.STDOUT))
-        log.close()
+        cmd = [sys.executable, "-m", "eagle3nb.steps.extract", str(plan_file), str(w), str(workers)]
+        # the child keeps its own copy of the log's descriptor; ours closes after the start
+        with open(plan_file.parent / f"worker-{w:05d}.log", "w") as log:
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
     return procs
 
 
@@ -127,18 +252,29 @@ def finish_workers(procs: list[subprocess.Popen], plan_file: str | os.PathLike) 
     p = RunParams(**plan["params"])
     samples = train_samples(RunDir(p))
     try:
-        return merge_workers(plan_file.parent.parent, samples, plan["manifest"], p.shard_size, p.aux_storage, len(procs))
+        return merge_workers(
+            plan_file.parent.parent,
+            samples,
+            plan["manifest"],
+            p.shard_size,
+            p.aux_storage,
+            len(procs),
+        )
     except RuntimeError as e:
         bad = [(w, c) for w, c in enumerate(codes) if c != 0]
         tails = []
         for w, c in bad:
             log = plan_file.parent / f"worker-{w:05d}.log"
             tail = log.read_text()[-600:] if log.exists() else ""
-            tails.append(f"worker {w} exit code {c}{' (killed)' if c < 0 else ''}: ...{tail.strip()[-400:]}")
+            tails.append(
+                f"worker {w} exit code {c}{' (killed)' if c < 0 else ''}: ...{tail.strip()[-400:]}"
+            )
         raise RuntimeError(f"{e}. " + " | ".join(tails)) from None
 
 
-def capture_overhead(model, engine, samples: Sequence, ids: Sequence[int], max_samples: int = 128, repeats: int = 3) -> dict:
+def capture_overhead(
+    model, engine, samples: Sequence, ids: Sequence[int], max_samples: int = 128, repeats: int = 3
+) -> dict:
     """Extraction speed with and without capture, measured in this process on the same samples:
     the target's plain decoder forward (no hooks) vs the engine's capture (hooks, clones, copies
     to CPU), same batches; the median of ``repeats`` alternating timings after a warm-up.
@@ -190,7 +326,15 @@ def capture_overhead(model, engine, samples: Sequence, ids: Sequence[int], max_s
         tc.append(timed(captured))
     n_tok = sum(map(len, xs))
     p_s, c_s = statistics.median(tp), statistics.median(tc)
-    return {"engine": engine.engine_name, "plain_forward_tokens_per_s": round(n_tok / p_s, 1), "capture_tokens_per_s": round(n_tok / c_s, 1), "capture_overhead_ratio": round(c_s / p_s, 3), "measured_on_tokens": n_tok, "batch_size": bs, "repeats": repeats}
+    return {
+        "engine": engine.engine_name,
+        "plain_forward_tokens_per_s": round(n_tok / p_s, 1),
+        "capture_tokens_per_s": round(n_tok / c_s, 1),
+        "capture_overhead_ratio": round(c_s / p_s, 3),
+        "measured_on_tokens": n_tok,
+        "batch_size": bs,
+        "repeats": repeats,
+    }
 
 
 def worker_main(argv: Sequence[str]) -> int:
@@ -211,7 +355,17 @@ def worker_main(argv: Sequence[str]) -> int:
     engine = HFCaptureEngine(model, p.convention, p.capture_batch_size)
     rd = RunDir(p)
     t0 = time.time()
-    rec = write_dataset(rd.dataset, train_samples(rd), lambda xs: engine.capture(xs, plan["ids"]), plan["manifest"], p.shard_size, models.DTYPES[p.dtype], None, p.aux_storage, worker=(w, W))
+    rec = write_dataset(
+        rd.dataset,
+        train_samples(rd),
+        lambda xs: engine.capture(xs, plan["ids"]),
+        plan["manifest"],
+        p.shard_size,
+        models.DTYPES[p.dtype],
+        None,
+        p.aux_storage,
+        worker=(w, W),
+    )
     print(f"worker {w}/{W}: {len(rec['shards'])} shards in {time.time() - t0:.1f} s", flush=True)
     return 0
 

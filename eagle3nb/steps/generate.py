@@ -4,71 +4,164 @@ from __future__ import annotations
 
 import time
 
-
-from eagle3nb.text import chat
-from eagle3nb.target import models
-from eagle3nb.text.generation import generate_batch, write_jsonl
-from eagle3nb.manifest import atomic_write_json, provenance, sha256_file
-from eagle3nb.steps.common import merge_engine_metrics, progress_bar, record_checks, target_info, template_of
-from eagle3nb.rundir import RunDir, resolve_path, update_metrics
-from eagle3nb.params import RunParams, resolve_device
-from eagle3nb.text.prompts import load_prompts, split_prompts
 from eagle3nb.engines.vllm_helpers import start_vllm
+from eagle3nb.manifest import atomic_write_json, provenance, sha256_file
+from eagle3nb.params import RunParams, resolve_device
+from eagle3nb.rundir import RunDir, resolve_path, update_metrics
+from eagle3nb.steps.common import (
+    merge_engine_metrics,
+    progress_bar,
+    record_checks,
+    target_info,
+    template_of,
+)
+from eagle3nb.target import models
+from eagle3nb.text import chat
+from eagle3nb.text.generation import generate_batch, write_jsonl
+from eagle3nb.text.prompts import load_prompts, split_prompts
 
 
 def generate_step(p: RunParams, progress=True) -> dict:
-    """01: regenerate a continuation for each train prompt; store held-out prompts for 04."""
+    """01: regenerate a continuation for each train prompt; store held-out prompts for 04.
+
+    Writes ``data/generated.jsonl`` (one record per prompt: id, split, prompt, prompt_ids and,
+    for train prompts, output_ids and text) and ``data/generation_manifest.json``.
+
+    Returns:
+        ``{"manifest": the generation manifest, "records": the records, "stats":
+        metrics.json["generate"]}``.
+
+    Raises:
+        ValueError: a prompt plus ``max_new_tokens`` exceeds the target's context.
+    """
     rd = RunDir(p).make()
     model, tok, path = models.load_target(p.model, p.dtype, resolve_device(p))
     template = template_of(p, tok)
-    train, held = split_prompts(load_prompts(resolve_path(p.prompts_file)), p.heldout_fraction, p.seed)
+    prompts = load_prompts(resolve_path(p.prompts_file))
+    train, held = split_prompts(prompts, p.heldout_fraction, p.seed)
     if p.max_train_prompts:
         train = train[: p.max_train_prompts]
     ctx = model.config.max_position_embeddings
-    tmpl = template if p.mode == "chat" else None
+    recs = _records(p, tok, template if p.mode == "chat" else None, train, held, ctx)
+    todo = [r for r in recs if r["split"] == "train"]
+    eos = models.stop_token_ids(model, tok)
+    engine, secs = _generate(p, rd, model, tok, path, todo, eos, progress)
+    write_jsonl(rd.generated, recs)
+    n_tok = sum(len(r["output_ids"]) for r in todo)
+    man = _manifest(p, rd, model, path, engine, eos, template, len(train), len(held), n_tok)
+    atomic_write_json(rd.generation_manifest, man)
+    stats = {
+        "engine": engine["name"],
+        "engine_version": engine["version"],
+        "n_train_prompts": len(train),
+        "n_heldout_prompts": len(held),
+        "generated_tokens": n_tok,
+        "seconds": round(secs, 3),
+        "tokens_per_s": round(n_tok / secs, 1) if secs else None,
+    }
+    update_metrics(rd.metrics, "generate", stats)
+    if p.generate_engine == "vllm":
+        merge_engine_metrics(
+            rd,
+            "vllm",
+            {
+                "generate_tokens_per_s_01": stats["tokens_per_s"],
+                "generate_tokens_per_s_01_is": "01_generate wall time of the train prompts in "
+                "batches of gen_batch_size (engine start excluded)",
+            },
+        )
+    record_checks(
+        rd,
+        "01_generate",
+        [
+            f"params validated ({len(RunParams.model_fields)} keys)",
+            f"{len(recs)} prompts fit the context of {ctx} with max_new_tokens={p.max_new_tokens}",
+            "train/held-out split disjoint by prompt hash",
+        ],
+    )
+    return {"manifest": man, "records": recs, "stats": stats}
+
+
+def _records(p: RunParams, tok, template, train, held, ctx: int) -> list[dict]:
+    """One record per prompt (train first, then held-out), its ids as the target will be served
+    them (``template``: the chat template, None in completion mode).
+
+    Raises:
+        ValueError: a prompt plus ``max_new_tokens`` exceeds the context ``ctx``.
+    """
     recs = []
     for split, prompts in (("train", train), ("heldout", held)):
         for i, text in enumerate(prompts):
-            ids = chat.encode_prompt(tok, text, p.mode, tmpl)
+            ids = chat.encode_prompt(tok, text, p.mode, template)
             if len(ids) + p.max_new_tokens > ctx:
-                raise ValueError(f"prompt {split}[{i}] has {len(ids)} tokens; with max_new_tokens={p.max_new_tokens} it exceeds the context of {ctx}; shorten it or lower max_new_tokens")
+                raise ValueError(
+                    f"prompt {split}[{i}] has {len(ids)} tokens; with max_new_tokens="
+                    f"{p.max_new_tokens} it exceeds the context of {ctx}; shorten it or lower "
+                    "max_new_tokens"
+                )
             recs.append({"id": len(recs), "split": split, "prompt": text, "prompt_ids": ids})
-    todo = [r for r in recs if r["split"] == "train"]
-    eos = models.stop_token_ids(model, tok)
-    batches = range(0, len(todo), p.gen_batch_size)
+    return recs
+
+
+def _generate(
+    p: RunParams, rd: RunDir, model, tok, path, todo, eos, progress
+) -> tuple[dict, float]:
+    """Generate a continuation of each ``todo`` record in batches of ``gen_batch_size`` (HF in this
+    process, or vLLM), setting its ``output_ids`` and ``text``. Returns ``(manifest engine block,
+    seconds)``, the vLLM engine start excluded."""
     client = start_vllm(p, path, p.dtype, rd.root) if p.generate_engine == "vllm" else None
+    batches = range(0, len(todo), p.gen_batch_size)
     try:
         if client is not None:
             info = client.info()
-            engine = {"name": info["engine_name"], "version": info["engine_version"], "torch": info["torch_version"], "device": info["device"]}
-            client.generate([todo[0]["prompt_ids"]], 1, eos, 0.0, 1.0, p.seed) if todo else None  # engine start, not timed
+            engine = {
+                "name": info["engine_name"],
+                "version": info["engine_version"],
+                "torch": info["torch_version"],
+                "device": info["device"],
+            }
+            if todo:  # engine start, not timed
+                client.generate([todo[0]["prompt_ids"]], 1, eos, 0.0, 1.0, p.seed)
         else:
             engine = {"name": "hf-transformers", "version": __import__("transformers").__version__}
         t0 = time.time()
-        for s in (progress_bar()(batches, desc=f"generate ({engine['name']})") if progress else batches):
+        desc = f"generate ({engine['name']})"
+        for s in progress_bar()(batches, desc=desc) if progress else batches:
             chunk = todo[s : s + p.gen_batch_size]
             pids = [r["prompt_ids"] for r in chunk]
-            outs = client.generate(pids, p.max_new_tokens, eos, p.temperature, p.top_p, p.seed + s) if client is not None else generate_batch(model, pids, p.max_new_tokens, eos, p.temperature, p.top_p, p.seed + s)
+            args = (pids, p.max_new_tokens, eos, p.temperature, p.top_p, p.seed + s)
+            outs = client.generate(*args) if client is not None else generate_batch(model, *args)
             for r, o in zip(chunk, outs):
                 r["output_ids"], r["text"] = o, tok.decode(o, skip_special_tokens=True)
         secs = time.time() - t0
     finally:
         if client is not None:
             client.close()
-    write_jsonl(rd.generated, recs)
-    n_tok = sum(len(r["output_ids"]) for r in todo)
-    man = provenance(
-        p.seed, kind="eagle3nb-generation", target=target_info(path, model, rd.root),
+    return engine, secs
+
+
+def _manifest(p: RunParams, rd: RunDir, model, path, engine, eos, template, n_train, n_held, n_tok):
+    """generation_manifest.json: target, engine, decoding, template and prompts of 01's output."""
+    prompts_file = resolve_path(p.prompts_file)
+    decoding = {
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "max_new_tokens": p.max_new_tokens,
+        "greedy": p.temperature == 0,
+        "stop_token_ids": eos,
+    }
+    return provenance(
+        p.seed,
+        kind="eagle3nb-generation",
+        target=target_info(path, model, rd.root),
         engine=engine,
-        decoding={"temperature": p.temperature, "top_p": p.top_p, "max_new_tokens": p.max_new_tokens, "greedy": p.temperature == 0, "stop_token_ids": eos},
-        template={"mode": p.mode, "sha256": chat.template_hash(template)}, dtype=p.dtype,
-        prompts_file={"path": str(resolve_path(p.prompts_file)), "sha256": sha256_file(resolve_path(p.prompts_file))},
-        n_train=len(train), n_heldout=len(held), generated_tokens=n_tok, file=rd.generated.name, file_sha256=sha256_file(rd.generated),
+        decoding=decoding,
+        template={"mode": p.mode, "sha256": chat.template_hash(template)},
+        dtype=p.dtype,
+        prompts_file={"path": str(prompts_file), "sha256": sha256_file(prompts_file)},
+        n_train=n_train,
+        n_heldout=n_held,
+        generated_tokens=n_tok,
+        file=rd.generated.name,
+        file_sha256=sha256_file(rd.generated),
     )
-    atomic_write_json(rd.generation_manifest, man)
-    stats = {"engine": engine["name"], "engine_version": engine["version"], "n_train_prompts": len(train), "n_heldout_prompts": len(held), "generated_tokens": n_tok, "seconds": round(secs, 3), "tokens_per_s": round(n_tok / secs, 1) if secs else None}
-    update_metrics(rd.metrics, "generate", stats)
-    if client is not None:
-        merge_engine_metrics(rd, "vllm", {"generate_tokens_per_s_01": stats["tokens_per_s"], "generate_tokens_per_s_01_is": "01_generate wall time of the train prompts in batches of gen_batch_size (engine start excluded)"})
-    record_checks(rd, "01_generate", [f"params validated ({len(RunParams.model_fields)} keys)", f"{len(recs)} prompts fit the context of {ctx} with max_new_tokens={p.max_new_tokens}", "train/held-out split disjoint by prompt hash"])
-    return {"manifest": man, "records": recs, "stats": stats}
