@@ -1,16 +1,8 @@
-"""The offline aux hidden-state dataset: safetensors shards plus a manifest.
+"""Writing the offline aux hidden-state dataset: safetensors shards plus ``manifest.json``.
 
-Shard ``shard-00000.safetensors`` packs its samples back to back (S samples, N tokens in all):
-
-    input_ids  [N] int64          loss_mask [N] uint8 (1 = loss-bearing)
-    aux        [N, n_aux*H]       aux states at the manifest's boundaries, concatenated in order
-    final      [N, H]             boundary N (last layer output before the final norm)
-    offsets    [S+1] int64        sample i = rows offsets[i]:offsets[i+1]
-    sample_ids [S] int64          index into the generation JSONL
-
-``manifest.json`` records provenance and per-shard sha256. Shards are written to a temp file and
-renamed; the manifest is rewritten after every shard, so an interrupted extraction loses nothing
-finished and a rerun skips finished shards.
+The shard format is :mod:`eagle3nb.dataset.layout`'s. Shards are written to a temp file and
+renamed; the manifest (provenance, per-shard sha256) is rewritten after every shard, so an
+interrupted extraction loses nothing finished and a rerun skips finished shards.
 """
 
 from __future__ import annotations
@@ -43,27 +35,13 @@ from eagle3nb.dataset.layout import (
 
 
 # settings that must match for a rerun to resume instead of starting over
-_RESUME_KEYS = (
-    "target",
-    "engine",
-    "convention",
-    "layer_ids",
-    "aux_boundaries",
-    "dtype",
-    "template",
-    "shard_size",
-    "n_input_samples",
-    "generation_sha256",
-    "aux_storage",
+_RESUME_KEYS = tuple(
+    "target engine convention layer_ids aux_boundaries dtype template shard_size n_input_samples"
+    " generation_sha256 aux_storage".split()
 )
 
 
 WORKERS_DIR = "workers"  # progress files of a sharded extraction's workers (removed once merged)
-
-
-def estimate_bytes(n_tokens: int, n_aux: int, hidden: int, dtype_bytes: int) -> int:
-    """Disk need: tokens x (n_aux + 1) x H x bytes, plus ids (8 B) and mask (1 B) per token."""
-    return n_tokens * ((n_aux + 1) * hidden * dtype_bytes + 9)
 
 
 class DiskFullError(OSError):
