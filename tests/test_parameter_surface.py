@@ -103,7 +103,7 @@ def test_every_field_is_declared_by_a_notebook_or_is_run_level():
 
 
 def test_smoke_yaml_is_the_notebook_defaults():
-    """The tests' pipeline runs (tests/test_pipeline.py, test_online.py) use params/smoke.yaml as the
+    """The tests' pipeline runs (tests/test_pipeline.py, training/test_online.py) use params/smoke.yaml as the
     notebooks run as stored; every key it sets is the default."""
     smoke = yaml.safe_load((REPO_ROOT / "params" / "smoke.yaml").read_text())
     assert {k: v for k, v in smoke.items() if v != params.default_of(k)} == {}

@@ -3,7 +3,7 @@
 The dataset writer (:func:`eagle3nb.dataset.write.write_dataset`) builds every shard from
 :func:`shard_layout` and checks it wrote exactly that layout, so :func:`estimate_dataset_bytes`,
 which sums :func:`shard_file_bytes` over the same layouts, is the size of the shard files that will
-be written (exact by construction; ``tests/test_storage.py`` compares it with the bytes on disk).
+be written (exact by construction; ``tests/dataset/test_shard_layout.py`` compares it with the bytes on disk).
 
 Per token the payload is ``(n_aux + 1) x H x bytes`` (aux slots and boundary N) plus 8 B of id and
 1 B of loss mask; with ``aux_storage="int8"`` the aux part becomes ``n_aux x H x 1`` plus one

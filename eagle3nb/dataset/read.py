@@ -81,7 +81,7 @@ class AuxDataset:
     ``aux [T, n_aux*H]``, ``final [T, H]`` and ``sample_id`` (int, index into the generation
     JSONL). ``aux`` and ``final`` keep the stored dtype (float32 / bfloat16 / float16), except int8
     aux storage (:mod:`eagle3nb.dataset.layout`), which is dequantised to float32. Both modes give
-    the same tensors, bit for bit (``tests/test_loader.py``).
+    the same tensors, bit for bit (``tests/training/test_batches.py``).
 
     - in memory (``mmap=False``, the default): every shard is loaded once here; ``ds[i]`` returns
       views into the loaded shards. For notebooks and small datasets.

@@ -1,7 +1,7 @@
 """Training-time-test attention through PyTorch flex attention (the fast path of the drafter).
 
 Computes the same function as the eager attention of :mod:`eagle3nb.drafter.model` (the
-reference; tests/test_drafter_attention.py) for the training layout, with a block mask over the
+reference; tests/drafter/test_drafter_attention.py) for the training layout, with a block mask over the
 concatenated keys of all TTT steps instead of score matrices in memory: masked blocks are skipped,
 and on CUDA the kernel is compiled.
 """

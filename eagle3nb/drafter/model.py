@@ -17,7 +17,7 @@ Attention in training-time test (TTT): the query of step j at position t sees th
 positions 0..t (causal) and the keys of steps 1..j at position t only (the draft chain so far). Its
 RoPE position is t + j, the position that token occupies when served.
 
-Two implementations of that attention compute the same function (tests/test_drafter_attention.py):
+Two implementations of that attention compute the same function (tests/drafter/test_drafter_attention.py):
 ``"eager"`` writes the scores out ([B, nh, Tq, T0] per step: simple, any layout, the reference) and
 ``"flex"`` (PyTorch flex attention with a block mask over the concatenated keys of all steps: no
 score matrix in memory, masked blocks skipped; compiled on CUDA) for the training layout, where the

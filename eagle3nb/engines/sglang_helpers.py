@@ -83,7 +83,7 @@ def start_sglang(
 @torch.no_grad()
 def hf_final(model, samples: Sequence[Sequence[int]], batch_size: int = 16) -> list[torch.Tensor]:
     """Boundary N (last layer's output before the final norm) from the HF model, ``[T, H]`` per
-    sample on CPU, right-padded batches (equal to one-by-one, see tests/test_capture.py)."""
+    sample on CPU, right-padded batches (equal to one-by-one, see tests/target/test_capture.py)."""
     n = int(model.config.num_hidden_layers)
     dev = next(model.parameters()).device
     out = []

@@ -53,7 +53,7 @@ from safetensors.torch import load_file  # noqa: E402
 __all__ = ["Backend", "ENGINE_NAME", "CONVENTION"]
 
 ENGINE_NAME = "vllm"
-CONVENTION = "vllm"  # id L = boundary L (checked by measurement: tests/test_engine_vllm.py)
+CONVENTION = "vllm"  # id L = boundary L (checked by measurement: tests/engines/test_engine_vllm.py)
 
 
 def _read_config(model_path: str) -> dict:

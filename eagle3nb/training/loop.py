@@ -221,7 +221,7 @@ def train_drafter(
     drafter, vocab = build_drafter(source, target, cfg)
     drafter.set_attention(
         cfg.attention
-    )  # same function either way (tests/test_drafter_attention.py)
+    )  # same function either way (tests/drafter/test_drafter_attention.py)
     dev = next(
         target.parameters()
     ).device  # train where the target lives (its norm/lm_head give the labels)

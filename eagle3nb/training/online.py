@@ -7,7 +7,7 @@ generated tokens, minus those with an empty loss mask, exactly what 02 would sto
 ``manifest`` fields, and a :meth:`OnlineSource.batch` that returns what ``collate`` returns for
 the stored dataset. The drafter, the loss and the optimizer are untouched, so online and offline
 training on the same data agree up to float noise from different capture batch shapes
-(``tests/test_online.py``).
+(``tests/training/test_online.py``).
 """
 
 from __future__ import annotations

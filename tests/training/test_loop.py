@@ -123,7 +123,7 @@ def test_batches_without_loss_tokens_are_counted_not_applied(target, tiny_ds, tm
 
 def test_attention_setting_reaches_the_drafter_and_is_validated(target, tiny_ds, tmp_path):
     """``attention: flex`` reaches the trained drafter and trains the same weights as eager on CPU
-    (no flex backward there: the eager path runs; on GPU the two agree as tests/test_drafter_attention.py
+    (no flex backward there: the eager path runs; on GPU the two agree as tests/drafter/test_drafter_attention.py
     shows); an unknown name fails naming the key."""
     from eagle3nb.training.loop import TrainConfig
 

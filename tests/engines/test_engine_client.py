@@ -1,6 +1,6 @@
-"""The engine process boundary (worker + client) with a FAKE backend (tests/engines_fake), in a
+"""The engine process boundary (worker + client) with a FAKE backend (tests/engines/fake), in a
 subprocess of this python: protocol, tensors through files, errors, timeouts, missing venvs.
-Real engines: tests/test_engine_vllm.py."""
+Real engines: tests/engines/test_engine_vllm.py."""
 
 import os
 import sys
@@ -11,8 +11,8 @@ import torch
 
 from eagle3nb.engines.client import EngineClient, EngineError, check_engine_python
 
-FAKE_DIR = Path(__file__).parent / "engines_fake"
-REPO = Path(__file__).resolve().parents[1]
+FAKE_DIR = Path(__file__).parent / "fake"
+REPO = Path(__file__).resolve().parents[2]
 ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{FAKE_DIR}"}
 
 

@@ -1,6 +1,6 @@
 """The flex-attention TTT path computes the same function as the eager (reference) path.
 
-Second method = the eager path, which tests/test_objective.py checks against per-position draft
+Second method = the eager path, which tests/training/test_objective.py checks against per-position draft
 chains. On CPU in float32: outputs at real positions and the TTT loss (PyTorch has no flex backward
 on CPU). On CUDA in float32 (run on the H200 with bench/mfu.py's checks): also every gradient.
 """

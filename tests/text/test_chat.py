@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from eagle3nb.text.chat import (
@@ -20,7 +20,7 @@ from eagle3nb.text.chat import (
     template_text,
 )
 
-TOKENIZER_DIR = Path(__file__).resolve().parents[2] / "shared/models/stories260K-hd32"
+TOKENIZER_DIR = Path(__file__).resolve().parents[3] / "shared/models/stories260K-hd32"
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 
 TWO_TURN = [
