@@ -1,3 +1,6 @@
+"""eagle3nb.params: the shipped params files validate; bad keys and values name the key, the value and
+the fix; the device parameter."""
+
 import pytest
 
 from eagle3nb.rundir import REPO_ROOT

@@ -1,3 +1,5 @@
+"""eagle3nb.report: runs listed with their key metrics, two runs compared."""
+
 import json
 
 import pytest

@@ -1,3 +1,6 @@
+"""eagle3nb.dataset write and read: round trip and resume, a corrupt shard named, other settings refused on resume,
+non-finite / empty-mask samples skipped and counted, and pad_right."""
+
 import pytest
 import torch
 

@@ -1,3 +1,6 @@
+"""eagle3nb.drafter.acceptance (the speculative-decoding simulator): tau and a_i by hand, output equal to plain
+greedy, the serve-time draft chain equal to the TTT forward, and the verifier's bookkeeping."""
+
 import torch
 
 from eagle3nb.drafter.acceptance import (

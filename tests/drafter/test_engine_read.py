@@ -1,3 +1,6 @@
+"""eagle3nb.drafter.engine_read: an export read back as SGLang and vLLM read it gives the trained
+boundaries; engine-default ids and flags an engine ignores are reported."""
+
 import json
 
 

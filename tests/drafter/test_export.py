@@ -1,3 +1,6 @@
+"""eagle3nb.drafter.export: export and load compute the same function, each engine's ids in its own key,
+boundaries an engine cannot capture refused, broken or contradictory folders refused."""
+
 import json
 
 import pytest

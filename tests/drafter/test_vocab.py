@@ -1,3 +1,6 @@
+"""eagle3nb.drafter.vocab: the draft vocabulary from loss-bearing token counts, d2t offsets and the t2d
+mask checked by hand."""
+
 import pytest
 import torch
 

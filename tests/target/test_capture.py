@@ -1,3 +1,6 @@
+"""eagle3nb.target.capture: hooks return HF's hidden_states[b], cloned, equal padded and one by one, at
+the boundaries each convention's ids name."""
+
 import pytest
 import torch
 

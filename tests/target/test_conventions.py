@@ -1,3 +1,6 @@
+"""eagle3nb.target.conventions: layer ids <-> boundaries per engine and trainer, the default picker, and
+what each engine cannot capture (values by hand and from the reference table)."""
+
 import pytest
 
 from eagle3nb.target.conventions import (

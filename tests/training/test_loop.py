@@ -1,3 +1,6 @@
+"""eagle3nb.training.loop: the lr schedule by hand, loss goes down and resume equals an uninterrupted run,
+batches without loss tokens counted and not applied, the attention setting validated."""
+
 import json
 
 import pytest

@@ -1,3 +1,6 @@
+"""eagle3nb.training.objective (the TTT loss): step inputs by hand, target probabilities restricted to the
+draft vocab, TTT attention equal to per-position chains, an empty mask gives 0 not NaN."""
+
 import math
 
 import torch
