@@ -46,6 +46,7 @@ steps/              one module per notebook, called from its cells and from eagl
     extract         02's shared plumbing: disk plan, sharded extraction over N worker processes
     extract_vllm    02a_extract_vllm
     extract_sglang  02b_extract_sglang
+    drift           02b's drift figure data: the same probe tokens from other engines and dtypes
     train           03_train, also from the command line and on every torchrun rank
     evaluate        04_eval_acceptance
 data/               package data: prompts_tinystories.txt, the default prompts

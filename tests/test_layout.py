@@ -300,7 +300,6 @@ def _long_functions(path: Path, limit: int) -> list[str]:
     return out
 
 
-@pytest.mark.xfail(strict=False, reason="steps refactor in progress")
 def test_no_function_over_80_lines_in_steps():
     over = [
         line
