@@ -115,6 +115,18 @@ def _finished(out: Path, man: dict, names: set[str]) -> dict[str, dict]:
     }
 
 
+def _dataset_manifest(manifest: dict, samples: Sequence, shard_size: int, aux_storage: str) -> dict:
+    """``manifest`` plus the dataset's own fields: what a rerun or a worker must find unchanged."""
+    return dict(
+        manifest,
+        kind=DATASET_KIND,
+        format_version=FORMAT_VERSION,
+        shard_size=shard_size,
+        n_input_samples=len(samples),
+        aux_storage=aux_storage,
+    )
+
+
 def prepare_dataset(
     out_dir: str | os.PathLike,
     samples: Sequence,
@@ -137,14 +149,7 @@ def prepare_dataset(
         raise ValueError(f"aux_storage={aux_storage!r}: use one of {list(AUX_STORAGE)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    man = dict(
-        manifest,
-        kind=DATASET_KIND,
-        format_version=FORMAT_VERSION,
-        shard_size=shard_size,
-        n_input_samples=len(samples),
-        aux_storage=aux_storage,
-    )
+    man = _dataset_manifest(manifest, samples, shard_size, aux_storage)
     mpath = out / "manifest.json"
     if mpath.exists():
         old = read_json(mpath)
@@ -201,14 +206,7 @@ def write_dataset(
     if worker is None:
         man = prepare_dataset(out, samples, manifest, shard_size, aux_storage)
     else:  # the launcher ran prepare_dataset; a worker only checks it writes into the same dataset
-        man = dict(
-            manifest,
-            kind=DATASET_KIND,
-            format_version=FORMAT_VERSION,
-            shard_size=shard_size,
-            n_input_samples=len(samples),
-            aux_storage=aux_storage,
-        )
+        man = _dataset_manifest(manifest, samples, shard_size, aux_storage)
         old = read_json(
             out / "manifest.json", "dataset manifest (written by the extraction launcher)"
         )
@@ -367,14 +365,7 @@ def merge_workers(
             and ``manifest.json`` lists those present, so a rerun redoes only the missing ones.
     """
     out = Path(out_dir)
-    man = dict(
-        manifest,
-        kind=DATASET_KIND,
-        format_version=FORMAT_VERSION,
-        shard_size=shard_size,
-        n_input_samples=len(samples),
-        aux_storage=aux_storage,
-    )
+    man = _dataset_manifest(manifest, samples, shard_size, aux_storage)
     plan = shard_plan(samples, shard_size)
     done = _finished(out, man, {n for n, _ in plan})
     missing = [(i, n) for i, (n, _) in enumerate(plan) if n not in done]
