@@ -21,6 +21,9 @@ training/           training the drafter with training-time test (TTT)
     loop            the training loop: one process, or DDP/FSDP under torchrun, CPU or GPU
     distributed     process group, DDP/FSDP wrapping, per-rank checkpoints, torchrun launch
     online          online training: the target captures each batch's aux states in the loop
+    progress        progress lines (stdout, train.log), bar postfix, tensorboard/wandb/mlflow
+    monitor         after each step: history entry, progress line, held-out evaluation, best
+    heldout         held-out teacher-forced accuracy and simulator tau on a drafter copy
 drafter/            the EAGLE-3 draft model and what is done with it
     model           the drafter (mirrors SGLang llama_eagle3 and vLLM's EAGLE-3 head)
     flex_attention  the TTT attention through flex attention (fast path; eager is the reference)
@@ -28,6 +31,9 @@ drafter/            the EAGLE-3 draft model and what is done with it
     export          export for SGLang and vLLM, load back (refusing broken folders)
     engine_read     read an exported config as each serving engine does; what it ignores
     acceptance      greedy chain speculative decoding with the real target (the simulator)
+    ksweep          tau and acceptance for every k' <= k from drafts at every position (exact)
+    card            serving commands for SGLang and vLLM, the Hub-ready model card
+    hub             upload an exported drafter through huggingface_hub (dry run by default)
 engines/            real engines (vLLM, SGLang) behind one interface, across a process boundary
     worker          engine side: JSON-line worker in the engine's venv; the backend contract
     vllm_backend    engine side: vLLM generation, capture (extract_hidden_states), EAGLE-3 serving
@@ -48,7 +54,9 @@ steps/              one module per notebook, called from its cells and from eagl
     extract_sglang  02b_extract_sglang
     drift           02b's drift figure data: the same probe tokens from other engines and dtypes
     train           03_train, also from the command line and on every torchrun rank
+    heldout         03's held-out slice (01's held-out prompts) for evaluation during training
     evaluate        04_eval_acceptance
+    publish         04's serving files: serve_commands.md and the drafter's model card
 data/               package data: prompts_tinystories.txt, the default prompts
 params/             run parameters: one validated model for params/*.yaml and the parameters cells
     schema          RunParams: every parameter's default, range, help and notebooks, once

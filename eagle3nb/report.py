@@ -20,7 +20,7 @@ __all__ = ["list_runs", "compare_runs", "KEY_METRICS"]
 KEY_METRICS = [
     ("tau trained", ("eval", "tau", "trained")),
     ("tau untrained", ("eval", "tau", "untrained")),
-    ("tau boundaries +1", ("eval", "tau", "trained, boundaries +1")),
+    ("tau layer offset", ("eval", "tau", "trained, layer offset")),
     ("a_1..a_k trained", ("eval", "per_position_acceptance", "trained")),
     ("k", ("eval", "k")),
     ("greedy mismatches", ("eval", "greedy_mismatches")),
@@ -121,7 +121,7 @@ def main(
                     "run",
                     "tau trained",
                     "tau untrained",
-                    "tau boundaries +1",
+                    "tau layer offset",
                     "train steps",
                     "total s",
                     "figures (open in a browser)",

@@ -8,7 +8,9 @@ records each notebook's wall time in ``metrics.json``.
 
 from __future__ import annotations
 
+import os
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -26,6 +28,9 @@ __all__ = ["NOTEBOOKS", "run_notebooks", "main"]
 # notebooks a run can switch off (the others always run)
 ENABLED_BY = {"02a_extract_vllm": "vllm_extract"}
 NB_DIR = REPO_ROOT / "notebooks"
+# set for the kernels of a headless run: no progress bars of transformers or huggingface_hub (such
+# as "Loading weights"), which an executed notebook would keep as a frozen 0% widget
+HEADLESS_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 
 app = typer.Typer(add_completion=False, help=__doc__)
 
@@ -71,27 +76,28 @@ def run_notebooks(
     (rd.root / "params.yaml").write_text(yaml.safe_dump(all_params, sort_keys=False))
     times = {}
     t_all = time.time()
-    for name in names:
-        if name in ENABLED_BY and not getattr(p, ENABLED_BY[name]):
-            print(f"[eagle3nb] {name}: skipped ({ENABLED_BY[name]}: false)", flush=True)
-            continue
-        src = NB_DIR / f"{name}.ipynb"
-        declared = pm.inspect_notebook(str(src)).keys()
-        params = {k: all_params[k] for k in declared if k in all_params}
-        t0 = time.time()
-        print(f"[eagle3nb] {name}: running -> {rd.notebooks / (name + '.ipynb')}", flush=True)
-        pm.execute_notebook(
-            str(src),
-            str(rd.notebooks / f"{name}.ipynb"),
-            parameters=params,
-            cwd=str(NB_DIR),
-            kernel_name="python3",
-            progress_bar=False,
-            log_output=log_output,
-        )
-        times[name] = round(time.time() - t0, 2)
-        print(f"[eagle3nb] {name}: done in {times[name]:.1f} s", flush=True)
-        update_metrics(rd.metrics, "timing", {"notebook_seconds": dict(times)})
+    with _environ(HEADLESS_ENV):  # inherited by each kernel
+        for name in names:
+            if name in ENABLED_BY and not getattr(p, ENABLED_BY[name]):
+                print(f"[eagle3nb] {name}: skipped ({ENABLED_BY[name]}: false)", flush=True)
+                continue
+            src = NB_DIR / f"{name}.ipynb"
+            declared = pm.inspect_notebook(str(src)).keys()
+            params = {k: all_params[k] for k in declared if k in all_params}
+            t0 = time.time()
+            print(f"[eagle3nb] {name}: running -> {rd.notebooks / (name + '.ipynb')}", flush=True)
+            pm.execute_notebook(
+                str(src),
+                str(rd.notebooks / f"{name}.ipynb"),
+                parameters=params,
+                cwd=str(NB_DIR),
+                kernel_name="python3",
+                progress_bar=False,
+                log_output=log_output,
+            )
+            times[name] = round(time.time() - t0, 2)
+            print(f"[eagle3nb] {name}: done in {times[name]:.1f} s", flush=True)
+            update_metrics(rd.metrics, "timing", {"notebook_seconds": dict(times)})
     if only is None:
         update_metrics(
             rd.metrics,
@@ -103,6 +109,21 @@ def run_notebooks(
             },
         )
     return rd.root
+
+
+@contextmanager
+def _environ(extra: dict[str, str]):
+    """``os.environ`` with ``extra`` set (kernels started inside inherit it), restored after."""
+    old = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @app.command()

@@ -6,6 +6,7 @@ Run it after changing what such a cell prints (README, "Changing a notebook"):
     .venv/bin/python notebooks/store_checked_outputs.py --strip  # only strip, no execution
 """
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -14,6 +15,8 @@ from nbclient import NotebookClient
 
 # run order: each notebook reads what the previous ones wrote
 from eagle3nb.params import NOTEBOOKS as ORDER
+from eagle3nb.params import RunParams
+from eagle3nb.rundir import RunDir
 
 NB = Path(__file__).resolve().parent
 
@@ -38,6 +41,9 @@ def strip(nb, executed=None):
 
 def main():
     run = "--strip" not in sys.argv
+    if run:  # a fresh smoke run: 03 refuses (rightly) to resume a checkpoint of other defaults
+        smoke = RunDir(RunParams()).root
+        shutil.rmtree(smoke, ignore_errors=True)
     for name in ORDER:
         path = NB / f"{name}.ipynb"
         nb = nbformat.read(path, as_version=4)

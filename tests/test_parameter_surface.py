@@ -81,6 +81,24 @@ def test_cell_lines_are_literals_equal_to_the_defaults(name):
         assert ast.literal_eval(stmt.value) == params.default_of(key), key
 
 
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_papermill_reads_every_line_with_its_help(name):
+    """papermill's own parser (``papermill --help-notebook``, inject) reads each line: a quote
+    character in a help comment made it skip the line with "Unable to parse line"."""
+    import papermill
+
+    got = papermill.inspect_notebook(str(REPO_ROOT / "notebooks" / f"{name}.ipynb"))
+    want = {k for k, f in RunParams.model_fields.items() if name in _declared_by(f)}
+    assert set(got) == want
+    for key, info in got.items():
+        assert info["help"] == params.help_of(key, name), key
+
+
+def _declared_by(field):
+    nbs = (field.json_schema_extra or {}).get("notebooks", [])
+    return [] if nbs == RUN_LEVEL else nbs
+
+
 def test_every_field_is_declared_by_a_notebook_or_is_run_level():
     enabled_by = set(run.ENABLED_BY.values())  # the run-level switches eagle3nb.run reads
     for key, field in RunParams.model_fields.items():

@@ -2,6 +2,7 @@
 
 import json
 
+import plotly.offline
 import pytest
 
 from eagle3nb.drafter.export import load_drafter
@@ -42,9 +43,18 @@ def test_run_leaves_every_artefact(smoke_run):
     for key in ("target", "dtype", "template", "seed", "git_commit", "eagle3nb_version"):
         assert key in man, key
     assert all(len(s["sha256"]) == 64 for s in man["shards"])
+    js = r / "figures" / "plotly.min.js"  # one plotly.js for all figures of the run (offline)
+    assert js.read_text() == plotly.offline.get_plotlyjs()
     for fig in ("hidden_states", "alignment", "engine_drift", "training", "acceptance"):
         html = (r / "figures" / f"{fig}.html").read_text()
-        assert "plotly" in html and len(html) > 100_000  # plotly.js inlined: opens offline
+        assert '<script charset="utf-8" src="plotly.min.js"></script>' in html, fig
+    assert sum(f.stat().st_size for f in (r / "figures").iterdir()) < 8e6
+    # boundary N (5) came from HF, not SGLang: no trace says otherwise
+    hs = (r / "figures" / "hidden_states.html").read_text()
+    assert "hf-transformers b=5" in hs and "sglang b=5" not in hs
+    # no frozen progress bar (transformers' "Loading weights") in the headless notebooks
+    for nb in NOTEBOOKS:
+        assert "Loading weights" not in (r / "notebooks" / f"{nb}.ipynb").read_text(), nb
     d, cfg = load_drafter(r / "drafter")
     assert cfg["eagle3nb"]["aux_boundaries"] == [1, 2, 4]
 
@@ -54,13 +64,18 @@ def test_metrics(smoke_run):
     assert set(m) >= {"generate", "extract", "train", "eval", "timing"}
     e = m["eval"]
     assert e["greedy_mismatches"] == 0 and e["k"] == 5
+    # what a new user sees first: the smoke defaults already rank the drafters (measured 1.50 >
+    # 1.38 > 1.02); the offset baseline is the trained boundaries as vLLM reads SGLang's ids (-1)
+    t = e["tau"]
+    assert t["trained"] > t["trained, layer offset"] > t["untrained"], t
+    assert e["boundaries_fed"]["trained, layer offset"] == [b - 1 for b in e["trained_boundaries"]]
     for label, tau in e["tau"].items():
         a = e["per_position_acceptance"][label]
         assert 1.0 <= tau <= 6.0 and abs(tau - (1 + sum(a))) < 1e-3, label
     assert set(e["tau"]) == {
         "trained",
         "untrained",
-        "trained, boundaries +1",
+        "trained, layer offset",
         "trained, served by vLLM 0.32.0",
     }
     v = e[

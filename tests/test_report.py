@@ -15,7 +15,7 @@ def write_run(root, name, tau, steps):
         json.dumps(
             {
                 "eval": {
-                    "tau": {"trained": tau, "untrained": 1.0, "trained, boundaries +1": tau - 1},
+                    "tau": {"trained": tau, "untrained": 1.0, "trained, layer offset": tau - 1},
                     "k": 5,
                     "greedy_mismatches": 0,
                 },
@@ -33,7 +33,7 @@ def test_list_and_compare(tmp_path):
     assert [r["run"] for r in rows] == ["a", "b"]
     assert (
         rows[0]["tau trained"] == 3.5
-        and rows[0]["tau boundaries +1"] == 2.5
+        and rows[0]["tau layer offset"] == 2.5
         and rows[0]["figures"][0].endswith("acceptance.html")
     )
     cmp = {r["metric"]: r for r in compare_runs("a", "b", tmp_path)}

@@ -208,3 +208,23 @@ def states_by_boundary(ds: AuxDataset, max_tokens: int = 4096) -> dict[int, torc
     out = {b: aux[:, i * H : (i + 1) * H] for i, b in enumerate(ds.manifest["aux_boundaries"])}
     out[int(ds.manifest["final_boundary"])] = fin
     return out
+
+
+def boundary_engines(manifest: dict) -> dict[int, str]:
+    """``{boundary: name of the engine that produced it}`` for a dataset manifest: the aux
+    boundaries come from ``engine``, boundary N from ``final_state`` (HF when SGLang captured the
+    aux states, since SGLang cannot return boundary N)."""
+    out = {int(b): manifest["engine"]["name"] for b in manifest["aux_boundaries"]}
+    final = manifest.get("final_state", {}).get("engine", manifest["engine"]["name"])
+    out[int(manifest["final_boundary"])] = final
+    return out
+
+
+def states_by_engine(ds: AuxDataset, max_tokens: int = 4096) -> dict[str, dict[int, torch.Tensor]]:
+    """:func:`states_by_boundary` grouped by the engine that produced each boundary,
+    ``{engine: {boundary: [n, H]}}`` (for views whose sources are labelled by engine)."""
+    states, engines = states_by_boundary(ds, max_tokens), boundary_engines(ds.manifest)
+    out: dict[str, dict[int, torch.Tensor]] = {}
+    for b, x in states.items():
+        out.setdefault(engines[b], {})[b] = x
+    return out

@@ -11,6 +11,8 @@ Definitions (as in ``../shared/reference/conventions.md`` section 4, vLLM ``spec
 - acceptance length tau = mean tokens emitted per cycle = 1 + mean accepted drafts = 1 + sum a_i
   (SGLang: ``completion_tokens / spec_verify_ct``); at most k + 1.
 - draft acceptance rate = accepted drafts / drafted tokens = (tau - 1) / k (vLLM's name).
+- conditional acceptance c_i = P(position i accepted | position i-1 accepted) = a_i / a_{i-1}
+  (a_0 = 1, so c_1 = a_1); None where a_{i-1} = 0. tau = 1 + c_1 + c_1 c_2 + ... .
 Cycles cut short by ``max_new_tokens`` or EOS are counted with what the target accepted.
 """
 
@@ -31,7 +33,22 @@ __all__ = [
     "speculative_generate",
     "greedy_generate",
     "evaluate_acceptance",
+    "conditional_acceptance",
 ]
+
+
+def conditional_acceptance(per_position: Sequence[float]) -> list[float | None]:
+    """c_i = a_i / a_{i-1} with a_0 = 1: the chance that draft position i is accepted given that
+    position i-1 was (a_i is non-increasing because a cycle stops at its first rejection).
+
+    Returns:
+        ``[c_1 .. c_k]``; None where a_{i-1} = 0 (no cycle reached position i-1).
+    """
+    prev, out = 1.0, []
+    for a in per_position:
+        out.append(a / prev if prev > 0 else None)
+        prev = a
+    return out
 
 
 @dataclass
@@ -65,14 +82,16 @@ class AcceptanceStats:
         ]
 
     def summary(self) -> dict:
-        """``per_position_acceptance`` [k] fractions, ``tau`` (tokens/cycle), ``draft_acceptance_rate``
-        (accepted/drafted), ``cycles``, ``emitted_tokens``; see the module docstring."""
+        """``per_position_acceptance`` [k] fractions, ``conditional_acceptance`` [k] (c_i),
+        ``tau`` (tokens/cycle), ``draft_acceptance_rate`` (accepted/drafted), ``cycles``,
+        ``emitted_tokens``; see the module docstring."""
         c = max(self.cycles, 1)
         a = [x / c for x in self.accepted_per_pos]
         return {
             "k": self.k,
             "cycles": self.cycles,
             "per_position_acceptance": a,
+            "conditional_acceptance": conditional_acceptance(a),
             "tau": 1.0 + self.accepted_total / c,
             "draft_acceptance_rate": self.accepted_total / (c * self.k),
             "emitted_tokens": self.emitted_tokens,

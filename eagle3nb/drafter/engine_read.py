@@ -11,6 +11,14 @@ engines' EAGLE-3 model files read (``../shared/reference/conventions.md`` sectio
   ``eagle_aux_hidden_state_layer_ids`` (id = boundary; absent -> ``(2, N//2, N-3)``),
   ``draft_vocab_size``, ``target_hidden_size``, ``norm_before_residual``.
 
+- vLLM given the *drafter* as its model (``vllm serve DRAFTER``, 0.32
+  ``transformers_utils/config.py`` ``maybe_override_with_speculators``): when config.json has
+  ``speculators_config`` it serves ``speculators_config.verifier.name_or_path`` (model and
+  tokenizer) with ``{"method": speculators_model_type, "num_speculative_tokens":
+  proposal_methods[0].speculative_tokens, "model": DRAFTER}``, user ``--speculative-config`` keys
+  applied on top (method and model locked). See :func:`vllm_serve_drafter`. SGLang reads none of
+  these keys (0.5.23 has no "speculators" in its source).
+
 Versions change: when an engine is upgraded, re-read its source and update the table.
 """
 
@@ -18,7 +26,7 @@ from __future__ import annotations
 
 from eagle3nb.target.conventions import get_convention
 
-__all__ = ["ENGINE_READS", "read_as_engine", "engine_report"]
+__all__ = ["ENGINE_READS", "read_as_engine", "engine_report", "vllm_serve_drafter"]
 
 # flag -> engines that read it (flags the trainer sets that change the computed function)
 ENGINE_READS = {
@@ -113,3 +121,31 @@ def engine_report(
             "ok": match and not ignored,
         }
     return out
+
+
+def vllm_serve_drafter(cfg: dict, drafter_path: str, user_spec: dict | None = None) -> dict | None:
+    """What vLLM 0.32 serves for ``vllm serve DRAFTER`` (``cfg``: DRAFTER's config.json dict).
+
+    Returns:
+        ``{"model": the target it loads, "tokenizer", "speculative_config"}``, or None when the
+        config names no target (vLLM then serves the drafter folder as a plain model).
+
+    Raises:
+        ValueError: speculators keys present but incomplete (vLLM: "Invalid speculators config
+            structure" / "Must provide transformer_layer_config").
+    """
+    sc = cfg.get("speculators_config")
+    if sc is None:
+        return None
+    try:
+        k = sc["proposal_methods"][0]["speculative_tokens"]
+        target = sc["verifier"]["name_or_path"]
+        method = cfg["speculators_model_type"]
+    except (KeyError, IndexError, TypeError) as e:
+        raise ValueError(f"invalid speculators config structure ({e!r})") from None
+    if not isinstance(cfg.get("transformer_layer_config"), dict):
+        raise ValueError("speculators config without a transformer_layer_config dict")
+    spec = {"method": method, "num_speculative_tokens": k}
+    spec.update(user_spec or {})
+    spec.update(method=method, model=str(drafter_path))
+    return {"model": target, "tokenizer": target, "speculative_config": spec}

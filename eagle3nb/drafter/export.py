@@ -8,6 +8,14 @@ Config keys (``../shared/reference/conventions.md`` section 2):
   vLLM reads top-level ``eagle_aux_hidden_state_layer_ids`` (id = boundary).
 - ``draft_vocab_size``, ``target_hidden_size``, ``tie_word_embeddings: false`` when the vocab is
   reduced, ``norm_before_residual``.
+- the target, named as vLLM reads it from speculators-format checkpoints: ``speculators_model_type:
+  "eagle3"``, ``speculators_config.verifier.name_or_path`` (the target folder) and
+  ``proposal_methods[0].speculative_tokens`` (k), plus the ``transformer_layer_config`` vLLM's
+  validator asks for. vLLM 0.32 (``transformers_utils/config.py`` ``maybe_override_with_speculators``,
+  called by ``EngineArgs.create_engine_config``) reads them only when the *model* it is given is the
+  drafter (``vllm serve DRAFTER``): it then serves the verifier with this drafter. Given the target
+  with an explicit ``speculative_config`` it ignores them (the draft config is still parsed as
+  ``model_type: llama``), and SGLang never reads them (tested: ``tests/engines``).
 Weights (``model.safetensors``): ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``,
 ``d2t`` (int64 offsets), ``t2d`` (bool). The embedding is omitted: both engines share the target's.
 """
@@ -28,7 +36,13 @@ from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3nb.manifest import atomic_write_json, publish_permissions
 from eagle3nb.drafter.vocab import check_draft_vocab
 
-__all__ = ["export_drafter", "load_drafter", "REQUIRED_TENSORS", "drafter_config_json"]
+__all__ = [
+    "export_drafter",
+    "load_drafter",
+    "REQUIRED_TENSORS",
+    "drafter_config_json",
+    "speculators_keys",
+]
 
 ARCH = "LlamaForCausalLMEagle3"
 REQUIRED_TENSORS = ["fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"] + [
@@ -55,8 +69,14 @@ def drafter_config_json(
     bos: int | None,
     eos: int | None,
     serve_boundaries: list[int] | None = None,
+    verifier: dict | None = None,
+    num_speculative_tokens: int = 5,
 ) -> dict:
     """The config.json for both engines (ids in each engine's own convention).
+
+    ``verifier``: the target (``{"name_or_path", "architectures"}``), written in the speculators
+    form vLLM reads for ``vllm serve DRAFTER`` (module docstring) with ``num_speculative_tokens``;
+    None writes no speculators keys.
 
     ``serve_boundaries`` (default: ``aux_boundaries``) are the boundaries the written ids make the
     engines capture. Only the mismatch reproduction (``export_layer_ids: engine_default``) sets them
@@ -70,7 +90,7 @@ def drafter_config_json(
     )
     sglang_ids = get_convention("sglang").boundaries_to_ids(sb, target_n_layers)
     vllm_ids = get_convention("vllm").boundaries_to_ids(sb, target_n_layers)
-    return {
+    cfg = {
         "architectures": [ARCH],
         "model_type": "llama",
         "num_hidden_layers": 1,
@@ -103,6 +123,35 @@ def drafter_config_json(
             "n_aux": c.n_aux,
         },
     }
+    if verifier is not None:
+        cfg.update(speculators_keys(cfg, verifier, num_speculative_tokens))
+    return cfg
+
+
+def speculators_keys(cfg: dict, verifier: dict, num_speculative_tokens: int) -> dict:
+    """The speculators-format keys naming the target (vLLM's ``SpeculatorsConfig`` validator needs
+    ``speculators_model_type``, ``speculators_config.proposal_methods[0].speculative_tokens``,
+    ``speculators_config.verifier.name_or_path`` and a ``transformer_layer_config`` dict)."""
+    layer_keys = [
+        "model_type", "num_hidden_layers", "hidden_size", "intermediate_size",
+        "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps",
+        "rope_theta", "max_position_embeddings", "vocab_size", "tie_word_embeddings",
+    ]  # fmt: skip
+    return {
+        "speculators_model_type": "eagle3",
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [
+                {"proposal_type": "greedy", "speculative_tokens": int(num_speculative_tokens)}
+            ],
+            "verifier": {
+                "name_or_path": str(verifier["name_or_path"]),
+                "architectures": list(verifier.get("architectures") or []),
+            },
+        },
+        "transformer_layer_config": {key: cfg[key] for key in layer_keys},
+    }
 
 
 def export_drafter(
@@ -114,10 +163,13 @@ def export_drafter(
     bos: int | None = None,
     eos: int | None = None,
     serve_boundaries: list[int] | None = None,
+    num_speculative_tokens: int = 5,
 ) -> Path:
     """Write ``config.json``, ``model.safetensors`` and ``manifest.json`` into ``out_dir``.
 
-    ``serve_boundaries``: see :func:`drafter_config_json` (None = the trained boundaries).
+    ``serve_boundaries``: see :func:`drafter_config_json` (None = the trained boundaries). The
+    target named in config.json (speculators form) is ``manifest["target"]["path"]`` when the
+    manifest has one, with ``num_speculative_tokens`` as its default k.
 
     The folder is built in a temp folder and renamed into place, so a crash never leaves a
     half-written drafter. Returns the folder path.
@@ -132,8 +184,21 @@ def export_drafter(
             if not k.startswith("embed_tokens")
         }
         save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        t = manifest.get("target") or {}
+        verifier = (
+            {"name_or_path": t["path"], "architectures": [t["architecture"]]}
+            if t.get("path")
+            else None
+        )
         cfg = drafter_config_json(
-            drafter.config, aux_boundaries, target_n_layers, bos, eos, serve_boundaries
+            drafter.config,
+            aux_boundaries,
+            target_n_layers,
+            bos,
+            eos,
+            serve_boundaries,
+            verifier,
+            num_speculative_tokens,
         )
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         atomic_write_json(tmp / "manifest.json", manifest)

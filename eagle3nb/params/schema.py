@@ -198,7 +198,7 @@ class RunParams(BaseModel):
     batch_size: int = _p(
         8, "samples per optimizer step, summed over all processes (the global batch)", [TRAIN], ge=1
     )
-    max_steps: int = _p(20, "optimizer steps", [TRAIN], ge=1)
+    max_steps: int = _p(100, "optimizer steps", [TRAIN], ge=1)
     lr: float = _p(3e-3, "AdamW peak learning rate", [TRAIN], gt=0)
     warmup_steps: int = _p(5, "linear warmup steps before cosine decay", [TRAIN], ge=0)
     weight_decay: float = _p(0.0, "AdamW weight decay", [TRAIN], ge=0)
@@ -207,6 +207,37 @@ class RunParams(BaseModel):
         True, "start lm_head and final norm from the target's", [TRAIN]
     )
     checkpoint_every: int = _p(200, "steps between checkpoints (resume on rerun)", [TRAIN], ge=1)
+    log_every: int = _p(
+        10,
+        "steps between progress lines and history entries (a line also at least every 60 s)",
+        [TRAIN],
+        ge=1,
+    )
+    tracking: list[Literal["tensorboard", "wandb", "mlflow"]] = _p(
+        None,
+        "trackers: tensorboard (train/tensorboard), wandb (offline), mlflow (local file store); "
+        "[] for none; wandb/mlflow only when importable",
+        [TRAIN],
+        default_factory=lambda: ["tensorboard"],
+    )
+    eval_every: int = _p(
+        10,
+        "steps between held-out evaluations (teacher-forced accuracy and simulator tau; 0 for none)",
+        [TRAIN],
+        ge=0,
+    )
+    eval_prompts: int = _p(
+        2,
+        "01's held-out prompts evaluated during training (the last ones of the split)",
+        [TRAIN],
+        ge=1,
+    )
+    keep_last: int = _p(1, "step checkpoints kept (the best one is kept besides)", [TRAIN], ge=1)
+    export_from: Literal["best", "last"] = _p(
+        "best",
+        "checkpoint exported: best (highest held-out tau; last without evaluation) or last",
+        [TRAIN],
+    )
     allow_manifest_mismatch: bool = _p(
         False, "continue although the dataset's target/convention/boundaries differ", [TRAIN]
     )
@@ -253,8 +284,20 @@ class RunParams(BaseModel):
         [TRAIN],
     )
     # 04_eval_acceptance
-    k: int = _p(5, "draft tokens per cycle", [EVAL], ge=1)
-    eval_max_new_tokens: int = _p(32, "tokens generated per held-out prompt", [EVAL], ge=1)
+    k: int = _p(
+        5,
+        "draft tokens per cycle",
+        [TRAIN, EVAL],
+        {TRAIN: "draft tokens per cycle of the held-out tau measured during training"},
+        ge=1,
+    )
+    eval_max_new_tokens: int = _p(
+        32,
+        "tokens generated per held-out prompt",
+        [TRAIN, EVAL],
+        {TRAIN: "tokens generated per held-out prompt in the evaluations during training"},
+        ge=1,
+    )
     max_eval_prompts: int = _p(6, "cap on held-out prompts (0 for all)", [EVAL], ge=0)
     baselines: bool = _p(True, "also evaluate an untrained drafter and shifted boundaries", [EVAL])
     allow_template_mismatch: bool = _p(
@@ -263,6 +306,11 @@ class RunParams(BaseModel):
     vllm_eval: bool = _p(
         True,
         "also serve the exported drafter with vLLM (EAGLE-3) and read vLLM's own acceptance counters",
+        [EVAL],
+    )
+    k_sweep: bool = _p(
+        True,
+        "also draft at every position of the held-out greedy outputs: tau and acceptance rate for every draft length 1..k (exact, one target forward per prompt)",
         [EVAL],
     )
     # vLLM (01 generation, 02a extraction, 04 serving); its venv from `bash .ci/setup_engines.sh`

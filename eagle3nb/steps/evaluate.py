@@ -8,13 +8,19 @@ import time
 import torch
 
 from eagle3nb.drafter import engine_read
-from eagle3nb.drafter.acceptance import evaluate_acceptance, greedy_generate
+from eagle3nb.drafter.acceptance import (
+    conditional_acceptance,
+    evaluate_acceptance,
+    greedy_generate,
+)
+from eagle3nb.drafter.ksweep import k_sweep
 from eagle3nb.drafter.export import load_drafter
 from eagle3nb.drafter.model import Eagle3Drafter
 from eagle3nb.engines.vllm_helpers import served_acceptance, start_vllm
 from eagle3nb.manifest import check_compatible, read_json
 from eagle3nb.params import RunParams, resolve_device
 from eagle3nb.rundir import RunDir, update_metrics
+from eagle3nb.steps.publish import write_serving_files
 from eagle3nb.steps.common import (
     merge_engine_metrics,
     progress_bar,
@@ -28,16 +34,42 @@ from eagle3nb.text.generation import read_jsonl
 from eagle3nb.training.loop import init_head_from_target
 
 SIMULATOR = "eagle3nb simulator on hf-transformers target"
+# label of the layer-offset baseline in metrics.json["eval"]["tau"] (its boundaries: ["offset"])
+OFFSET = "trained, layer offset"
+
+
+def offset_boundaries(convention: str, bnds: list[int], n: int) -> list[int] | None:
+    """The boundaries the *other* engine reads from the same numbers (the case eagle3nb exists
+    for): SGLang captures id L at boundary L+1, vLLM at boundary L (``conventions.md``), so a
+    drafter trained on SGLang's capture and served by vLLM with the same ids gets every boundary
+    -1, one trained on vLLM's (or any boundary-named convention) and served by SGLang +1. Falls
+    back to the other direction where the shift leaves [0, n]; None when neither fits.
+
+    Args:
+        convention: the training data's layer-id convention (drafter manifest ``convention``).
+        bnds: trained boundaries, ascending. n: the target's decoder layer count.
+    """
+    first = -1 if convention == "sglang" else 1
+    for shift in (first, -first):
+        moved = [b + shift for b in bnds]
+        if min(moved) >= 0 and max(moved) <= n:
+            return moved
+    return None
 
 
 def eval_step(p: RunParams, progress=True) -> dict:
     """04: greedy chain speculative decoding of held-out prompts; trained drafter vs baselines
-    (untrained, boundaries +1) and, where the exported ids make an engine capture other
+    (untrained; the layer offset of :func:`offset_boundaries`) and, where the exported ids make an engine capture other
     boundaries, the drafter as served; with ``vllm_eval``, vLLM serving the exported drafter too.
+
+    Also (additions): the k sweep of the trained drafter (``k_sweep``; metrics.json
+    ["eval"]["k_sweep"]), vLLM's tokens/s with and without the drafter, and the serving files
+    (``outputs/<run>/serve_commands.md``, the drafter's model card ``README.md``).
 
     Returns:
         ``{"results": {label: evaluate_acceptance's dict}, "stats": metrics.json["eval"],
-        "tokenizer": the target's tokenizer}``.
+        "tokenizer": the target's tokenizer, "k_sweep": {k': summary} or None, "serving":
+        write_serving_files' dict}``.
 
     Raises:
         ManifestMismatch: the drafter was trained for another template or target (unless
@@ -88,9 +120,47 @@ def eval_step(p: RunParams, progress=True) -> dict:
         version = vllm_block["engine_version"]
         engines_of[label] = f"vllm {version} (its own EAGLE-3 serving and spec_decode counters)"
     stats = _stats(p, rd, dman, results, engines_of, served, bnds, len(prompts), secs, vllm_block)
+    stats["boundaries_fed"] = {label: list(b) for label, (_, b) in runs.items()}
+    sweep = _k_sweep(p, model, drafter, prompts, bnds, eos, bar, stats) if p.k_sweep else None
     update_metrics(rd.metrics, "eval", stats)
     _record_checks(p, rd, len(prompts), stats, vllm_block)
-    return {"results": results, "stats": stats, "tokenizer": tok}
+    serving = write_serving_files(p, rd, _card_eval(stats))
+    out = {"results": results, "stats": stats, "tokenizer": tok}
+    return dict(out, k_sweep=sweep, serving=serving)
+
+
+def _k_sweep(p: RunParams, model, drafter, prompts, bnds, eos, bar, stats: dict) -> dict:
+    """The trained drafter's tau and acceptance rate for every k' = 1..k (exact: drafts at every
+    position, see :mod:`eagle3nb.drafter.ksweep`), into ``stats["k_sweep"]``; returns it by k'."""
+    t0 = time.time()
+    sw = k_sweep(model, drafter, prompts, bnds, p.k, p.eval_max_new_tokens, eos, bar)
+    ks = list(range(1, p.k + 1))
+    stats["k_sweep"] = {
+        "k": ks,
+        "tau": [round(sw[k]["tau"], 4) for k in ks],
+        "draft_acceptance_rate": [round(sw[k]["draft_acceptance_rate"], 4) for k in ks],
+        "cycles": [sw[k]["cycles"] for k in ks],
+        "tau_at_k_equals_simulator": round(sw[p.k]["tau"], 4) == stats["tau"]["trained"],
+        "method": "trained drafter, greedy: k drafts after every emitted token of each held-out "
+        "greedy output (one target forward per prompt); the run with k' drafts per cycle is "
+        "the walk j -> j + min(accepted(j), k') + 1 (exact; truncating one set of k-cycles is "
+        "not: a k'-run visits other states)",
+        "seconds": round(time.time() - t0, 2),
+    }
+    return sw
+
+
+def _card_eval(stats: dict) -> dict:
+    """The trained drafter's acceptance as the model card shows it."""
+    return {
+        "k": stats["k"],
+        "n_prompts": stats["n_prompts"],
+        "engine": SIMULATOR,
+        "tau": stats["tau"]["trained"],
+        "draft_acceptance_rate": stats["draft_acceptance_rate"]["trained"],
+        "per_position_acceptance": stats["per_position_acceptance"]["trained"],
+        "conditional_acceptance": stats["conditional_acceptance"]["trained"],
+    }
 
 
 def check_drafter_matches(dman: dict, mode: str, template: str, target_sha: str, where) -> None:
@@ -128,7 +198,8 @@ def _heldout_prompts(p: RunParams, rd: RunDir) -> list[list[int]]:
 def _runs(p: RunParams, model, drafter, dman: dict, bnds, n: int, served: dict) -> dict:
     """``{label: (drafter, boundaries)}`` to evaluate: the trained drafter, as served where an
     engine reads other boundaries from the exported ids, and with ``baselines`` an untrained
-    drafter and the trained one fed boundaries +1."""
+    drafter and the trained one at the other engine's reading of the same ids
+    (:func:`offset_boundaries`)."""
     runs = {"trained": (drafter, bnds)}
     for sb in served.values():
         if sb != list(bnds) and f"trained, as served (ids -> {sb})" not in runs:
@@ -141,9 +212,9 @@ def _runs(p: RunParams, model, drafter, dman: dict, bnds, n: int, served: dict) 
         if dman["train_config"].get("init_head_from_target"):
             init_head_from_target(fresh, model)  # the trained drafter's starting point
         runs["untrained"] = (fresh.eval().to(model.device), bnds)
-        plus1 = [b + 1 for b in bnds]
-        if max(bnds) + 1 <= n and plus1 not in [list(x) for _, x in runs.values()]:
-            runs["trained, boundaries +1"] = (drafter, plus1)
+        moved = offset_boundaries(dman.get("convention", "sglang"), list(bnds), n)
+        if moved is not None and moved not in [list(x) for _, x in runs.values()]:
+            runs[OFFSET] = (drafter, moved)
     return runs
 
 
@@ -183,6 +254,9 @@ def _vllm_served(
         "greedy_mismatches_vs_vllm_plain": len(v["greedy_mismatches"]),
         "mismatches_vs_hf_greedy": len(v["hf_mismatches"]),
         "served_tokens_per_s": round(v["tokens_per_s"], 1) if v["tokens_per_s"] else None,
+        "plain_tokens_per_s": _r1(v["plain_tokens_per_s"]),
+        "speedup_with_drafter": _r1(v["speedup"], 3),
+        "speed_note": v["speed_note"],
     }
     merge_engine_metrics(
         rd,
@@ -190,9 +264,14 @@ def _vllm_served(
         {
             "eagle3_served_tokens_per_s": block["served_tokens_per_s"],
             "eagle3_tau": block["tau"],
+            "plain_served_tokens_per_s": block["plain_tokens_per_s"],
         },
     )
     return label, dict(v, boundaries=served["vllm"], traces=[]), block
+
+
+def _r1(x, nd=1):
+    return round(x, nd) if x else None
 
 
 def _record_checks(p: RunParams, rd: RunDir, n_prompts: int, stats: dict, vllm_block) -> None:
@@ -250,6 +329,13 @@ def _stats(
         "draft_acceptance_rate": {
             k: round(v["draft_acceptance_rate"], 4) for k, v in results.items()
         },
+        "conditional_acceptance": {
+            k: [
+                None if c is None else round(c, 4)
+                for c in conditional_acceptance(v["per_position_acceptance"])
+            ]
+            for k, v in results.items()
+        },
         "cycles": {k: v["cycles"] for k, v in results.items()},
         "drafted_tokens": {k: v["cycles"] * p.k for k, v in results.items()},
         "emitted_tokens": {k: v["emitted_tokens"] for k, v in results.items()},
@@ -258,7 +344,8 @@ def _stats(
         "served_boundaries": served,
         "definitions": "tau = mean tokens emitted per draft-verify cycle (1 + accepted drafts); "
         "a_i = fraction of cycles whose draft position i was accepted; draft_acceptance_rate = "
-        "accepted / drafted = (tau - 1) / k",
+        "accepted / drafted = (tau - 1) / k; conditional_acceptance c_i = a_i / a_(i-1) "
+        "(a_0 = 1) = P(position i accepted | position i-1 accepted)",
         "data_and_budget": budget,
         "seconds": round(secs, 2),
     }

@@ -29,6 +29,7 @@ from eagle3nb.manifest import atomic_write_json, check_compatible, provenance, r
 from eagle3nb.params import RunParams, resolve_device
 from eagle3nb.rundir import REPO_ROOT, RunDir, read_metrics, update_metrics
 from eagle3nb.steps import extract
+from eagle3nb.steps.heldout import heldout_eval, heldout_stats
 from eagle3nb.steps.common import (
     check_alignment,
     checked_generation,
@@ -85,7 +86,9 @@ def train_step(p: RunParams, progress=True) -> dict:
             f"({model.config.vocab_size}); lower it"
         )
     cfg = _train_config(p)
-    drafter, rep = train_drafter(ds, model, cfg, rd.train, progress_bar() if progress else None)
+    ev = heldout_eval(p, rd, model, tok, ds.manifest["aux_boundaries"])
+    bar = progress_bar() if progress else None
+    drafter, rep = train_drafter(ds, model, cfg, rd.train, bar, ev, p.tracking)
     if not ctx.is_main:
         return {"history": rep["history"], "stats": None, "export_dir": rd.drafter}
     atomic_write_json(rd.train / "history.json", rep["history"])
@@ -98,7 +101,7 @@ def train_step(p: RunParams, progress=True) -> dict:
     }
     atomic_write_json(rd.train / "step_times.json", step_times)
     engines = _export(p, rd, ds.manifest, drafter, rep, cfg, tok, serve_b)
-    stats = _train_stats(p, ds, rep)
+    stats = dict(_train_stats(p, ds, rep), heldout=heldout_stats(p, rep, ev))
     update_metrics(rd.metrics, "train", stats)
     _record_checks(p, rd, ds.manifest, ds_dir, serve_b, engines)
     return {"history": rep["history"], "stats": stats, "export_dir": rd.drafter}
@@ -243,7 +246,7 @@ def _export(p: RunParams, rd: RunDir, man: dict, drafter, rep, cfg, tok, serve_b
         vocab=rep["vocab"],
     )
     bos, eos = tok.bos_token_id, tok.eos_token_id
-    export_drafter(drafter, rd.drafter, bnds, n, dman, bos, eos, serve_b)
+    export_drafter(drafter, rd.drafter, bnds, n, dman, bos, eos, serve_b, p.k)
     _, cfg_json = load_drafter(rd.drafter)  # refuses a folder missing a tensor or contradicting
     nbr = {"norm_before_residual": drafter.config.norm_before_residual}
     engines = engine_report(cfg_json, bnds, n, nbr)

@@ -42,6 +42,8 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "latest_checkpoint",
+    "best_checkpoint",
+    "load_weights",
     "torchrun_command",
     "FSDP_AUTO_PARAMS",
 ]
@@ -216,15 +218,43 @@ def latest_checkpoint(ckpt_dir: Path) -> Optional[dict]:
     return read_json(f, "checkpoint pointer") if f.exists() else None
 
 
+def best_checkpoint(ckpt_dir: Path) -> Optional[dict]:
+    """``best.json`` of a checkpoint folder (``{"step", "dir", "tau", "world_size", "mode"}``: the
+    step with the highest held-out tau so far) or None."""
+    f = Path(ckpt_dir) / "best.json"
+    return read_json(f, "best checkpoint pointer") if f.exists() else None
+
+
 def save_checkpoint(
-    ckpt_dir: Path, step: int, model, opt, extra: dict, ctx: DistContext, mode: str
+    ckpt_dir: Path,
+    step: int,
+    model,
+    opt,
+    extra: dict,
+    ctx: DistContext,
+    mode: str,
+    *,
+    commit: tuple[str, ...] = ("latest",),
+    keep_last: int = 1,
+    best_tau: float | None = None,
 ) -> None:
     """Write step ``step``: DCP model+optimizer (one file per rank) and this rank's ``extra``
-    (+ RNG states), then commit it with ``latest.json`` and drop the previous step folder.
-    Every rank must call it."""
+    (+ RNG states), then commit it (rank 0, after every rank has written). Every rank must call it.
+
+    Args:
+        commit: the pointers that name this step: ``latest`` (``latest.json``, what a rerun
+            resumes from) and/or ``best`` (``best.json``, with ``best_tau``, the held-out tau).
+        keep_last: step folders kept as ``latest`` history (1: the previous one is dropped once
+            this one is committed); the ``best`` folder is kept whatever its age.
+
+    Raises:
+        ValueError: ``commit`` empty or naming another pointer, ``best`` without ``best_tau``.
+    """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    if not commit or set(commit) - {"latest", "best"} or ("best" in commit and best_tau is None):
+        raise ValueError(f"commit={commit!r}: latest and/or best (best needs best_tau)")
     ckpt_dir = Path(ckpt_dir)
     name = f"step-{step:08d}"
     tmp = ckpt_dir / (name + ".partial")
@@ -241,14 +271,53 @@ def save_checkpoint(
         final = ckpt_dir / name
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
-        old = latest_checkpoint(ckpt_dir)
-        atomic_write_json(
-            ckpt_dir / "latest.json",
-            {"step": step, "dir": name, "world_size": ctx.world, "mode": mode},
+        _commit(
+            ckpt_dir,
+            name,
+            step,
+            {"world_size": ctx.world, "mode": mode},
+            commit,
+            keep_last,
+            best_tau,
         )
-        if old and old["dir"] != name:
-            shutil.rmtree(ckpt_dir / old["dir"], ignore_errors=True)
     ctx.barrier()
+
+
+def _commit(ckpt_dir: Path, name, step, info, commit, keep_last: int, best_tau) -> None:
+    """Point ``latest.json`` / ``best.json`` at folder ``name``, then drop the step folders that
+    neither the kept ``latest`` history (``recent``, newest ``keep_last``) nor ``best`` names."""
+    old, old_best = latest_checkpoint(ckpt_dir), best_checkpoint(ckpt_dir)
+    before = set(old.get("recent", [old["dir"]])) if old else set()
+    if old_best:
+        before.add(old_best["dir"])
+    if "latest" in commit:
+        recent = [d for d in (old.get("recent", [old["dir"]]) if old else []) if d != name]
+        recent = (recent + [name])[-max(1, keep_last) :]
+        atomic_write_json(
+            ckpt_dir / "latest.json", {"step": step, "dir": name, **info, "recent": recent}
+        )
+    if "best" in commit:
+        atomic_write_json(
+            ckpt_dir / "best.json", {"step": step, "dir": name, "tau": best_tau, **info}
+        )
+    new, new_best = latest_checkpoint(ckpt_dir), best_checkpoint(ckpt_dir)
+    keep = set(new.get("recent", [new["dir"]])) if new else set()
+    keep |= {new_best["dir"]} if new_best else set()
+    for d in before - keep:
+        shutil.rmtree(ckpt_dir / d, ignore_errors=True)
+
+
+def load_weights(ckpt_dir: Path, name: str, model, ctx: DistContext) -> None:
+    """Load the model weights (not the optimizer) of step folder ``name`` into ``model`` (DCP
+    reshards under FSDP). Every rank must call it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    msd = get_model_state_dict(_inner(model))
+    sd = {"model": msd}
+    with _quiet_single(ctx):
+        dcp.load(sd, checkpoint_id=str(Path(ckpt_dir) / name), no_dist=ctx.world == 1)
+    set_model_state_dict(_inner(model), sd["model"])
 
 
 def load_checkpoint(ckpt_dir: Path, model, opt, ctx: DistContext, expect: dict) -> Optional[dict]:

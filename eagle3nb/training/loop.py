@@ -26,6 +26,7 @@ import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -41,8 +42,9 @@ class TrainConfig:
 
     A field that is also a run parameter has the default of ``eagle3nb.params.RunParams`` (the
     notebooks' smoke run; tests/test_parameter_surface.py checks they agree; this layer does not
-    import params). The others (``min_lr_ratio``, ``grad_clip``, ``log_every``, ``bucket_window``)
-    are set here only.
+    import params). The others (``min_lr_ratio``, ``grad_clip``, ``bucket_window``) are set here
+    only. ``log_every``, ``eval_every``, ``keep_last`` and ``export_from`` change what is logged,
+    kept and returned, not the weights trained.
     """
 
     draft_vocab_size: int = 256
@@ -52,7 +54,7 @@ class TrainConfig:
     ttt_steps: int = 7
     loss_decay: float = 0.8
     batch_size: int = 8
-    max_steps: int = 20
+    max_steps: int = 100
     lr: float = 3e-3
     warmup_steps: int = 5
     min_lr_ratio: float = 0.0
@@ -70,6 +72,9 @@ class TrainConfig:
     loader_workers: int = 0  # DataLoader worker processes (0 = load in the training process)
     fsdp: str = "auto"  # under torchrun: on, off, or auto (FSDP when the drafter is large)
     attention: str = "eager"  # TTT attention: eager (reference) or flex (same function; fast on GPU, see bench/mfu.py)
+    eval_every: int = 10  # steps between held-out evaluations (0 = none; needs a HeldoutEval)
+    keep_last: int = 1  # step checkpoints kept (the best one is kept besides)
+    export_from: str = "best"  # the drafter returned: best (highest held-out tau) or last
 
     def __post_init__(self):
         for name in (
@@ -79,6 +84,7 @@ class TrainConfig:
             "checkpoint_every",
             "log_every",
             "bucket_window",
+            "keep_last",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
@@ -88,15 +94,17 @@ class TrainConfig:
             raise ValueError(f"attention={self.attention!r}: use eager or flex")
         if self.fsdp not in ("auto", "on", "off"):
             raise ValueError(f"fsdp={self.fsdp!r}: use auto, on or off")
+        if self.export_from not in ("best", "last"):
+            raise ValueError(f"export_from={self.export_from!r}: use best or last")
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every={self.eval_every}: must be >= 0 (0 = no evaluation)")
 
     def identity(self) -> dict:
         """The settings a checkpoint must share to be resumed (all but loader workers, FSDP and attention,
-        which change how, not what, is computed)."""
-        return {
-            k: v
-            for k, v in asdict(self).items()
-            if k not in ("loader_workers", "fsdp", "attention")
-        }
+        which change how, not what, is computed, and the evaluation, rotation and export
+        settings, which change neither)."""
+        how = ("loader_workers", "fsdp", "attention", "eval_every", "keep_last", "export_from")
+        return {k: v for k, v in asdict(self).items() if k not in how}
 
 
 def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -186,7 +194,15 @@ def _noisy(
 
 
 def train_drafter(
-    data, target, cfg: TrainConfig, out_dir: str | os.PathLike, progress=None
+    data,
+    target,
+    cfg: TrainConfig,
+    out_dir: str | os.PathLike,
+    progress=None,
+    heldout=None,
+    tracking: Sequence[str] = ("tensorboard",),
+    stream="auto",
+    clock=time.monotonic,
 ) -> tuple[Eagle3Drafter, dict]:
     """Train a drafter and return ``(drafter, report)``; under torchrun every rank calls it.
 
@@ -194,21 +210,34 @@ def train_drafter(
         data: a :class:`BatchSource`, or an :class:`eagle3nb.dataset.read.AuxDataset` (either
             mode; read through :func:`make_source`).
         target: the target model (its embeddings, final norm and lm_head; training runs on its device).
-        out_dir: holds ``checkpoints/`` (one folder per committed step, ``latest.json``).
-        progress: a tqdm-like factory, used on rank 0.
+        out_dir: holds ``checkpoints/`` (step folders, ``latest.json``, ``best.json``),
+            ``train.log`` (the progress lines) and the trackers' files (``tensorboard/``).
+        progress: a tqdm-like factory, used on rank 0 (the bar's postfix shows the loss).
+        heldout: an :class:`eagle3nb.training.heldout.HeldoutEval`, run every ``cfg.eval_every``
+            steps and at the end (None: no held-out evaluation, no ``best`` checkpoint).
+        tracking: tracker names (:data:`eagle3nb.training.progress.TRACKERS`).
+        stream: where rank 0 prints progress lines; ``auto``: stdout without ``progress``, none
+            with it (lines then go to ``train.log`` only).
+        clock: monotonic seconds for the progress lines (a line at least every 60 s of it).
 
     ``report`` holds ``history`` (per logged step: step, loss, lr, per-TTT-step loss and accuracy,
-    all over the global batch), ``vocab`` info, ``tokens_per_s`` (loss-bearing tokens x TTT steps
-    / s, all ranks), ``seconds`` (of the whole training, summed over resumed runs),
-    ``empty_batches`` (global batches with no loss-bearing position: counted, no optimizer
-    update), ``world_size``, ``parallel`` (single, ddp or fsdp), ``padding`` (offline sources),
-    and ``step_seconds`` / ``step_token_steps`` (wall time and global loss-token-steps of each step
-    of this call; the first steps include warm-up, a checkpoint step its write).
+    all over the global batch, and ``heldout`` at evaluated steps), ``vocab`` info,
+    ``tokens_per_s`` (loss-bearing tokens x TTT steps / s, all ranks), ``seconds`` (of the whole
+    training, summed over resumed runs), ``empty_batches`` (global batches with no loss-bearing
+    position: counted, no optimizer update), ``world_size``, ``parallel`` (single, ddp or fsdp),
+    ``padding`` (offline sources), ``step_seconds`` / ``step_token_steps`` (wall time and global
+    loss-token-steps of each step of this call; the first steps include warm-up, a checkpoint step
+    its write, an evaluated step its evaluation), ``best`` (best.json or None), ``returned``
+    (``{"from": best|last, "step"}``: the weights returned) and ``eval_seconds``.
     Resumes from the committed checkpoint when it exists with the same config and data.
 
     Raises:
-        ValueError: a checkpoint with another config or dataset (before any step).
+        ValueError: a checkpoint with another config or dataset (before any step); an unknown
+            tracker.
     """
+    from eagle3nb.training.heldout import evaluate_during_training
+    from eagle3nb.training.monitor import TrainMonitor
+
     ctx = distributed.current()
     source = (
         data
@@ -243,6 +272,7 @@ def train_drafter(
         sched.load_state_dict(extra["scheduler"])
         step, history, empty_batches = extra["step"], extra["history"], extra["empty_batches"]
         prev_secs, prev_tokens = extra["seconds"], extra["token_steps"]
+    best = distributed.best_checkpoint(ckdir) if extra is not None else None
     count_reduce = ctx.sum if ctx.world > 1 else None
     fault = (
         tuple(int(x) for x in os.environ[FAULT_ENV].split(":"))
@@ -252,7 +282,10 @@ def train_drafter(
     model.train()
     t0, tokens = time.time(), 0
     step_seconds, step_tokens, t_prev = [], [], t0  # per step of this run (for benchmarks)
-    bar = progress(total=cfg.max_steps, initial=step) if progress and ctx.is_main else None
+    evaluate = None
+    if heldout is not None:
+        evaluate = lambda: evaluate_during_training(heldout, model, drafter, mode, ctx, dev)  # noqa: E731
+    mon = TrainMonitor(cfg, ctx, out_dir, step, progress, evaluate, tracking, stream, clock, best)
     for b in source.batches(step, cfg.max_steps, ctx.rank, ctx.world, dev.type == "cuda"):
         if cfg.aux_noise > 0:
             b["aux"] = _noisy(b["aux"], b["attn_mask"], b["sample_index"], step, cfg)
@@ -279,23 +312,13 @@ def train_drafter(
         step_seconds.append(t_now - t_prev)
         step_tokens.append(sum(r.step_total))
         t_prev = t_now
-        if step % cfg.log_every == 0 or step == cfg.max_steps:
-            v = ctx.sum(
-                torch.tensor(
-                    [float(r.loss.detach())] + r.step_loss + r.step_acc, dtype=torch.float64
-                )
-            )
-            k = cfg.ttt_steps
-            history.append(
-                {
-                    "step": step,
-                    "loss": v[0].item(),
-                    "lr": sched.get_last_lr()[0],
-                    "step_loss": v[1 : 1 + k].tolist(),
-                    "step_acc": v[1 + k :].tolist(),
-                }
-            )
-        if step % cfg.checkpoint_every == 0 or step == cfg.max_steps:
+        last = step == cfg.max_steps
+        e0 = mon.eval_seconds
+        commit = mon.after_step(step, r, sched.get_last_lr()[0], tokens, history)
+        t_prev += mon.eval_seconds - e0  # a held-out evaluation is not part of a step's time
+        if step % cfg.checkpoint_every == 0 or last:
+            commit = ["latest"] + commit
+        if commit:
             st = {
                 "config": cfg.identity(),
                 "data": source.fingerprint(),
@@ -308,17 +331,34 @@ def train_drafter(
                 "token_steps": prev_tokens + tokens,
                 "world_size": ctx.world,
             }
-            distributed.save_checkpoint(ckdir, step, model, opt, st, ctx, mode)
+            distributed.save_checkpoint(
+                ckdir,
+                step,
+                model,
+                opt,
+                st,
+                ctx,
+                mode,
+                commit=tuple(commit),
+                keep_last=cfg.keep_last,
+                best_tau=mon.best["tau"] if "best" in commit else None,
+            )
         if fault == (ctx.rank, step):
             os.kill(os.getpid(), signal.SIGKILL)  # injected kill -9 of this rank (resume tests)
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+        mon.bar_step()
+    mon.close()
     secs, tokens = (
         prev_secs + time.time() - t0,
         prev_tokens + tokens,
     )  # whole training, across resumes
+    train_secs = secs - mon.eval_seconds  # throughput without this call's held-out evaluations
+    best = distributed.best_checkpoint(ckdir) if heldout is not None else None
+    returned = {"from": "last", "step": step}
+    if cfg.export_from == "best" and best is not None and best["step"] != step:
+        distributed.load_weights(ckdir, best["dir"], model, ctx)  # after the last checkpoint
+        returned = {"from": "best", "step": best["step"]}
+    elif cfg.export_from == "best" and best is not None:
+        returned["from"] = "best"
     if mode == "fsdp":  # gather the shards into a plain drafter (every rank takes part)
         full = distributed.unwrap_full_state(model)  # rank 0 only (the others get {})
         drafter = Eagle3Drafter(drafter.config)
@@ -329,13 +369,16 @@ def train_drafter(
         "history": history,
         "vocab": vocab,
         "seconds": secs,
-        "tokens_per_s": tokens / secs if secs > 0 else None,
+        "tokens_per_s": tokens / train_secs if train_secs > 0 else None,
         "steps": step,
         "empty_batches": empty_batches,
         "world_size": ctx.world,
         "parallel": mode,
         "step_seconds": step_seconds,
         "step_token_steps": step_tokens,
+        "best": best,
+        "returned": returned,
+        "eval_seconds": mon.eval_seconds,
     }
     if hasattr(source, "padding"):
         rep["padding"] = source.padding(ctx.world)

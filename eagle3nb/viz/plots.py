@@ -1,7 +1,8 @@
 """Plotly figures of the workbook, returned as ``go.Figure`` objects (tests inspect their data).
 
-Figures are written as standalone HTML with plotly.js inlined (no network needed to open them) and
-with fixed div ids, so the same data gives the same file.
+Figures are written as HTML files that load one ``plotly.min.js`` from their own folder (written
+there once from the installed plotly package, so no network is needed to open them) and with fixed
+div ids, so the same data gives the same file.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 import plotly.graph_objects as go
+import plotly.offline
 import torch
 from plotly.subplots import make_subplots
 
@@ -20,19 +22,38 @@ __all__ = [
     "acceptance_figure",
     "training_figure",
     "save_html",
+    "write_plotlyjs",
 ]
 
 
+def _short(x: torch.Tensor) -> list[float]:
+    """``x`` as a list of floats at 4 significant digits (plenty for a histogram; keeps the HTML
+    small: the values are stored in the file)."""
+    return [float(f"{v:.4g}") for v in x.flatten().tolist()]
+
+
 def hidden_state_figure(
-    states: Mapping[int, torch.Tensor], engine: str, max_values: int = 20000, seed: int = 0
+    states: Mapping[int, torch.Tensor],
+    engine: str | Mapping[int, str],
+    max_values: int = 20000,
+    seed: int = 0,
 ) -> go.Figure:
     """Distribution per boundary: histogram of values (left) and of per-token L2 norms (right).
 
     Args:
-        states: ``{boundary: [N_tokens, H]}`` float tensors from one engine.
-        engine: the engine that really produced them (shown in the title and legend).
+        states: ``{boundary: [N_tokens, H]}`` float tensors.
+        engine: the engine that really produced them, one name for all boundaries or
+            ``{boundary: name}`` (e.g. SGLang's aux boundaries and HF's boundary N, as
+            ``eagle3nb.dataset.read.boundary_engines`` reads them from a manifest); shown in the
+            title and in each boundary's legend entry.
         max_values: values sampled per boundary for the value histogram (seeded).
+
+    Raises:
+        ValueError: ``engine`` is a mapping that names no engine for one of the boundaries.
     """
+    engines = {b: engine for b in states} if isinstance(engine, str) else dict(engine)
+    if missing := sorted(set(states) - set(engines)):
+        raise ValueError(f"no engine named for boundaries {missing}")
     fig = make_subplots(rows=1, cols=2, subplot_titles=("values", "per-token L2 norm"))
     g = torch.Generator().manual_seed(seed)
     for b in sorted(states):
@@ -40,10 +61,10 @@ def hidden_state_figure(
         vals = x.flatten()
         if vals.numel() > max_values:
             vals = vals[torch.randperm(vals.numel(), generator=g)[:max_values]]
-        name = f"{engine} b={b}"
+        name = f"{engines[b]} b={b}"
         fig.add_trace(
             go.Histogram(
-                x=vals.tolist(),
+                x=_short(vals),
                 name=name,
                 legendgroup=name,
                 opacity=0.6,
@@ -55,7 +76,7 @@ def hidden_state_figure(
         )
         fig.add_trace(
             go.Histogram(
-                x=x.norm(dim=-1).tolist(),
+                x=_short(x.norm(dim=-1)),
                 name=name,
                 legendgroup=name,
                 showlegend=False,
@@ -66,8 +87,12 @@ def hidden_state_figure(
             1,
             2,
         )
+    by_engine: dict[str, list[int]] = {}
+    for b in sorted(states):
+        by_engine.setdefault(engines[b], []).append(b)
+    who = "; ".join(f"{e}: b={','.join(map(str, bs))}" for e, bs in by_engine.items())
     fig.update_layout(
-        barmode="overlay", title=f"Hidden states per boundary ({engine})", template="plotly_white"
+        barmode="overlay", title=f"Hidden states per boundary ({who})", template="plotly_white"
     )
     return fig
 
@@ -126,7 +151,7 @@ def engine_drift_figure(
             col = palette[i % len(palette)]
             fig.add_trace(
                 go.Histogram(
-                    x=vals.tolist(),
+                    x=_short(vals),
                     name=lab,
                     legendgroup=lab,
                     showlegend=(r == 1),
@@ -146,7 +171,7 @@ def engine_drift_figure(
                 )
                 fig.add_trace(
                     go.Histogram(
-                        x=dev.tolist(),
+                        x=_short(dev),
                         name=lab,
                         legendgroup=lab,
                         showlegend=False,
@@ -190,6 +215,37 @@ def acceptance_figure(results: Mapping[str, dict]) -> go.Figure:
     return fig
 
 
+def k_sweep_figure(sweep: Mapping[int, dict], engine: str = "eagle3nb simulator") -> go.Figure:
+    """tau (left axis) and draft acceptance rate (right axis) against k' drafts per cycle.
+
+    Args:
+        sweep: ``{k': summary}`` (``eagle3nb.drafter.ksweep.k_sweep``); engine: who produced it
+            (trace labels).
+    """
+    from plotly.subplots import make_subplots
+
+    ks = sorted(sweep)
+    fig = make_subplots(specs=[[{"secondary_y": True}]])
+    fig.add_trace(
+        go.Scatter(x=ks, y=[sweep[k]["tau"] for k in ks], mode="lines+markers",
+                   name=f"tau ({engine})"),
+        secondary_y=False,
+    )  # fmt: skip
+    fig.add_trace(
+        go.Scatter(x=ks, y=[sweep[k]["draft_acceptance_rate"] for k in ks], mode="lines+markers",
+                   name=f"draft acceptance rate ({engine})", line={"dash": "dot"}),
+        secondary_y=True,
+    )  # fmt: skip
+    fig.update_layout(
+        title="Trained drafter: acceptance length and rate vs draft tokens per cycle (k')",
+        xaxis_title="k' (draft tokens per cycle)",
+        template="plotly_white",
+    )
+    fig.update_yaxes(title_text="tau (tokens per cycle)", secondary_y=False)
+    fig.update_yaxes(title_text="accepted / drafted", range=[0, 1], secondary_y=True)
+    return fig
+
+
 def training_figure(history: Sequence[dict]) -> go.Figure:
     """Training loss (left) and accuracy per TTT step (right) against optimizer step."""
     fig = make_subplots(
@@ -216,12 +272,31 @@ def training_figure(history: Sequence[dict]) -> go.Figure:
     return fig
 
 
+PLOTLY_JS = "plotly.min.js"  # written once per figures folder, next to the HTML files
+
+
+def write_plotlyjs(folder: str | os.PathLike) -> Path:
+    """Write the installed plotly package's ``plotly.min.js`` into ``folder`` (atomically, only when
+    absent or different), for the figures there to load offline."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    dst = folder / PLOTLY_JS
+    js = plotly.offline.get_plotlyjs().encode()
+    if not dst.is_file() or dst.stat().st_size != len(js) or dst.read_bytes() != js:
+        tmp = dst.with_suffix(".js.tmp")
+        tmp.write_bytes(js)
+        os.replace(tmp, dst)
+    return dst
+
+
 def save_html(fig: go.Figure, path: str | os.PathLike) -> Path:
-    """Write ``fig`` as standalone HTML (plotly.js inlined, deterministic div id), atomically."""
+    """Write ``fig`` as HTML (deterministic div id), atomically. plotly.js is not inlined: the file
+    loads ``plotly.min.js`` from its own folder (written there once by :func:`write_plotlyjs`), so
+    a run's figures share one copy and still open offline."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    write_plotlyjs(path.parent)
     tmp = path.with_suffix(".html.tmp")
-    fig.write_html(str(tmp), include_plotlyjs=True, full_html=True, div_id=path.stem)
+    fig.write_html(str(tmp), include_plotlyjs=PLOTLY_JS, full_html=True, div_id=path.stem)
     os.replace(tmp, path)
     return path
 

@@ -55,3 +55,29 @@ def test_flag_sglang_ignores_is_reported(target, tmp_path):
     rep = engine_report(cfg, [1, 2, 4], 5, {"norm_before_residual": True})
     assert rep["sglang"]["ignored_flags"] == ["norm_before_residual"] and not rep["sglang"]["ok"]
     assert rep["vllm"]["ignored_flags"] == [] and rep["vllm"]["ok"]
+
+
+def test_target_named_for_vllm_serve_drafter_and_ids_unchanged(target, tmp_path):
+    """The speculators keys name the target (what vLLM serves for `vllm serve DRAFTER`) and change
+    neither engine's boundaries; without a target in the manifest no such keys are written."""
+    from eagle3nb.drafter.engine_read import vllm_serve_drafter
+
+    model, _, path = target
+    c = DrafterConfig.for_target(model.config, 512, num_attention_heads=2, num_key_value_heads=2)
+    d = Eagle3Drafter(c, model.get_input_embeddings().weight.detach())
+    man = {"target": {"path": str(path), "architecture": "LlamaForCausalLM"}}
+    out = export_drafter(d, tmp_path / "d", [1, 2, 4], 5, man, 1, 2, num_speculative_tokens=3)
+    cfg = json.loads((out / "config.json").read_text())
+    plain = exported_config(tmp_path / "plain", model)
+    assert "speculators_config" not in plain
+    for engine in ("sglang", "vllm"):
+        assert read_as_engine(cfg, engine, 5) == read_as_engine(plain, engine, 5)
+    got = vllm_serve_drafter(cfg, str(out), {"num_speculative_tokens": 5})
+    assert got["model"] == str(path) and cfg["model_type"] == "llama"
+    assert got["speculative_config"] == {
+        "method": "eagle3",
+        "num_speculative_tokens": 5,
+        "model": str(out),
+    }
+    assert vllm_serve_drafter(cfg, str(out))["speculative_config"]["num_speculative_tokens"] == 3
+    assert vllm_serve_drafter(plain, str(out)) is None

@@ -131,6 +131,7 @@ def trained_run(tmp_path_factory):
         max_steps=150,
         warmup_steps=10,
         max_eval_prompts=12,
+        eval_every=0,  # no held-out evaluation during training: this test is about serving
         eval_max_new_tokens=48,
         interactive=False,
     )

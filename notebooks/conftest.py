@@ -1,0 +1,14 @@
+"""nbval, for the notebooks: numbers that vary with the machine in the cells marked
+``# NBVAL_CHECK_OUTPUT`` (tau, printed at its real precision) are masked before outputs are
+compared, by the regexes of ``nbval_sanitize.cfg`` next to this file. Set here so that the README's
+test command needs no ``--nbval-sanitize-with`` (one given on the command line wins)."""
+
+from pathlib import Path
+
+SANITIZE = Path(__file__).with_name("nbval_sanitize.cfg")
+
+
+def pytest_configure(config):
+    """Point nbval at ``nbval_sanitize.cfg`` unless ``--nbval-sanitize-with`` names a file."""
+    if getattr(config.option, "nbval_sanitize_with", "") is None:
+        config.option.nbval_sanitize_with = str(SANITIZE)
