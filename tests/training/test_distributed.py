@@ -156,3 +156,44 @@ def test_cli_refuses_bad_input_before_work(tmp_path):
         env=dict(os.environ, PYTHONPATH=os.getcwd()),
     )
     assert r.returncode == 2 and "node_rank=1 must be below nnodes=1" in r.stderr
+
+
+def test_best_and_rotation_under_two_processes(run):
+    """Held-out evaluation on rank 0 under torchrun: best.json names the step with the highest
+    held-out tau in the history, rotation keeps the newest ``keep_last`` steps plus best, and
+    ``export_from: best`` exports that step (its tau re-measured by 04's simulator)."""
+    from eagle3nb.drafter.export import load_drafter
+    from eagle3nb.steps.heldout import heldout_eval
+    from eagle3nb.target import models
+    from eagle3nb.training.heldout import isolated_rng
+
+    q = _copy(
+        run,
+        "best2",
+        nproc_per_node=2,
+        eval_every=3,
+        eval_prompts=2,
+        keep_last=1,
+        export_from="best",
+    )
+    out = train_step(q, progress=False)
+    assert out["stats"]["world_size"] == 2
+    hist = _history(q)
+    evals = [h for h in hist if isinstance(h.get("heldout"), dict)]
+    assert [h["step"] for h in evals] == [3, 6, 9]
+    taus = [h["heldout"]["tau"] for h in evals]
+    ck = RunDir(q).train / "checkpoints"
+    best = json.loads((ck / "best.json").read_text())
+    assert best["step"] == evals[taus.index(max(taus))]["step"]
+    assert best["tau"] == pytest.approx(max(taus))
+    kept = {p.name for p in ck.glob("step-*")}
+    assert kept == {"step-00000009", f"step-{best['step']:08d}"}
+    # the exported drafter is the best step's: the same held-out evaluation of the exported files
+    # gives best's tau (the last step's tau differs, else this proves nothing)
+    model, tok, _ = models.load_target(q.model, "float32", "cpu")
+    emb = model.get_input_embeddings().weight.detach().float()
+    d, _ = load_drafter(RunDir(q).drafter, emb)
+    bnds = json.loads((RunDir(q).dataset / "manifest.json").read_text())["aux_boundaries"]
+    ev = heldout_eval(q, RunDir(q), model, tok, bnds)
+    with isolated_rng():
+        assert ev(d.eval())["tau"] == pytest.approx(best["tau"])
