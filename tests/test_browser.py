@@ -48,7 +48,7 @@ c.ContentsManager.pre_save_hook = _refuse_save
 c.FileCheckpoints.checkpoint_dir = {checkpoints!r}
 """
 BROWSER_RUN_TIMEOUT_S = (
-    720  # hard cap for the node script (it has per-notebook timeouts of its own)
+    1800  # hard cap for the node script (it has per-notebook timeouts of its own)
 )
 
 

@@ -25,7 +25,7 @@ const NOTEBOOKS = [
   { name: '04_eval_acceptance', plotly: true },
 ].map((nb) => ({ ...nb, nbPath: `notebooks/${nb.name}.ipynb` }));
 const LOAD_TIMEOUT_MS = 90_000; // page load + kernel start
-const RUN_TIMEOUT_MS = 150_000; // Run All Cells until idle, per notebook
+const RUN_TIMEOUT_MS = 420_000; // Run All Cells until idle, per notebook (04 serves with vLLM twice: slow on a loaded 2-core machine)
 const PLOT_TIMEOUT_MS = 30_000; // plotly rendering after the run
 const VIEWPORT = { width: 1400, height: 1800 };
 const MAX_SHOT_HEIGHT = 12_000;
