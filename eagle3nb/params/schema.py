@@ -6,7 +6,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from eagle3nb.rundir import resolve_path
+from eagle3nb.params.paths import check_paths
 
 # the notebooks, in run order (eagle3nb.run executes them in this order)
 NOTEBOOKS = [
@@ -79,10 +79,26 @@ class RunParams(BaseModel):
     chat_template: Optional[str] = _p(
         None, "jinja template file for chat mode; None for the tokenizer's own", ALL
     )
+    chat_template_kwargs: dict = _p(
+        {},
+        "extra variables for the chat template, e.g. {enable_thinking: false}",
+        [GENERATE],
+        default_factory=dict,
+    )
     # 01_generate
     prompts_file: str = _p(
         "eagle3nb/data/prompts_tinystories.txt",
-        "one prompt per line; '#' lines ignored",
+        "one prompt per line; '#' lines ignored (a chat dataset goes in dataset)",
+        [GENERATE],
+    )
+    dataset: Optional[str] = _p(
+        None,
+        "chat dataset (JSONL, JSON, Parquet or a datasets folder) regenerated turn by turn in chat mode; None uses prompts_file",
+        [GENERATE],
+    )
+    dataset_format: Literal["auto", "openai", "sharegpt", "text"] = _p(
+        "auto",
+        "format of dataset: auto (from its columns), openai (messages), sharegpt (conversations) or text (preformatted)",
         [GENERATE],
     )
     heldout_fraction: float = _p(
@@ -364,19 +380,7 @@ class RunParams(BaseModel):
 
     @model_validator(mode="after")
     def _paths(self):
-        pf = resolve_path(self.prompts_file)
-        if not pf.is_file():
-            raise ValueError(
-                f"prompts_file={self.prompts_file!r} does not exist (looked at {pf}); point it at a text file with one prompt per line"
-            )
-        if self.mode == "completion" and self.chat_template is not None:
-            raise ValueError(
-                f"chat_template={self.chat_template!r} is set but mode='completion'; set mode: chat or chat_template: null"
-            )
-        if self.chat_template is not None and not resolve_path(self.chat_template).is_file():
-            raise ValueError(
-                f"chat_template={self.chat_template!r} is not a file; give a jinja template file or null for the tokenizer's own"
-            )
+        check_paths(self)
         return self
 
 

@@ -31,9 +31,16 @@ def generate_step(p: RunParams, progress=True) -> dict:
         ``{"manifest": the generation manifest, "records": the records, "stats":
         metrics.json["generate"]}``.
 
+    With ``dataset`` set, the chat dataset is regenerated turn by turn instead
+    (:func:`eagle3nb.steps.generate_chat.generate_chat_step`).
+
     Raises:
         ValueError: a prompt plus ``max_new_tokens`` exceeds the target's context.
     """
+    if p.dataset is not None:
+        from eagle3nb.steps.generate_chat import generate_chat_step
+
+        return generate_chat_step(p, progress)
     rd = RunDir(p).make()
     model, tok, path = models.load_target(p.model, p.dtype, resolve_device(p))
     template = template_of(p, tok)
