@@ -59,6 +59,7 @@ steps/              one module per notebook, called from its cells and from eagl
     train           03_train, also from the command line and on every torchrun rank
     heldout         03's held-out slice (01's held-out prompts) for evaluation during training
     evaluate        04_eval_acceptance
+    eval_chat       04's held-out prompts rendered with its template; acceptance per turn index
     publish         04's serving files: serve_commands.md and the drafter's model card
 data/               package data: prompts_tinystories.txt (default prompts), chat_stories.*.jsonl
                     (chat dataset, two forms), chat_template_stories.jinja

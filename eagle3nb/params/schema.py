@@ -82,7 +82,8 @@ class RunParams(BaseModel):
     chat_template_kwargs: dict = _p(
         {},
         "extra variables for the chat template, e.g. {enable_thinking: false}",
-        [GENERATE],
+        [GENERATE, EVAL],
+        {EVAL: "extra variables for the chat template that renders the held-out prompts"},
         default_factory=dict,
     )
     # 01_generate

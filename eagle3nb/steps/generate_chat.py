@@ -28,7 +28,8 @@ def generate_chat_step(p: RunParams, progress=True) -> dict:
     Writes ``data/generated.jsonl``: train records ``{"id", "split": "train", "conversation",
     "turns", "prompt", "prompt_ids", "input_ids", "loss_mask", "output_ids", "text"}`` (one per
     row, see :mod:`eagle3nb.text.regenerate`), held-out records ``{"id", "split": "heldout",
-    "conversation", "turn", "prompt", "prompt_ids", "output_ids", "text"}``; the resume file
+    "conversation", "turn", "prompt", "tools", "prompt_ids", "output_ids", "text", "messages": the
+    history served at that turn}``; the resume file
     ``data/generated.partial.jsonl`` while it runs; ``data/generation_manifest.json``.
 
     Returns:
@@ -187,6 +188,7 @@ def _records(results: list[dict], tok, train: set, by_id: dict) -> list[dict]:
                         **base,
                         "turn": t,
                         "prompt": users[min(t, len(users) - 1)],
+                        "tools": rec.get("tools"),
                         **turn,
                     }
                 )
@@ -237,8 +239,17 @@ def _reason_kind(reason: str) -> str:
 
 
 def trained_fractions(records: list[dict]) -> list[float]:
-    """Share of loss-bearing tokens in each train row of 01's records (list[float] in (0, 1))."""
-    return [sum(r["loss_mask"]) / len(r["loss_mask"]) for r in records if r["split"] == "train"]
+    """Share of loss-bearing tokens in each train sample of 01's records (list[float] in (0, 1)):
+    a chat row's ``loss_mask``, or a completion record's generated ids over prompt + generated."""
+    out = []
+    for r in records:
+        if r["split"] != "train" or not r.get("output_ids"):
+            continue
+        if "loss_mask" in r:
+            out.append(sum(r["loss_mask"]) / len(r["loss_mask"]))
+        else:
+            out.append(len(r["output_ids"]) / (len(r["prompt_ids"]) + len(r["output_ids"])))
+    return out
 
 
 def refusal_table(refused: list[dict], limit: int = 20) -> str:

@@ -83,6 +83,7 @@ class _Conversation:
         self.rows: list[dict] = []
         self.ended: str | None = None
         self.prompt: list[int] | None = None
+        self.asked: list[dict] = []
 
     def next_prompt(self, tok, template, kwargs, max_new: int, ctx: int) -> list[int] | None:
         """The prompt ids of the next turn to ask, or None when the conversation is over."""
@@ -102,6 +103,7 @@ class _Conversation:
         self.queue.pop(0)  # the dataset's answer, asked again
         tools = self.rec.get("tools")
         ids = render_ids(tok, self.history, template, True, tools, kwargs)
+        self.asked = [dict(m) for m in self.history]
         return self._fits(ids, max_new, ctx)
 
     def _fits(self, ids: list[int], max_new: int, ctx: int) -> list[int] | None:
@@ -116,7 +118,10 @@ class _Conversation:
         prompt, self.prompt = self.prompt, None
         text = tok.decode(out, skip_special_tokens=True)
         n = len(self.turns)
-        self.turns.append({"prompt_ids": prompt, "output_ids": list(out), "text": text})
+        turn = {"prompt_ids": prompt, "output_ids": list(out), "text": text}
+        if "text" not in self.rec:  # the history served at this turn (04 renders it again)
+            turn["messages"] = self.asked
+        self.turns.append(turn)
         row = self.rows[-1] if self.rows else None
         if row is not None and prompt[: len(row["input_ids"])] == row["input_ids"]:
             row["loss_mask"] += [0] * (len(prompt) - len(row["input_ids"])) + [1] * len(out)
@@ -217,7 +222,7 @@ def regenerate(
 
     Returns:
         Per record of the chunks done, in record order: ``{"id", "turns": [{"prompt_ids",
-        "output_ids", "text"}], "rows": [{"input_ids", "loss_mask", "turns"}], "ended": None or
+        "output_ids", "text", "messages": the history served (not for text records)}], "rows": [{"input_ids", "loss_mask", "turns"}], "ended": None or
         one of ENDINGS}``.
     """
     partial = Path(partial)
