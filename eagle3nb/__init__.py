@@ -52,6 +52,7 @@ steps/              one module per notebook, called from its cells and from eagl
     common          what the steps share: target info, aux ids, checks, metrics
     generate        01_generate
     generate_chat   01_generate on a chat dataset: refusals, split by conversation, regeneration
+    generate_workers  01's regeneration through one engine here, or data parallel over workers
     extract         02's shared plumbing: disk plan, sharded extraction over N worker processes
     extract_vllm    02a_extract_vllm
     extract_sglang  02b_extract_sglang

@@ -120,8 +120,14 @@ class RunParams(BaseModel):
     temperature: float = _p(0.0, "0 for greedy, above 0 samples", [GENERATE], ge=0)
     top_p: float = _p(1.0, "nucleus sampling when temperature > 0", [GENERATE], gt=0, le=1)
     gen_batch_size: int = _p(64, "prompts per batched generate call", [GENERATE], ge=1)
-    generate_engine: Literal["hf", "vllm"] = _p(
-        "hf", "hf (transformers generate) or vllm (vLLM's own engine, in its venv)", [GENERATE]
+    generate_engine: Literal["hf", "vllm", "sglang"] = _p(
+        "hf", "hf (transformers generate), vllm or sglang (each engine in its venv)", [GENERATE]
+    )
+    generate_workers: int = _p(
+        1,
+        "with dataset: engine worker processes regenerating shares of the conversations (data parallel, each resumable; one GPU each)",
+        [GENERATE],
+        ge=1,
     )
     # 02a_extract_vllm and 02b_extract_sglang (convention and layer_ids: also 03_train)
     extract_engine: Literal["sglang", "hf"] = _p(
@@ -132,7 +138,7 @@ class RunParams(BaseModel):
     sglang_python: Optional[str] = _p(
         None,
         "python of the SGLang venv (None for the cache made by .ci/setup_engines.sh; empty string to import sglang here on a GPU box)",
-        [EXTRACT_SGLANG],
+        [GENERATE, EXTRACT_SGLANG],
     )
     convention: str = _p(
         "sglang",

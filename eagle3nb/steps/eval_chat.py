@@ -53,7 +53,7 @@ def heldout_prompts(p: RunParams, rd: RunDir, tok) -> tuple[list[list[int]], lis
         "file": p.chat_template if p.mode == "chat" else None,
         "generation_sha256": gm["template"]["sha256"],
         "same_as_generation": gm["template"]["sha256"] == chat.template_hash(template)
-        and gm["template"].get("kwargs", {}) == kwargs,
+        and gm.get("template_kwargs", {}) == kwargs,
         "prompts_rendered_differently": sum(a != r["prompt_ids"] for a, r in zip(prompts, held)),
     }
     turns = [r.get("turn") for r in held]

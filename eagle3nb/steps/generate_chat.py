@@ -3,20 +3,18 @@ turn by turn by the target (HF or vLLM), resumable; rows with loss masks from se
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from contextlib import nullcontext
 
-from eagle3nb.engines.vllm_helpers import start_vllm
 from eagle3nb.manifest import atomic_write_json, provenance, sha256_file
 from eagle3nb.params import RunParams, resolve_device
 from eagle3nb.rundir import RunDir, resolve_path, update_metrics
-from eagle3nb.steps.common import progress_bar, record_checks, target_info, template_of
+from eagle3nb.steps import generate_workers
+from eagle3nb.steps.common import record_checks, target_info, template_of
 from eagle3nb.target import models
 from eagle3nb.text import chat, conversations
-from eagle3nb.text.generation import generate_batch, write_jsonl
+from eagle3nb.text.generation import write_jsonl
 from eagle3nb.text.prompts import split_prompts
-from eagle3nb.text.regenerate import regenerate, run_key
+from eagle3nb.text.regenerate import run_key
 
 __all__ = ["generate_chat_step", "refusal_table", "trained_fractions"]
 
@@ -29,15 +27,17 @@ def generate_chat_step(p: RunParams, progress=True) -> dict:
     "turns", "prompt", "prompt_ids", "input_ids", "loss_mask", "output_ids", "text"}`` (one per
     row, see :mod:`eagle3nb.text.regenerate`), held-out records ``{"id", "split": "heldout",
     "conversation", "turn", "prompt", "tools", "prompt_ids", "output_ids", "text", "messages": the
-    history served at that turn}``; the resume file
-    ``data/generated.partial.jsonl`` while it runs; ``data/generation_manifest.json``.
+    history served at that turn}``; the resume files ``data/generated.partial*.jsonl`` while it
+    runs (one per worker with ``generate_workers``); ``data/generation_manifest.json``.
 
     Returns:
         ``{"manifest", "records", "stats": metrics.json["generate"], "refused": [{"where",
         "id", "reason"}]}``.
 
     Raises:
-        ValueError: the dataset cannot be read, has no format column, or no record is left.
+        ValueError: the dataset cannot be read, has no format column, or no record is left; a
+            train row whose loss mask is all zeros or all ones (a template that renders no
+            header).
     """
     rd = RunDir(p).make()
     model, tok, path = models.load_target(p.model, p.dtype, resolve_device(p))
@@ -66,25 +66,18 @@ def generate_chat_step(p: RunParams, progress=True) -> dict:
         "target": [str(path), p.dtype],
     }
     strip = [{k: v for k, v in r.items() if k != "where"} for r in todo]
-    partial = rd.generated.with_name("generated.partial.jsonl")
-    engine, secs, results = _regenerate(
-        p,
-        rd,
-        model,
-        tok,
-        path,
-        template,
-        kwargs,
-        eos,
-        ctx,
-        strip,
-        run_key(strip, settings),
-        partial,
-        progress,
-    )
+    job = {"records": strip, "key": run_key(strip, settings), "template": template}
+    job.update(kwargs=kwargs, eos=eos, ctx=ctx)
+    if p.generate_workers > 1:
+        engine, secs, results = generate_workers.run_workers(p, rd, tok, job)
+    else:
+        partial = rd.generated.with_name("generated.partial.jsonl")
+        engine, secs, results = generate_workers.regenerate_share(
+            p, rd, model, tok, path, job, partial, None, progress
+        )
     out = _records(results, tok, set(train_ids), by_id)
     write_jsonl(rd.generated, out)
-    partial.unlink(missing_ok=True)
+    generate_workers.clean_partials(rd)
     stats = _stats(p, engine, secs, fmt, results, out, refused, len(train_ids), len(held_ids))
     update_metrics(rd.metrics, "generate", stats)
     man = _manifest(p, rd, model, path, engine, eos, template, kwargs, stats)
@@ -115,41 +108,6 @@ def _fit_context(recs, refused, tok, template, kwargs, ctx: int, max_new: int) -
         else:
             kept.append(r)
     return kept
-
-
-def _regenerate(p, rd, model, tok, path, template, kwargs, eos, ctx, recs, key, partial, progress):
-    """Run :func:`eagle3nb.text.regenerate.regenerate` through HF or vLLM. Returns ``(manifest
-    engine block, seconds of generation, results)``."""
-    vllm = p.generate_engine == "vllm"
-    with start_vllm(p, path, p.dtype, rd.root) if vllm else nullcontext() as client:
-        if client is not None:
-            info = client.info()
-            engine = {"name": info["engine_name"], "version": info["engine_version"]}
-            client.generate([[tok.bos_token_id or 0]], 1, eos, 0.0, 1.0, p.seed)  # warm
-        else:
-            engine = {"name": "hf-transformers", "version": __import__("transformers").__version__}
-
-        def gen(batch, seed):
-            args = (batch, p.max_new_tokens, eos, p.temperature, p.top_p, p.seed + seed)
-            return client.generate(*args) if client is not None else generate_batch(model, *args)
-
-        bar = progress_bar() if progress else None
-        t0 = time.time()
-        results = regenerate(
-            recs,
-            gen,
-            tok,
-            template,
-            template_kwargs=kwargs,
-            max_new_tokens=p.max_new_tokens,
-            ctx=ctx,
-            batch_size=p.gen_batch_size,
-            partial=partial,
-            key=key,
-            progress=(lambda it: bar(it, desc=f"regenerate ({engine['name']})")) if bar else None,
-        )
-        secs = time.time() - t0
-    return engine, secs, results
 
 
 def _records(results: list[dict], tok, train: set, by_id: dict) -> list[dict]:
@@ -192,6 +150,12 @@ def _records(results: list[dict], tok, train: set, by_id: dict) -> list[dict]:
                         **turn,
                     }
                 )
+    flat = [r["id"] for r in out if r["split"] == "train" and all(r["loss_mask"])]
+    if flat:
+        raise ValueError(
+            f"rows {flat[:5]} have a loss mask of all ones: the chat template rendered nothing "
+            "before the reply; use a template with role headers (chat_template)"
+        )
     return out
 
 
@@ -281,7 +245,8 @@ def _manifest(p, rd, model, path, engine, eos, template, kwargs, stats):
             "greedy": p.temperature == 0,
             "stop_token_ids": eos,
         },
-        template={"mode": p.mode, "sha256": chat.template_hash(template), "kwargs": kwargs},
+        template={"mode": p.mode, "sha256": chat.template_hash(template)},
+        template_kwargs=kwargs,
         dtype=p.dtype,
         dataset={
             "path": str(ds),

@@ -37,7 +37,7 @@ from eagle3nb.text.chat import render_ids
 __all__ = ["ENDINGS", "parse_reply", "regenerate", "run_key"]
 
 # why a conversation ended before its last dataset turn
-ENDINGS = ("context", "unpaired_tool_call", "unpaired_tool_result")
+ENDINGS = ("context", "unpaired_tool_call", "unpaired_tool_result", "empty_reply")
 
 _THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.S)
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
@@ -116,6 +116,9 @@ class _Conversation:
     def answer(self, out: list[int], tok) -> None:
         """Record the engine's ids for the pending prompt and pair the target's tool calls."""
         prompt, self.prompt = self.prompt, None
+        if not out:  # nothing to train on, nothing to answer with
+            self.ended = "empty_reply"
+            return
         text = tok.decode(out, skip_special_tokens=True)
         n = len(self.turns)
         turn = {"prompt_ids": prompt, "output_ids": list(out), "text": text}

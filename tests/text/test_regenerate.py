@@ -2,7 +2,8 @@
 conversation the engine produced (second method: chat.conversation_rows), reasoning turns split
 rows, tool calls are paired with the dataset's results in order (or end the conversation, named),
 the context ends a conversation, and a run interrupted after some chunks resumes to the same
-results without redoing them; 01 killed with SIGKILL and rerun writes the same file."""
+results without redoing them; 01 killed with SIGKILL and rerun, and 01 with two data-parallel
+workers, write the same file as one uninterrupted run."""
 
 import json
 import os
@@ -218,23 +219,31 @@ STEP = (
 )
 
 
-def _params(tmp_path, name):
+def _params(tmp_path, name, extra=""):
     src = (REPO_ROOT / "eagle3nb/data/chat_stories.openai.jsonl").read_text().splitlines()
     data = tmp_path / "d.jsonl"
     data.write_text("\n".join(src[:16]) + "\n")
     p = tmp_path / f"{name}.yaml"
-    p.write_text(CHAT_PARAMS.format(name=name, out=tmp_path / "out", data=data))
+    p.write_text(CHAT_PARAMS.format(name=name, out=tmp_path / "out", data=data) + extra)
     return p
 
 
-def test_generate_step_killed_and_rerun_writes_same_file(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-    ref = _params(tmp_path, "ref")
-    subprocess.run([sys.executable, "-c", STEP, str(ref)], check=True, env=env, cwd=REPO_ROOT)
-    want = (tmp_path / "out/ref/data/generated.jsonl").read_bytes()
+ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """01 on 16 conversations, one engine, uninterrupted: generated.jsonl's bytes."""
+    tmp = tmp_path_factory.mktemp("ref")
+    ref = _params(tmp, "ref")
+    subprocess.run([sys.executable, "-c", STEP, str(ref)], check=True, env=ENV, cwd=REPO_ROOT)
+    return (tmp / "out/ref/data/generated.jsonl").read_bytes()
+
+
+def test_generate_step_killed_and_rerun_writes_same_file(tmp_path, reference):
     cut = _params(tmp_path, "cut")
     partial = tmp_path / "out/cut/data/generated.partial.jsonl"
-    proc = subprocess.Popen([sys.executable, "-c", STEP, str(cut)], env=env, cwd=REPO_ROOT)
+    proc = subprocess.Popen([sys.executable, "-c", STEP, str(cut)], env=ENV, cwd=REPO_ROOT)
     t0 = time.time()
     while time.time() - t0 < 120:
         if partial.is_file() and partial.read_text().count("\n") >= 4:  # key + 3 chunks
@@ -245,11 +254,18 @@ def test_generate_step_killed_and_rerun_writes_same_file(tmp_path):
     done = partial.read_text().count("\n") - 1
     assert 3 <= done < 16, "the run finished (or never started) before the kill"
     assert not (tmp_path / "out/cut/data/generated.jsonl").exists()
-    subprocess.run([sys.executable, "-c", STEP, str(cut)], check=True, env=env, cwd=REPO_ROOT)
+    subprocess.run([sys.executable, "-c", STEP, str(cut)], check=True, env=ENV, cwd=REPO_ROOT)
     got = (tmp_path / "out/cut/data/generated.jsonl").read_bytes()
-    assert got == want
-    ids = [
-        (r["conversation"], str(r.get("turns")), r.get("turn"))
-        for r in map(json.loads, got.splitlines())
-    ]
+    assert got == reference
+    recs = [json.loads(x) for x in got.splitlines()]
+    ids = [(r["conversation"], str(r.get("turns")), r.get("turn")) for r in recs]
     assert len(ids) == len(set(ids))
+    assert not partial.exists()
+
+
+def test_two_workers_write_the_same_file(tmp_path, reference):
+    two = _params(tmp_path, "two", "generate_workers: 2\n")
+    subprocess.run([sys.executable, "-c", STEP, str(two)], check=True, env=ENV, cwd=REPO_ROOT)
+    assert (tmp_path / "out/two/data/generated.jsonl").read_bytes() == reference
+    left = sorted(f.name for f in (tmp_path / "out/two/data").iterdir())
+    assert left == ["generated.jsonl", "generation_manifest.json"]
