@@ -9,7 +9,7 @@ from eagle3nb.manifest import atomic_write_json, provenance, sha256_file
 from eagle3nb.params import RunParams, resolve_device
 from eagle3nb.rundir import RunDir, resolve_path, update_metrics
 from eagle3nb.steps import generate_workers
-from eagle3nb.steps.common import record_checks, target_info, template_of
+from eagle3nb.steps.common import merge_engine_metrics, record_checks, target_info, template_of
 from eagle3nb.target import models
 from eagle3nb.text import chat, conversations
 from eagle3nb.text.generation import write_jsonl
@@ -80,6 +80,9 @@ def generate_chat_step(p: RunParams, progress=True) -> dict:
     generate_workers.clean_partials(rd)
     stats = _stats(p, engine, secs, fmt, results, out, refused, len(train_ids), len(held_ids))
     update_metrics(rd.metrics, "generate", stats)
+    if p.generate_engine != "hf":  # next to the engine's other speeds of this run
+        tps = {"regenerate_tokens_per_s_01": stats["tokens_per_s"]}
+        merge_engine_metrics(rd, p.generate_engine, tps)
     man = _manifest(p, rd, model, path, engine, eos, template, kwargs, stats)
     atomic_write_json(rd.generation_manifest, man)
     record_checks(
