@@ -140,6 +140,13 @@ def detect_format(columns) -> str:
     )
 
 
+def _role_content(ds) -> bool:
+    """Whether the first row's ``conversations`` hold role/content dicts (not from/value)."""
+    turns = ds[0]["conversations"] if len(ds) else None
+    first = turns[0] if isinstance(turns, list) and turns else None
+    return isinstance(first, dict) and first.get("role") is not None and first.get("from") is None
+
+
 def _where(path: Path, rows_to_lines: list[int] | None, i: int) -> str:
     if rows_to_lines is not None and i < len(rows_to_lines):
         return f"{path.name}:line {rows_to_lines[i]}"
@@ -177,6 +184,8 @@ def load_records(path: str | Path, fmt: str = "auto") -> tuple[str, list[dict], 
         raise ValueError(f"dataset_format={fmt!r} is unknown; use auto or one of {FORMATS}")
     ds = _load(p)
     found = fmt if fmt != "auto" else detect_format(ds.column_names)
+    if fmt == "auto" and found == "sharegpt" and _role_content(ds):
+        found = "openai"  # SpecForge's rows: conversations of role/content dicts
     lines = _jsonl_lines(p)
     records, refused, seen = [], [], set()
     for i, row in enumerate(ds):

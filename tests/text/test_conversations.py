@@ -134,6 +134,17 @@ def test_detection_and_named_format():
         load_records(SHAREGPT, "chatml")
 
 
+def test_specforge_rows_read_as_openai(tmp_path):
+    raw = _raw(OPENAI)[:5]
+    p = tmp_path / "sf.jsonl"
+    p.write_text(
+        "".join(json.dumps({"id": r["id"], "conversations": r["messages"]}) + "\n" for r in raw)
+    )
+    fmt, recs, refused = load_records(p)
+    assert fmt == "openai" and refused == []
+    assert [r["messages"] for r in recs] == [r["messages"] for r in load_records(OPENAI)[1][:5]]
+
+
 def test_preformatted_text(tmp_path):
     p = tmp_path / "t.jsonl"
     p.write_text('{"text": "<s>User: Hi\\nAssistant:"}\n{"text": ""}\n')

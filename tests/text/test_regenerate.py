@@ -170,6 +170,21 @@ def test_tool_calls_paired_in_order_or_ending_named(tok, tmp_path):
     assert res["ended"] == "unpaired_tool_call" and len(res["turns"]) == 1
 
 
+def test_preformatted_text_is_served_as_written(tok, tmp_path):
+    text = "<s>System: Be kind.\nUser: Tell me about a cat.\nAssistant:"
+    res = _run([{"id": "x", "text": text}], ScriptedEngine(tok, [" The cat sat."]), tok, tmp_path)
+    want = tok(text + " The cat sat.</s>", add_special_tokens=False).input_ids
+    prompt = tok(text, add_special_tokens=False).input_ids
+    assert res[0]["rows"] == [
+        {
+            "input_ids": want,
+            "loss_mask": [0] * len(prompt) + [1] * (len(want) - len(prompt)),
+            "turns": [0],
+        }
+    ]
+    assert want[: len(prompt)] == prompt and res[0]["ended"] is None
+
+
 def test_context_ends_conversation(tok, tmp_path):
     eng = ScriptedEngine(tok, [" The cat sat on the mat and ate a fish."] * 3)
     first = len(chat.render_ids(tok, USERS[:2], TEMPLATE, True))
