@@ -9,8 +9,9 @@ assistant turns) is rendered by the target's chat template with its generation p
 Rows (training samples) come from served ids only: while the next turn's prompt ids start with
 the current row's ids (prompt + the engine's output), the row grows by the rendered delta (mask 0)
 and the new output (mask 1: the reply and its end-of-turn token, never the header); otherwise
-(a template that drops earlier reasoning, a truncated reply the template closes, a reply whose
-text renders to other ids) a new row starts at that turn. Nothing generated is re-tokenised.
+(a template that drops earlier reasoning, a reply whose text renders to other ids) a new row
+starts at that turn; a reply cut at ``max_new_tokens`` is closed by the template's end-of-turn
+token, which the row takes with mask 0. Nothing generated is re-tokenised.
 
 Target replies are parsed for the ``<think>...</think>`` / ``<tool_call>{json}</tool_call>``
 conventions (Qwen3 / Hermes, and eagle3nb's stories template). A tool call the target makes is
