@@ -98,6 +98,23 @@ def test_rows_from_served_ids_equal_one_full_render(tok, tmp_path):
     assert [t["text"] for t in res["turns"]] == [r.strip() for r in replies]
 
 
+def test_cut_reply_closed_by_template_with_mask_zero(tok, tmp_path):
+    class Cut(ScriptedEngine):  # turn 0 stops at max_new_tokens: no EOS
+        def __call__(self, batch, seed):
+            outs = super().__call__(batch, seed)
+            return [o[:-1] if len(self.calls) == 1 else o for o in outs]
+
+    replies = [" The cat sat.", " It ate a fish."]
+    res = _run([{"id": "a", "messages": USERS[:5]}], Cut(tok, replies), tok, tmp_path)[0]
+    served = [m for m in USERS[:5] if m["role"] != "assistant"]
+    served.insert(2, {"role": "assistant", "content": "The cat sat."})
+    served.insert(4, {"role": "assistant", "content": "It ate a fish."})
+    [(ids, mask)] = full_render(tok, served)
+    eos0 = ids.index(tok.eos_token_id)  # the end of turn 0, written by the template
+    assert res["rows"][0]["input_ids"] == ids and len(res["rows"]) == 1
+    assert res["rows"][0]["loss_mask"] == mask[:eos0] + [0] + mask[eos0 + 1 :]
+
+
 def test_reasoning_turns_one_row_each(tok, tmp_path):
     replies = [" <think>Short.</think> The cat sat.", " <think>Food.</think> A fish."]
     msgs = USERS[:5]
