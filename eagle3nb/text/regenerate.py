@@ -27,6 +27,7 @@ gives the same results (seeds depend on the chunk index and round only).
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -239,7 +240,7 @@ def regenerate(
         if k in done:
             continue
         convs = [_Conversation(r) for r in records[k * batch_size : (k + 1) * batch_size]]
-        for rnd in range(10**6):
+        for rnd in itertools.count():
             asks = [
                 (c, c.next_prompt(tokenizer, template, template_kwargs, max_new_tokens, ctx))
                 for c in convs
