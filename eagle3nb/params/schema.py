@@ -104,12 +104,12 @@ class RunParams(BaseModel):
     )
     heldout_fraction: float = _p(
         0.15,
-        "share of prompts held out for evaluation (deterministic by text hash)",
+        "share of prompts (or conversations) held out for evaluation (deterministic by text or id hash)",
         [GENERATE],
         gt=0,
         lt=1,
     )
-    max_train_prompts: int = _p(24, "cap on train prompts (0 for all)", [GENERATE], ge=0)
+    max_train_prompts: int = _p(24, "cap on train prompts/dialogues (0 for all)", [GENERATE], ge=0)
     max_new_tokens: int = _p(
         32,
         "tokens generated per prompt",
@@ -119,7 +119,7 @@ class RunParams(BaseModel):
     )
     temperature: float = _p(0.0, "0 for greedy, above 0 samples", [GENERATE], ge=0)
     top_p: float = _p(1.0, "nucleus sampling when temperature > 0", [GENERATE], gt=0, le=1)
-    gen_batch_size: int = _p(64, "prompts per batched generate call", [GENERATE], ge=1)
+    gen_batch_size: int = _p(64, "prompts or dialogues per batched generate call", [GENERATE], ge=1)
     generate_engine: Literal["hf", "vllm", "sglang"] = _p(
         "hf", "hf (transformers generate), vllm or sglang (each engine in its venv)", [GENERATE]
     )
