@@ -92,3 +92,32 @@ def test_sglang_regeneration_equals_hf(records, target, hf_results, tmp_path):
         got = _engine_results(client, records, target, tmp_path / "p.jsonl")
     assert _first_difference(hf_results, got) is None, _first_difference(hf_results, got)
     assert [r["rows"] for r in got] == [r["rows"] for r in hf_results]
+
+
+@pytest.mark.skipif(
+    not Path(DEFAULT_ENGINE_PYTHONS["sglang"]).is_file(), reason="SGLang engine venv absent"
+)
+def test_01_through_sglang_writes_the_hf_file(tmp_path):
+    """01 (generate_step) on 6 conversations with generate_engine sglang and hf: the same
+    generated.jsonl; SGLang's tokens/s recorded under metrics.json engines.sglang."""
+    import json
+
+    from eagle3nb.params import RunParams
+    from eagle3nb.steps.generate import generate_step
+
+    src = (REPO_ROOT / "eagle3nb/data/chat_stories.openai.jsonl").read_text().splitlines()
+    data = tmp_path / "d.jsonl"
+    data.write_text("\n".join(src[:6]) + "\n")
+    files = {}
+    for engine in ("hf", "sglang"):
+        p = RunParams(
+            outputs_dir=str(tmp_path), run_name=engine, mode="chat", dataset=str(data),
+            chat_template=str(REPO_ROOT / "eagle3nb/data/chat_template_stories.jinja"),
+            max_new_tokens=MAX_NEW, gen_batch_size=BATCH, heldout_fraction=0.3,
+            generate_engine=engine,
+        )  # fmt: skip
+        out = generate_step(p, progress=False)
+        files[engine] = (tmp_path / engine / "data/generated.jsonl").read_bytes()
+    assert out["stats"]["engine"] == "sglang" and files["sglang"] == files["hf"]
+    metrics = json.loads((tmp_path / "sglang/metrics.json").read_text())
+    assert metrics["engines"]["sglang"]["regenerate_tokens_per_s_01"] > 0
