@@ -11,6 +11,8 @@ text/               the text side: prompts, chat samples and loss masks, the tar
     prompts         prompt files and the deterministic train / held-out split
     chat            (input_ids, loss_mask) training samples, chat template or plain text
     generation      the target regenerates continuations, written as JSONL
+    conversations   users' chat datasets (OpenAI, ShareGPT, text) via datasets; bad records refused
+    regenerate      chat datasets regenerated turn by turn, resumable; rows from served ids
 dataset/            the offline aux-state dataset: safetensors shards plus a manifest
     layout          shard layout, exact byte counts, optional int8 storage of aux states
     write           write shards from a capture engine (atomic, resumable, per-shard sha256)
@@ -49,6 +51,8 @@ viz/                figures and interactive views
 steps/              one module per notebook, called from its cells and from eagle3nb.run
     common          what the steps share: target info, aux ids, checks, metrics
     generate        01_generate
+    generate_chat   01_generate on a chat dataset: refusals, split by conversation, regeneration
+    generate_workers  01's regeneration through one engine here, or data parallel over workers
     extract         02's shared plumbing: disk plan, sharded extraction over N worker processes
     extract_vllm    02a_extract_vllm
     extract_sglang  02b_extract_sglang
@@ -56,10 +60,13 @@ steps/              one module per notebook, called from its cells and from eagl
     train           03_train, also from the command line and on every torchrun rank
     heldout         03's held-out slice (01's held-out prompts) for evaluation during training
     evaluate        04_eval_acceptance
+    eval_chat       04's held-out prompts rendered with its template; acceptance per turn index
     publish         04's serving files: serve_commands.md and the drafter's model card
-data/               package data: prompts_tinystories.txt, the default prompts
+data/               package data: prompts_tinystories.txt (default prompts), chat_stories.*.jsonl
+                    (chat dataset, two forms), chat_template_stories.jinja
 params/             run parameters: one validated model for params/*.yaml and the parameters cells
     schema          RunParams: every parameter's default, range, help and notebooks, once
+    paths           checks of the prompts file, chat dataset and chat template paths
     load            params YAML files and a notebook's globals, validated; errors that name the fix
     sync            parameters cells and README table rendered from RunParams
     __main__        python -m eagle3nb.params sync [--check]

@@ -30,7 +30,12 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 ENGINE_SIDE = ("worker", "vllm_backend", "sglang_backend", "vllm_connector")
 ENGINES = {"vllm", "sglang"}
-DATA_FILES = {"eagle3nb/data/prompts_tinystories.txt"}
+DATA_FILES = {
+    "eagle3nb/data/prompts_tinystories.txt",
+    "eagle3nb/data/chat_stories.openai.jsonl",
+    "eagle3nb/data/chat_stories.sharegpt.jsonl",
+    "eagle3nb/data/chat_template_stories.jinja",
+}
 
 
 def _run(cmd: list[str], timeout: float = 120, **kw) -> subprocess.CompletedProcess:

@@ -6,7 +6,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from eagle3nb.rundir import resolve_path
+from eagle3nb.params.paths import check_paths
 
 # the notebooks, in run order (eagle3nb.run executes them in this order)
 NOTEBOOKS = [
@@ -79,20 +79,37 @@ class RunParams(BaseModel):
     chat_template: Optional[str] = _p(
         None, "jinja template file for chat mode; None for the tokenizer's own", ALL
     )
+    chat_template_kwargs: dict = _p(
+        {},
+        "extra variables for the chat template, e.g. {enable_thinking: false}",
+        [GENERATE, EVAL],
+        {EVAL: "extra variables for the chat template that renders the held-out prompts"},
+        default_factory=dict,
+    )
     # 01_generate
     prompts_file: str = _p(
         "eagle3nb/data/prompts_tinystories.txt",
-        "one prompt per line; '#' lines ignored",
+        "one prompt per line; '#' lines ignored (a chat dataset goes in dataset)",
+        [GENERATE],
+    )
+    dataset: Optional[str] = _p(
+        None,
+        "chat dataset (JSONL, JSON, Parquet or a datasets folder) regenerated turn by turn in chat mode; None uses prompts_file",
+        [GENERATE],
+    )
+    dataset_format: Literal["auto", "openai", "sharegpt", "text"] = _p(
+        "auto",
+        "format of dataset: auto (from its columns), openai (messages), sharegpt (conversations) or text (preformatted)",
         [GENERATE],
     )
     heldout_fraction: float = _p(
         0.15,
-        "share of prompts held out for evaluation (deterministic by text hash)",
+        "share of prompts (or conversations) held out for evaluation (deterministic by text or id hash)",
         [GENERATE],
         gt=0,
         lt=1,
     )
-    max_train_prompts: int = _p(24, "cap on train prompts (0 for all)", [GENERATE], ge=0)
+    max_train_prompts: int = _p(24, "cap on train prompts/dialogues (0 for all)", [GENERATE], ge=0)
     max_new_tokens: int = _p(
         32,
         "tokens generated per prompt",
@@ -102,9 +119,15 @@ class RunParams(BaseModel):
     )
     temperature: float = _p(0.0, "0 for greedy, above 0 samples", [GENERATE], ge=0)
     top_p: float = _p(1.0, "nucleus sampling when temperature > 0", [GENERATE], gt=0, le=1)
-    gen_batch_size: int = _p(64, "prompts per batched generate call", [GENERATE], ge=1)
-    generate_engine: Literal["hf", "vllm"] = _p(
-        "hf", "hf (transformers generate) or vllm (vLLM's own engine, in its venv)", [GENERATE]
+    gen_batch_size: int = _p(64, "prompts or dialogues per batched generate call", [GENERATE], ge=1)
+    generate_engine: Literal["hf", "vllm", "sglang"] = _p(
+        "hf", "hf (transformers generate), vllm or sglang (each engine in its venv)", [GENERATE]
+    )
+    generate_workers: int = _p(
+        1,
+        "with dataset: engine worker processes regenerating shares of the conversations (data parallel, each resumable; one GPU each)",
+        [GENERATE],
+        ge=1,
     )
     # 02a_extract_vllm and 02b_extract_sglang (convention and layer_ids: also 03_train)
     extract_engine: Literal["sglang", "hf"] = _p(
@@ -115,7 +138,7 @@ class RunParams(BaseModel):
     sglang_python: Optional[str] = _p(
         None,
         "python of the SGLang venv (None for the cache made by .ci/setup_engines.sh; empty string to import sglang here on a GPU box)",
-        [EXTRACT_SGLANG],
+        [GENERATE, EXTRACT_SGLANG],
     )
     convention: str = _p(
         "sglang",
@@ -364,19 +387,7 @@ class RunParams(BaseModel):
 
     @model_validator(mode="after")
     def _paths(self):
-        pf = resolve_path(self.prompts_file)
-        if not pf.is_file():
-            raise ValueError(
-                f"prompts_file={self.prompts_file!r} does not exist (looked at {pf}); point it at a text file with one prompt per line"
-            )
-        if self.mode == "completion" and self.chat_template is not None:
-            raise ValueError(
-                f"chat_template={self.chat_template!r} is set but mode='completion'; set mode: chat or chat_template: null"
-            )
-        if self.chat_template is not None and not resolve_path(self.chat_template).is_file():
-            raise ValueError(
-                f"chat_template={self.chat_template!r} is not a file; give a jinja template file or null for the tokenizer's own"
-            )
+        check_paths(self)
         return self
 
 

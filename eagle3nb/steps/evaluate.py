@@ -20,6 +20,7 @@ from eagle3nb.engines.vllm_helpers import served_acceptance, start_vllm
 from eagle3nb.manifest import check_compatible, read_json
 from eagle3nb.params import RunParams, resolve_device
 from eagle3nb.rundir import RunDir, update_metrics
+from eagle3nb.steps import eval_chat
 from eagle3nb.steps.publish import write_serving_files
 from eagle3nb.steps.common import (
     merge_engine_metrics,
@@ -30,7 +31,6 @@ from eagle3nb.steps.common import (
 from eagle3nb.target import models
 from eagle3nb.target.capture import n_layers_of
 from eagle3nb.text import chat
-from eagle3nb.text.generation import read_jsonl
 from eagle3nb.training.loop import init_head_from_target
 
 SIMULATOR = "eagle3nb simulator on hf-transformers target"
@@ -87,7 +87,7 @@ def eval_step(p: RunParams, progress=True) -> dict:
         check_drafter_matches(dman, p.mode, template_of(p, tok), target_sha, rd.drafter)
     bnds = cfg["eagle3nb"]["aux_boundaries"]
     n = n_layers_of(model)
-    prompts = _heldout_prompts(p, rd)
+    prompts, turns, template_block = eval_chat.heldout_prompts(p, rd, tok)
     eos = models.stop_token_ids(model, tok)
     bar = (lambda xs: progress_bar()(xs, desc="speculative decoding")) if progress else None
     # what SGLang/vLLM capture when they read the exported ids (differs only in the mismatch
@@ -108,6 +108,7 @@ def eval_step(p: RunParams, progress=True) -> dict:
             eos,
             check_greedy=(label == "trained"),
             progress=bar,
+            n_traces=len(prompts) if label == "trained" and turns else 3,
         )
     secs = time.time() - t0
     engines_of = {label: SIMULATOR for label in results}
@@ -121,6 +122,9 @@ def eval_step(p: RunParams, progress=True) -> dict:
         engines_of[label] = f"vllm {version} (its own EAGLE-3 serving and spec_decode counters)"
     stats = _stats(p, rd, dman, results, engines_of, served, bnds, len(prompts), secs, vllm_block)
     stats["boundaries_fed"] = {label: list(b) for label, (_, b) in runs.items()}
+    stats["template"] = template_block
+    if turns:
+        stats["per_turn"] = eval_chat.per_turn_acceptance(results["trained"]["traces"], turns, p.k)
     sweep = _k_sweep(p, model, drafter, prompts, bnds, eos, bar, stats) if p.k_sweep else None
     update_metrics(rd.metrics, "eval", stats)
     _record_checks(p, rd, len(prompts), stats, vllm_block)
@@ -177,22 +181,6 @@ def check_drafter_matches(dman: dict, mode: str, template: str, target_sha: str,
     }
     keys = ["template", "target.sha256"]
     check_compatible(dman, want, keys, f"drafter {where}", "allow_template_mismatch")
-
-
-def _heldout_prompts(p: RunParams, rd: RunDir) -> list[list[int]]:
-    """Prompt ids of 01's held-out records (at most ``max_eval_prompts``).
-
-    Raises:
-        ValueError: none.
-    """
-    held = [r for r in read_jsonl(rd.generated) if r["split"] == "heldout"]
-    if p.max_eval_prompts:
-        held = held[: p.max_eval_prompts]
-    if not held:
-        raise ValueError(
-            "no held-out prompt to evaluate; raise heldout_fraction or max_eval_prompts"
-        )
-    return [r["prompt_ids"] for r in held]
 
 
 def _runs(p: RunParams, model, drafter, dman: dict, bnds, n: int, served: dict) -> dict:

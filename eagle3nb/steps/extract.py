@@ -57,10 +57,13 @@ __all__ = [
 def train_samples(rd: RunDir) -> list[tuple[int, list[int], list[int]]]:
     """``(sample_id, input_ids, loss_mask)`` of every train record of 01 with generated tokens: the
     served prompt ids plus exactly the generated ids (see
-    :func:`eagle3nb.text.chat.generated_sample`)."""
+    :func:`eagle3nb.text.chat.generated_sample`), or a chat dataset's row as 01 stored it
+    (``input_ids`` and ``loss_mask`` from served ids, several turns)."""
     recs = [r for r in read_jsonl(rd.generated) if r["split"] == "train"]
     return [
-        (r["id"], *chat.generated_sample(r["prompt_ids"], r["output_ids"]))
+        (r["id"], r["input_ids"], r["loss_mask"])
+        if "loss_mask" in r
+        else (r["id"], *chat.generated_sample(r["prompt_ids"], r["output_ids"]))
         for r in recs
         if r["output_ids"]
     ]

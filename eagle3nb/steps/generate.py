@@ -1,13 +1,13 @@
-"""01_generate: the target regenerates a continuation of every train prompt (HF or vLLM)."""
+"""01_generate: the target regenerates a continuation of every train prompt (HF, vLLM or SGLang)."""
 
 from __future__ import annotations
 
 import time
 
-from eagle3nb.engines.vllm_helpers import start_vllm
 from eagle3nb.manifest import atomic_write_json, provenance, sha256_file
 from eagle3nb.params import RunParams, resolve_device
 from eagle3nb.rundir import RunDir, resolve_path, update_metrics
+from eagle3nb.steps.generate_workers import start_engine
 from eagle3nb.steps.common import (
     merge_engine_metrics,
     progress_bar,
@@ -31,9 +31,16 @@ def generate_step(p: RunParams, progress=True) -> dict:
         ``{"manifest": the generation manifest, "records": the records, "stats":
         metrics.json["generate"]}``.
 
+    With ``dataset`` set, the chat dataset is regenerated turn by turn instead
+    (:func:`eagle3nb.steps.generate_chat.generate_chat_step`).
+
     Raises:
         ValueError: a prompt plus ``max_new_tokens`` exceeds the target's context.
     """
+    if p.dataset is not None:
+        from eagle3nb.steps.generate_chat import generate_chat_step
+
+        return generate_chat_step(p, progress)
     rd = RunDir(p).make()
     model, tok, path = models.load_target(p.model, p.dtype, resolve_device(p))
     template = template_of(p, tok)
@@ -60,10 +67,10 @@ def generate_step(p: RunParams, progress=True) -> dict:
         "tokens_per_s": round(n_tok / secs, 1) if secs else None,
     }
     update_metrics(rd.metrics, "generate", stats)
-    if p.generate_engine == "vllm":
+    if p.generate_engine != "hf":
         merge_engine_metrics(
             rd,
-            "vllm",
+            p.generate_engine,
             {
                 "generate_tokens_per_s_01": stats["tokens_per_s"],
                 "generate_tokens_per_s_01_is": "01_generate wall time of the train prompts in "
@@ -107,9 +114,9 @@ def _generate(
     p: RunParams, rd: RunDir, model, tok, path, todo, eos, progress
 ) -> tuple[dict, float]:
     """Generate a continuation of each ``todo`` record in batches of ``gen_batch_size`` (HF in this
-    process, or vLLM), setting its ``output_ids`` and ``text``. Returns ``(manifest engine block,
-    seconds)``, the vLLM engine start excluded."""
-    client = start_vllm(p, path, p.dtype, rd.root) if p.generate_engine == "vllm" else None
+    process, or vLLM / SGLang), setting its ``output_ids`` and ``text``. Returns ``(manifest engine block,
+    seconds)``, the engine start excluded."""
+    client = start_engine(p, rd, path, model.config.max_position_embeddings)
     batches = range(0, len(todo), p.gen_batch_size)
     try:
         if client is not None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 COMPLETION_TEMPLATE = "completion-mode"
 
 CHATML_TEMPLATE = (
@@ -68,12 +68,24 @@ def _as_ids(out) -> list[int]:
     return [int(t) for t in out]
 
 
-def _render_ids(tokenizer, messages, template: str, add_generation_prompt: bool) -> list[int]:
+def render_ids(
+    tokenizer,
+    messages,
+    template: str,
+    add_generation_prompt: bool,
+    tools: list | None = None,
+    template_kwargs: dict | None = None,
+) -> list[int]:
+    """Token ids (list[int]) of ``messages`` rendered by the jinja ``template`` as served: the text
+    (``tools`` and ``template_kwargs``, e.g. ``enable_thinking``, passed to the template), then
+    ``tokenizer(text, add_special_tokens=False)``."""
     text = tokenizer.apply_chat_template(
         messages,
         chat_template=template,
         add_generation_prompt=add_generation_prompt,
         tokenize=False,
+        tools=tools,
+        **(template_kwargs or {}),
     )
     return _as_ids(tokenizer(text, add_special_tokens=False).input_ids)
 
@@ -187,11 +199,17 @@ def _trim_end(tokenizer, ids: list[int], start: int, end: int) -> int:
 
 
 def chat_sample(
-    tokenizer, messages: list[dict], chat_template: str | None = None
+    tokenizer,
+    messages: list[dict],
+    chat_template: str | None = None,
+    tools: list | None = None,
+    template_kwargs: dict | None = None,
 ) -> tuple[list[int], list[int]]:
     """Chat-mode sample: (ids, mask), both list[int] of the same length; mask 1 on assistant tokens.
 
-    ``messages`` is a list of {"role": "system" | "user" | "assistant", "content": str}.
+    ``messages`` is a list of {"role": "system" | "user" | "assistant" | "tool", "content": str}
+    (assistant turns may hold ``reasoning_content`` and ``tool_calls``); ``tools`` and
+    ``template_kwargs`` (e.g. ``{"enable_thinking": False}``) go to the template.
     If the template has ``{% generation %}`` tags, the mask is HF's ``return_assistant_tokens_mask=True``
     (``return_dict=True``). Otherwise it mirrors SpecForge's prefix rendering: for assistant turn i,
     render(messages[:i], add_generation_prompt=True) must be a token prefix of render(messages[:i+1]),
@@ -215,6 +233,7 @@ def chat_sample(
             "{'role': 'assistant', 'content': ...} message, or use completion_sample"
         )
 
+    kw = {"tools": tools, **(template_kwargs or {})}
     if _GENERATION_TAG.search(template):
         out = tokenizer.apply_chat_template(
             messages,
@@ -222,6 +241,7 @@ def chat_sample(
             tokenize=True,
             return_dict=True,
             return_assistant_tokens_mask=True,
+            **kw,
         )
         ids, mask = _as_ids(out), _as_ids(out["assistant_masks"])
     else:
@@ -230,11 +250,11 @@ def chat_sample(
                 "messages[0] is an assistant turn; the prefix-rendering path needs a system or user "
                 "message before it (or use a chat_template with {% generation %} tags)"
             )
-        ids = _render_ids(tokenizer, messages, template, add_generation_prompt=False)
+        ids = render_ids(tokenizer, messages, template, False, tools, template_kwargs)
         mask = [0] * len(ids)
         for i in turns:
-            head = _render_ids(tokenizer, messages[:i], template, add_generation_prompt=True)
-            turn = _render_ids(tokenizer, messages[: i + 1], template, add_generation_prompt=False)
+            head = render_ids(tokenizer, messages[:i], template, True, tools, template_kwargs)
+            turn = render_ids(tokenizer, messages[: i + 1], template, False, tools, template_kwargs)
             _check_prefix(head, turn, f"messages[:{i}] rendered with add_generation_prompt=True")
             _check_prefix(turn, ids, f"messages[:{i + 1}]")
             for k in range(len(head), _trim_end(tokenizer, ids, len(head), len(turn))):
@@ -247,3 +267,35 @@ def chat_sample(
             "non-assistant text (check its {% generation %} tags or use CHATML_TEMPLATE)"
         )
     return ids, mask
+
+
+def conversation_rows(
+    tokenizer,
+    messages: list[dict],
+    chat_template: str | None = None,
+    tools: list | None = None,
+    template_kwargs: dict | None = None,
+) -> list[tuple[list[int], list[int]]]:
+    """Training rows of one conversation: ``[chat_sample(...)]`` when the template renders it
+    prefix-stably; else (a reasoning template that drops earlier turns' reasoning) one row per
+    assistant turn i: ``messages[: i + 1]`` rendered, mask 1 on turn i only.
+
+    Raises:
+        ValueError: as :func:`chat_sample` (except prefix-instability across turns).
+    """
+    try:
+        return [chat_sample(tokenizer, messages, chat_template, tools, template_kwargs)]
+    except ValueError as e:
+        if "not prefix-stable" not in str(e):
+            raise
+    template = template_text(tokenizer, chat_template, "chat")
+    rows = []
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        head = render_ids(tokenizer, messages[:i], template, True, tools, template_kwargs)
+        ids = render_ids(tokenizer, messages[: i + 1], template, False, tools, template_kwargs)
+        _check_prefix(head, ids, f"messages[:{i}] rendered with add_generation_prompt=True")
+        end = _trim_end(tokenizer, ids, len(head), len(ids))
+        rows.append((ids, [0] * len(head) + [1] * (end - len(head)) + [0] * (len(ids) - end)))
+    return rows

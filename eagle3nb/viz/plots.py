@@ -272,6 +272,19 @@ def training_figure(history: Sequence[dict]) -> go.Figure:
     return fig
 
 
+def trained_fraction_figure(fractions: Sequence[float], mode: str) -> go.Figure:
+    """Histogram of the share of loss-bearing tokens per train sample (``fractions`` in [0, 1])."""
+    fig = go.Figure(go.Histogram(x=list(fractions), xbins={"start": 0, "end": 1, "size": 0.02}))
+    fig.update_layout(
+        title=f"Trained fraction per sample ({mode} mode: tokens with loss mask 1 / all tokens)",
+        xaxis_title="trained fraction",
+        yaxis_title="samples",
+        xaxis_range=[0, 1],
+        template="plotly_white",
+    )
+    return fig
+
+
 PLOTLY_JS = "plotly.min.js"  # written once per figures folder, next to the HTML files
 
 
