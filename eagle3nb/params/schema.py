@@ -322,7 +322,7 @@ class RunParams(BaseModel):
         ge=1,
     )
     max_eval_prompts: int = _p(6, "cap on held-out prompts (0 for all)", [EVAL], ge=0)
-    baselines: bool = _p(True, "also evaluate an untrained drafter and the layer offset (the other engine reading the same ids)", [EVAL])
+    baselines: bool = _p(True, "also evaluate an untrained drafter and the layer offset", [EVAL])
     allow_template_mismatch: bool = _p(
         False, "evaluate although the drafter was trained under another template or target", [EVAL]
     )
