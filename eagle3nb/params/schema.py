@@ -70,6 +70,13 @@ class RunParams(BaseModel):
         ALL,
         pattern=r"^(cpu|auto|cuda(:[0-9]+)?)$",
     )
+    threads: int = _p(
+        0,
+        "threads of this kernel and of each engine worker: 0 for all cores this process may use "
+        "(affinity, cgroup quota), -1 to leave torch and engine defaults",
+        ALL,
+        ge=-1,
+    )
     seed: int = _p(0, "seed for the split, sampling, init and shuffling", ALL)
     mode: Literal["completion", "chat"] = _p(
         "completion",

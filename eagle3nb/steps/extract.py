@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from eagle3nb import threads
 from eagle3nb.dataset.layout import (
     estimate_dataset_bytes,
     shard_file_bytes,
@@ -349,7 +350,9 @@ def worker_main(argv: Sequence[str]) -> int:
     dev = p.device if p.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if dev.startswith("cuda") and torch.cuda.device_count() > 1:
         dev = f"cuda:{w % torch.cuda.device_count()}"
-    if dev == "cpu":  # share the cores instead of oversubscribing them W times
+    if dev == "cpu" and p.threads >= 0:  # W workers share the run's thread budget
+        threads.apply(threads.plan(p.threads, processes=W))
+    elif dev == "cpu":  # threads: -1, share the cores instead of oversubscribing them W times
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // W))
     model, _, _ = models.load_target(p.model, p.dtype, dev)
     engine = HFCaptureEngine(model, p.convention, p.capture_batch_size)

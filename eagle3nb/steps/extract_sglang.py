@@ -21,6 +21,7 @@ from eagle3nb.steps.common import (
     progress_bar,
     record_alignment,
     record_checks,
+    record_engine_threads,
 )
 from eagle3nb.steps.drift import (
     DRIFT_REFERENCE,
@@ -84,6 +85,7 @@ def extract_sglang_step(p: RunParams, progress=True) -> dict:
         if p.extract_engine == "sglang":
             ctx = model.config.max_position_embeddings
             client = start_sglang(path, p.dtype, device, p.seed, p.sglang_python, rd.root, ctx)
+            record_engine_threads(rd, client)
             cap = _sglang_capture(p, client, model, n, bnds, probes)
         else:
             cap = _hf_capture(p, model, ids, probes)
