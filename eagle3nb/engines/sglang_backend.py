@@ -204,6 +204,10 @@ class Backend:
             disable_radix_cache=True,
             disable_cuda_graph=True,
             log_level="error",
+            # an idle scheduler otherwise spins one thread at 100% CPU (sglang/srt/managers/
+            # scheduler_components/idle_sleeper.py:15-37; scheduler.py:854-866, 5328): on a 2-core
+            # machine that halves the cores of the notebook's own work between engine calls
+            sleep_on_idle=True,
             # a prompt split over prefill chunks returns only its last chunk's rows (seen: 25 of 104)
             chunked_prefill_size=-1,
         )
