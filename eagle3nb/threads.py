@@ -179,14 +179,14 @@ def cgroup_cpu_quota(
     for line in text.splitlines():
         hier, _, rest = line.partition(":")
         ctrls, _, rel = rest.partition(":")
-        if hier == "0" and ctrls == "":
-            bases, reader = [root, root / "unified"], _quota_v2
+        if hier == "0" and ctrls == "":  # a v2 mount has cgroup.controllers at its root
+            bases, reader, mark = [root, root / "unified"], _quota_v2, "cgroup.controllers"
         elif "cpu" in ctrls.split(","):
-            bases, reader = [root / ctrls, root / "cpu"], _quota_v1
+            bases, reader, mark = [root / ctrls, root / "cpu"], _quota_v1, ""
         else:
             continue
         for base in bases:
-            if base.is_dir():
+            if (base / mark).exists() if mark else base.is_dir():
                 quotas += [q for d in _walk_up(base, rel) if (q := reader(d)) is not None]
                 break
     return min(quotas) if quotas else None

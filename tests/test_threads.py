@@ -29,7 +29,11 @@ def test_cgroup_v2_quota_caps_the_affinity(tmp_path):
     proc, root = _tree(
         tmp_path,
         "0::/pod/app\n",
-        {"pod/app/cpu.max": "150000 100000\n", "pod/cpu.max": "max 100000\n"},
+        {
+            "cgroup.controllers": "cpu memory",
+            "pod/app/cpu.max": "150000 100000\n",
+            "pod/cpu.max": "max 100000\n",
+        },
     )
     assert threads.cgroup_cpu_quota(proc, root) == 1.5
     cores = threads.available_cores({0, 1, 2, 3}, proc, root)
@@ -44,7 +48,13 @@ def test_cgroup_v2_quota_caps_the_affinity(tmp_path):
 def test_cgroup_v2_parent_quota_is_the_tighter_one(tmp_path):
     # the child allows 3 CPUs, its parent 2: 2 apply
     proc, root = _tree(
-        tmp_path, "0::/a/b\n", {"a/b/cpu.max": "300000 100000", "a/cpu.max": "200000 100000"}
+        tmp_path,
+        "0::/a/b\n",
+        {
+            "cgroup.controllers": "cpu",
+            "a/b/cpu.max": "300000 100000",
+            "a/cpu.max": "200000 100000",
+        },
     )
     assert threads.cgroup_cpu_quota(proc, root) == 2.0
     assert threads.available_cores(set(range(8)), proc, root).available == 2
@@ -66,6 +76,24 @@ def test_cgroup_v1_cfs_quota_on_a_hybrid_host(tmp_path):
     assert (cores.available, cores.source) == (2, "cgroup")
 
 
+def test_cgroup_v2_under_unified_on_a_hybrid_host(tmp_path):
+    # v1 controllers at the root (no quota there), the v2 tree mounted at unified/: 50000 / 100000
+    # = 0.5 CPUs -> 1 thread (at least one)
+    proc, root = _tree(
+        tmp_path,
+        "1:cpu:/\n0::/job\n",
+        {
+            "cpu/cpu.cfs_quota_us": "-1",
+            "cpu/cpu.cfs_period_us": "100000",
+            "unified/cgroup.controllers": "",
+            "unified/job/cpu.max": "50000 100000",
+        },
+    )
+    assert threads.cgroup_cpu_quota(proc, root) == 0.5
+    cores = threads.available_cores({0, 1}, proc, root)
+    assert (cores.available, cores.source) == (1, "cgroup")
+
+
 def test_no_quota_leaves_the_affinity(tmp_path):
     # v1 quota -1 (unlimited) and a v2 "max": the 3 CPUs of the mask
     proc, root = _tree(
@@ -74,6 +102,7 @@ def test_no_quota_leaves_the_affinity(tmp_path):
         {
             "cpu/cpu.cfs_quota_us": "-1",
             "cpu/cpu.cfs_period_us": "100000",
+            "cgroup.controllers": "cpu",
             "cpu.max": "max 100000",
         },
     )
@@ -81,7 +110,9 @@ def test_no_quota_leaves_the_affinity(tmp_path):
     cores = threads.available_cores({2, 5, 7}, proc, root)
     assert (cores.available, cores.source, cores.quota) == (3, "affinity", None)
     # a quota above the mask (4 CPUs of quota, 2 CPUs in the mask): the mask decides
-    proc, root = _tree(tmp_path / "b", "0::/\n", {"cpu.max": "400000 100000"})
+    proc, root = _tree(
+        tmp_path / "b", "0::/\n", {"cgroup.controllers": "cpu", "cpu.max": "400000 100000"}
+    )
     assert threads.available_cores({0, 1}, proc, root).source == "affinity"
     # no cgroup files at all
     missing = tmp_path / "none"
