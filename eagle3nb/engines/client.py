@@ -255,9 +255,10 @@ class EngineClient:
             p.wait(timeout=20)
 
     # ---- contract ---------------------------------------------------------------------------
-    def info(self) -> dict:
-        """The backend's ``info()`` (engine_name, engine_version, torch_version, convention, ...)."""
-        return dict(self._info)
+    def info(self, live: bool = False) -> dict:
+        """The backend's ``info()`` (engine_name, engine_version, torch_version, convention, ...),
+        as answered at start, or (``live``) asked now (e.g. SGLang's current engine ``mode``)."""
+        return dict(self._call("info")) if live else dict(self._info)
 
     @property
     def pid(self) -> int | None:
@@ -272,8 +273,10 @@ class EngineClient:
         temperature: float = 0.0,
         top_p: float = 1.0,
         seed: int = 0,
+        **extra,
     ) -> list[list[int]]:
-        """New token ids per prompt from the engine (see the backend contract)."""
+        """New token ids per prompt from the engine (see the backend contract; ``extra``: a
+        backend's own keywords, e.g. SGLang's ``on_capture_engine=True``)."""
         return self._call(
             "generate",
             prompts=[list(map(int, p)) for p in prompts],
@@ -282,6 +285,7 @@ class EngineClient:
             temperature=float(temperature),
             top_p=float(top_p),
             seed=int(seed),
+            **extra,
         )
 
     def capture(self, samples, layer_ids, **extra) -> list[dict]:

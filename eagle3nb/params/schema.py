@@ -156,7 +156,8 @@ class RunParams(BaseModel):
     )
     measure_engine_speed: bool = _p(
         False,
-        "also time SGLang's plain generation and prefill without capture (restarts the engine once)",
+        "also time plain generation and prefill without capture by SGLang (on the running "
+        "capture engine, no restart)",
         [EXTRACT_SGLANG],
     )
     drift_samples: int = _p(
@@ -167,7 +168,7 @@ class RunParams(BaseModel):
     )
     drift_both_dtypes: bool = _p(
         False,
-        "also capture those samples with SGLang in the other dtype (starts a second engine)",
+        "also capture those samples with SGLang in the other dtype (its engine restarts in it once)",
         [EXTRACT_SGLANG],
     )
     compare_run: Optional[str] = _p(

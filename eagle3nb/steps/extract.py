@@ -168,12 +168,21 @@ def check_disk(plan: dict, int8_hint: bool = True) -> None:
 
 
 def engine_speed(
-    p: RunParams, client, timed, samples: Sequence, engine_ids, model, tok, batch_size: int = 32
+    p: RunParams,
+    client,
+    timed,
+    samples: Sequence,
+    engine_ids,
+    model,
+    tok,
+    batch_size: int = 32,
+    generate_kw: dict | None = None,
 ) -> dict:
     """An engine server's tokens/s in this run (see
-    :func:`eagle3nb.engines.vllm_helpers.measure_speed`): generation of 01's train prompts,
-    prefill without capture in calls of ``batch_size`` samples, and the capture ``timed`` (a
-    ``TimedCapture``) measured during extraction, or now if the dataset was complete already."""
+    :func:`eagle3nb.engines.vllm_helpers.measure_speed`, which gets ``generate_kw``): generation
+    of 01's train prompts, prefill without capture in calls of ``batch_size`` samples, and the
+    capture ``timed`` (a ``TimedCapture``) measured during extraction, or now if the dataset was
+    complete already."""
     from eagle3nb.engines.vllm_helpers import measure_speed
 
     if not timed.tokens:  # the dataset was complete already (resumed): time one capture pass now
@@ -190,6 +199,7 @@ def engine_speed(
         timed.seconds,
         timed.tokens,
         batch_size,
+        generate_kw,
     )
 
 
