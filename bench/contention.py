@@ -133,6 +133,7 @@ def main(a) -> dict:
         label = {0: "budget", -1: "no_budget"}.get(b, f"threads_{b}")
         idle = one_run(a.params_file, a.only, f"contention-{label}-idle", outputs, b)
         res["runs"][f"{label} idle"] = idle
+        atomic_write_json(a.out, res)  # what is measured so far survives a killed benchmark
         print(f"{label} idle: {idle['wall_seconds']} s {idle['notebook_seconds']}", flush=True)
         nb = Neighbour(a.load_threads)
         try:
@@ -147,6 +148,7 @@ def main(a) -> dict:
         res["ratio_loaded_over_idle"][label] = round(
             loaded["wall_seconds"] / idle["wall_seconds"], 3
         )
+        atomic_write_json(a.out, res)
     res["ratio_is"] = (
         "wall seconds of the notebooks with the neighbour running / without it, same budget, "
         "same invocation (the target of issue 16 is <= 2)"
