@@ -71,6 +71,7 @@ params/             run parameters: one validated model for params/*.yaml and th
     sync            parameters cells and README table rendered from RunParams
     __main__        python -m eagle3nb.params sync [--check]
 padding             pad_right: variable-length samples -> right-padded batch and mask
+threads             thread budget per process (affinity, cgroup quota): kernel and engine workers
 rundir              one run's folder outputs/<run_name>/: artefact paths, metrics.json
 preflight           checks before any notebook runs: parameters vs the target's config, engines
 manifest            what produced an artefact, so a later step can refuse a mismatch

@@ -25,7 +25,8 @@ def check_against_model(p: RunParams) -> dict:
             a folder without tokenizer; ``draft_vocab_size`` > the target's vocab; ``layer_ids`` the
             convention cannot capture for this many layers, or giving non-increasing boundaries;
             ``layer_ids: null`` on a target too small for the default picker; ``draft_num_heads``
-            not a multiple of ``draft_num_kv_heads``; vLLM parameters (see
+            not a multiple of ``draft_num_kv_heads``; ``threads`` above the cores this process may
+            use (:func:`eagle3nb.threads.plan`); vLLM parameters (see
             :func:`eagle3nb.engines.vllm_helpers.check_vllm_params`).
         FileNotFoundError: also when a step uses vLLM and ``vllm_python`` does not exist.
     """
@@ -70,6 +71,10 @@ def check_against_model(p: RunParams) -> dict:
             f"{p.draft_num_kv_heads} ({nkv} kv heads; 0 = from the target); pick divisible head counts, "
             f"e.g. draft_num_kv_heads: {nh}"
         )
+    if p.threads >= 0:  # more threads than this process may use: refused before any notebook
+        from eagle3nb.threads import plan
+
+        plan(p.threads)
     from eagle3nb.engines.vllm_helpers import check_vllm_params
 
     check_vllm_params(p, cfg)  # vLLM venv present, options known, head_dim it accepts

@@ -27,6 +27,7 @@ import threading
 import time
 from pathlib import Path
 
+from eagle3nb import threads as thread_budget
 from eagle3nb.engines.worker import ENGINE_PACKAGES, backend_module
 
 __all__ = ["EngineClient", "EngineError", "DEFAULT_ENGINE_PYTHONS", "check_engine_python"]
@@ -89,6 +90,11 @@ class EngineClient:
         env: extra environment variables for the worker.
         prefix: argv put before the worker's command (e.g. SGLang's loopback-only network
             namespace, :func:`eagle3nb.engines.sglang_backend.loopback_prefix`); the pipes cross it.
+        threads: the worker's threads (:func:`eagle3nb.threads.worker_env`, and torch's pool sized
+            in the worker before the engine imports); None: this process's budget
+            (:func:`eagle3nb.threads.current`, set by each notebook step), or no setting when no
+            budget was applied (``threads: -1``). What the worker really runs with is
+            :attr:`threads` (None in-process, where the kernel's budget applies).
 
     Raises:
         FileNotFoundError / ImportError: see :func:`check_engine_python`.
@@ -108,8 +114,10 @@ class EngineClient:
         request_timeout: float = 3600,
         env: dict | None = None,
         prefix: list[str] | None = None,
+        threads: int | None = None,
     ):
         self.engine = engine
+        self.threads: dict | None = None
         self.python = check_engine_python(engine, python, param)
         self.request_timeout = float(request_timeout)
         if workdir_parent is not None:
@@ -129,6 +137,12 @@ class EngineClient:
             "options": dict(options or {}),
             "workdir": self.workdir,
         }
+        if threads is None and (budget := thread_budget.current()) is not None:
+            threads = budget.worker
+        env = dict(env or {})
+        if threads:
+            spec["threads"] = int(threads)
+            env = {**thread_budget.worker_env(threads, engine, {**os.environ, **env}), **env}
         try:
             if self.python is None:
                 mod = importlib.import_module(backend_module(engine))
@@ -136,7 +150,7 @@ class EngineClient:
                 self._backend = mod.Backend(spec["model_path"], dtype, opts)
                 self._info = self._backend.info()
             else:
-                self._start(spec, env or {}, startup_timeout)
+                self._start(spec, env, startup_timeout)
         except BaseException:
             self.close()
             raise
@@ -166,6 +180,7 @@ class EngineClient:
                 f"{self.engine} engine failed to start: {msg.get('type')}: {msg.get('error')}\n{self._tail()}"
             )
         self._info = msg["info"]
+        self.threads = msg.get("threads")
 
     def _pump(self) -> None:
         for line in self._proc.stdout:
@@ -240,9 +255,10 @@ class EngineClient:
             p.wait(timeout=20)
 
     # ---- contract ---------------------------------------------------------------------------
-    def info(self) -> dict:
-        """The backend's ``info()`` (engine_name, engine_version, torch_version, convention, ...)."""
-        return dict(self._info)
+    def info(self, live: bool = False) -> dict:
+        """The backend's ``info()`` (engine_name, engine_version, torch_version, convention, ...),
+        as answered at start, or (``live``) asked now (e.g. SGLang's current engine ``mode``)."""
+        return dict(self._call("info")) if live else dict(self._info)
 
     @property
     def pid(self) -> int | None:
@@ -257,8 +273,10 @@ class EngineClient:
         temperature: float = 0.0,
         top_p: float = 1.0,
         seed: int = 0,
+        **extra,
     ) -> list[list[int]]:
-        """New token ids per prompt from the engine (see the backend contract)."""
+        """New token ids per prompt from the engine (see the backend contract; ``extra``: a
+        backend's own keywords, e.g. SGLang's ``on_capture_engine=True``)."""
         return self._call(
             "generate",
             prompts=[list(map(int, p)) for p in prompts],
@@ -267,6 +285,7 @@ class EngineClient:
             temperature=float(temperature),
             top_p=float(top_p),
             seed=int(seed),
+            **extra,
         )
 
     def capture(self, samples, layer_ids, **extra) -> list[dict]:

@@ -145,8 +145,11 @@ def loopback_prefix() -> list[str]:
 class Backend:
     """One SGLang ``Engine`` at a time: plain for :meth:`generate`, capture-only for :meth:`capture`.
 
-    SGLang fixes the captured layers when the engine starts, so switching between plain generation
-    and capture (or to other layer ids) restarts the engine (tens of seconds on 2 CPU cores).
+    SGLang fixes the captured layers and the dtype when the engine starts, so switching to other
+    layer ids or another dtype (``capture(..., dtype=)``) restarts the engine (tens of seconds on
+    2 CPU cores), in this process. ``generate(..., on_capture_engine=True)`` runs on a running
+    capture-only engine of the same dtype instead of restarting a plain one: its requests ask for no
+    hidden states, so SGLang returns plain outputs (the aux clones inside the forward still run).
 
     Args:
         model_path: local HF folder of the target.
@@ -185,7 +188,8 @@ class Backend:
                 )
         self.options = options
         self._engine = None
-        self._mode: tuple | None = None  # None: no engine; ("plain",) or ("capture", ids)
+        # None: no engine; ("plain", dtype) or ("capture", ids, dtype)
+        self._mode: tuple | None = None
         self._torch = torch
 
     # -- engine lifecycle -------------------------------------------------------------------------
@@ -197,13 +201,17 @@ class Backend:
 
         kw = dict(
             model_path=self.model_path,
-            dtype=self.dtype,
+            dtype=mode[-1],
             device="cpu" if self.device == "cpu" else "cuda",
             random_seed=int(self.options.get("seed", 0)),
             # a radix-cache hit returns no hidden states for the cached prefix (rows go missing)
             disable_radix_cache=True,
             disable_cuda_graph=True,
             log_level="error",
+            # an idle scheduler otherwise spins one thread at 100% CPU (sglang/srt/managers/
+            # scheduler_components/idle_sleeper.py:15-37; scheduler.py:854-866, 5328): on a 2-core
+            # machine that halves the cores of the notebook's own work between engine calls
+            sleep_on_idle=True,
             # a prompt split over prefill chunks returns only its last chunk's rows (seen: 25 of 104)
             chunked_prefill_size=-1,
         )
@@ -263,8 +271,10 @@ class Backend:
         temperature: float = 0.0,
         top_p: float = 1.0,
         seed: int = 0,
+        on_capture_engine: bool = False,
     ) -> list[list[int]]:
-        """Continuations through a plain SGLang engine (no capture).
+        """Continuations through a plain SGLang engine (no capture), or through the running
+        capture-only engine of this dtype with ``on_capture_engine`` (no restart; see the class).
 
         Args:
             prompts: token id lists (BOS/template applied), each non-empty.
@@ -279,7 +289,9 @@ class Backend:
             return []
         if any(len(p) == 0 for p in prompts):
             raise ValueError("generate: an empty prompt; each needs at least one token (BOS)")
-        self._start(("plain",))
+        m = self._mode
+        if not (on_capture_engine and m and m[0] == "capture" and m[-1] == self.dtype):
+            self._start(("plain", self.dtype))
         sp = {
             "max_new_tokens": int(max_new_tokens),
             "temperature": float(temperature),
@@ -301,7 +313,11 @@ class Backend:
         return res
 
     def capture(
-        self, samples: list[list[int]], layer_ids: list[int], logprobs: bool = False
+        self,
+        samples: list[list[int]],
+        layer_ids: list[int],
+        logprobs: bool = False,
+        dtype: str | None = None,
     ) -> list[dict]:
         """Aux states of each sample from SGLang's forward (capture-only engine, radix cache off).
 
@@ -314,6 +330,8 @@ class Backend:
             layer_ids: SGLang ids (boundary = id + 1); each < N - 1 (SGLang cannot capture boundary N).
             logprobs: also return SGLang's own ``input_logprobs`` ``[T]`` float32: log p(x_t | x_<t)
                 from its lm_head (NaN at t = 0), to check where the target distribution comes from.
+            dtype: the engine's dtype for this call (None: the backend's); another one restarts
+                the engine in it, in this worker (no new process).
 
         Returns:
             Per sample ``{"aux": [T, len(layer_ids) * H] float32}`` (+ ``input_logprobs``), rows in
@@ -330,7 +348,10 @@ class Backend:
         if any(len(s) == 0 for s in samples):
             raise ValueError("capture: an empty sample")
         ids = tuple(int(i) for i in layer_ids)
-        self._start(("capture", ids))
+        dtype = dtype or self.dtype
+        if dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype={dtype!r}: SGLang backend takes float32, bfloat16 or float16")
+        self._start(("capture", ids, dtype))
         kw = {"return_logprob": True, "logprob_start_len": 0} if logprobs else {}
         outs = self._engine.generate(
             input_ids=[list(map(int, s)) for s in samples],

@@ -121,24 +121,28 @@ def measure_speed(
     capture_seconds: float,
     capture_tokens: int,
     batch_size: int = 32,
+    generate_kw: dict | None = None,
 ) -> dict:
     """vLLM's tokens/s in this run: plain generation of the train prompts (one call), prefill of the
     dataset's samples without capture (one generated token each, in calls of ``batch_size`` samples
     as the extraction made them), and the capture timed during extraction (engine transfer included).
+    ``generate_kw`` goes to every ``client.generate`` call (02b: SGLang's ``on_capture_engine``, the
+    plain requests then run on the capture engine already started, see ``plain_engine`` below).
 
     Returns:
         ``{"generate_tokens_per_s", "generated_tokens", "prefill_tokens_per_s_without_capture",
         "extract_tokens_per_s", "capture_overhead_ratio", "ratio_is"}``; engine starts excluded
         (a first small call warms each engine up).
     """
-    client.generate([list(prompts[0])], 1, [], 0.0, 1.0, seed)  # starts the plain engine
+    kw = dict(generate_kw or {})
+    client.generate([list(prompts[0])], 1, [], 0.0, 1.0, seed, **kw)  # warms (or starts) the engine
     t0 = time.perf_counter()
-    outs = client.generate(prompts, max_new_tokens, stop_token_ids, 0.0, 1.0, seed)
+    outs = client.generate(prompts, max_new_tokens, stop_token_ids, 0.0, 1.0, seed, **kw)
     gen_s = time.perf_counter() - t0
     n_gen = sum(len(o) for o in outs)
     t0 = time.perf_counter()
     for i in range(0, len(samples), batch_size):
-        client.generate(samples[i : i + batch_size], 1, [], 0.0, 1.0, seed)
+        client.generate(samples[i : i + batch_size], 1, [], 0.0, 1.0, seed, **kw)
     pre_s = time.perf_counter() - t0
     pre = sum(len(s) for s in samples) / pre_s if pre_s else None
     ext = capture_tokens / capture_seconds if capture_seconds else None
@@ -149,6 +153,11 @@ def measure_speed(
         "extract_tokens_per_s": round(ext, 1) if ext else None,
         "capture_overhead_ratio": round(pre / ext, 3) if pre and ext else None,
         "ratio_is": f"prefill tokens/s without capture / with aux capture returned to the notebook (same samples in calls of {batch_size}, same engine version; engine start excluded)",
+        "plain_engine": (
+            "the capture engine, requests without hidden states (aux clones in its forward run)"
+            if kw.get("on_capture_engine")
+            else "a plain engine (no capture configured)"
+        ),
     }
 
 

@@ -11,9 +11,11 @@ Protocol (stdin/stdout, one JSON object per line; no sockets of ours, so nothing
 engines themselves are told to stay on loopback):
 
 - start: ``python -m eagle3nb.engines.worker '<json spec>'`` with spec ``{"engine": "vllm",
-  "model_path": ..., "dtype": ..., "options": {...}, "workdir": ...}``; the worker answers
-  ``{"ready": true, "info": {...}}`` once the backend is built, or ``{"ready": false, "error",
-  "type", "traceback"}``.
+  "model_path": ..., "dtype": ..., "options": {...}, "workdir": ..., "threads": n}`` (``threads``
+  optional: the worker's share of the thread budget, :mod:`eagle3nb.threads`; torch's intra-op pool
+  is sized to it before the engine is imported); the worker answers ``{"ready": true, "info":
+  {...}, "pid", "threads": {"torch_threads", "env"}}`` once the backend is built (the thread counts
+  it really runs with), or ``{"ready": false, "error", "type", "traceback"}``.
 - request ``{"id": n, "method": "generate" | "capture" | "serve_acceptance" | "info" | "close",
   "args": {...}}``; answer ``{"id": n, "ok": true, "result": ...}`` or ``{"id": n, "ok": false,
   "error": str, "type": exception class name, "traceback": str}``.
@@ -46,7 +48,7 @@ import os
 import sys
 import traceback
 
-__all__ = ["REGISTRY", "backend_module", "serve", "main"]
+__all__ = ["REGISTRY", "REPORTED_ENV", "backend_module", "size_threads", "serve", "main"]
 
 # engine name -> module defining ``Backend``; "module:<dotted.path>" selects any other module
 # (used by the unit tests' fake engine, which is named as a fake)
@@ -84,6 +86,27 @@ def _save_tensors(workdir: str, rid: int, items: list[dict]) -> dict:
     return {"file": path, "n": len(items)}
 
 
+# the pool-size variables a worker reports back (eagle3nb.threads.THREAD_ENV and the engines' own)
+REPORTED_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND")
+
+
+def size_threads(threads: int | None) -> dict:
+    """Size torch's intra-op pool to ``threads`` (None: leave it) before any engine is imported
+    (vLLM's CPU worker later makes ``torch.set_num_threads`` a no-op,
+    ``vllm/v1/worker/cpu_worker.py:139-145``).
+
+    Returns:
+        ``{"torch_threads": torch.get_num_threads(), "env": {name: value or None}}`` for
+        :data:`REPORTED_ENV`: what this process really runs with.
+    """
+    import torch
+
+    if threads:
+        torch.set_num_threads(int(threads))
+    env = {k: os.environ.get(k) for k in REPORTED_ENV}
+    return {"torch_threads": torch.get_num_threads(), "env": env}
+
+
 def _answer(out, msg: dict) -> None:
     out.write(json.dumps(msg) + "\n")
     out.flush()
@@ -99,6 +122,7 @@ def serve(spec: dict, inp=None, out=None) -> None:
     workdir = spec["workdir"]
     os.makedirs(workdir, exist_ok=True)
     try:
+        threads = size_threads(spec.get("threads"))
         mod = importlib.import_module(backend_module(spec["engine"]))
         opts = dict(spec.get("options") or {})
         opts.setdefault("workdir", workdir)
@@ -107,7 +131,7 @@ def serve(spec: dict, inp=None, out=None) -> None:
     except BaseException as e:  # noqa: BLE001 (reported to the client, which raises)
         _answer(out, {"ready": False, **_error(e)})
         return
-    _answer(out, {"ready": True, "info": info, "pid": os.getpid()})
+    _answer(out, {"ready": True, "info": info, "pid": os.getpid(), "threads": threads})
     try:
         for line in inp:
             if not line.strip():

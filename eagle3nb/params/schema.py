@@ -70,6 +70,13 @@ class RunParams(BaseModel):
         ALL,
         pattern=r"^(cpu|auto|cuda(:[0-9]+)?)$",
     )
+    threads: int = _p(
+        0,
+        "threads of this kernel and of each engine worker: 0 for all cores this process may use "
+        "(affinity, cgroup quota), -1 to leave torch and engine defaults",
+        ALL,
+        ge=-1,
+    )
     seed: int = _p(0, "seed for the split, sampling, init and shuffling", ALL)
     mode: Literal["completion", "chat"] = _p(
         "completion",
@@ -172,7 +179,8 @@ class RunParams(BaseModel):
     )
     measure_engine_speed: bool = _p(
         False,
-        "also time SGLang's plain generation and prefill without capture (restarts the engine once)",
+        "also time plain generation and prefill without capture by SGLang (on the running "
+        "capture engine, no restart)",
         [EXTRACT_SGLANG],
     )
     drift_samples: int = _p(
@@ -183,7 +191,7 @@ class RunParams(BaseModel):
     )
     drift_both_dtypes: bool = _p(
         False,
-        "also capture those samples with SGLang in the other dtype (starts a second engine)",
+        "also capture those samples with SGLang in the other dtype (its engine restarts in it once)",
         [EXTRACT_SGLANG],
     )
     compare_run: Optional[str] = _p(

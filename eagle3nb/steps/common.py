@@ -7,10 +7,12 @@ its artefacts atomically, and merges its numbers into metrics.json.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
 
+from eagle3nb import threads
 from eagle3nb.manifest import check_compatible, read_json
 from eagle3nb.params import RunParams, resolve_device
 from eagle3nb.rundir import RunDir, read_metrics, resolve_path, update_metrics
@@ -56,6 +58,48 @@ def resolve_aux(p: RunParams, n_layers: int) -> tuple[list[int], list[int]]:
     """``(layer_ids in p.convention, boundaries)`` of this run (see
     :func:`eagle3nb.target.conventions.aux_ids_and_boundaries`)."""
     return conventions.aux_ids_and_boundaries(p.convention, p.layer_ids, n_layers)
+
+
+def use_thread_budget(p: RunParams, rd: RunDir | None = None, processes: int = 0):
+    """Apply the run's thread budget in this process (:mod:`eagle3nb.threads`) at the start of a
+    step: torch's pools here, and the share each engine worker started from here gets; recorded in
+    ``metrics.json["threads"]`` (by rank 0 only under torchrun). ``threads: -1`` applies nothing
+    (torch and engine defaults, as before the budget existed) and records what torch runs with.
+
+    Args:
+        processes: processes sharing the budget; 0 = ``$LOCAL_WORLD_SIZE`` (torchrun) or 1.
+
+    Returns:
+        The :class:`eagle3nb.threads.Budget`, or None for ``threads: -1``.
+
+    Raises:
+        ValueError: ``threads`` above the cores this process may use (names the value and fix).
+    """
+    processes = processes or int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if p.threads < 0:
+        threads.clear()
+        block = {
+            "requested": -1,
+            "budget": None,
+            "kernel": {"torch_threads": torch.get_num_threads()},
+        }
+        budget = None
+    else:
+        budget = threads.apply(threads.plan(p.threads, processes=processes))
+        block = budget.as_metrics()
+    if rd is not None and os.environ.get("RANK", "0") == "0" and rd.root.is_dir():
+        update_metrics(rd.metrics, "threads", block)
+    return budget
+
+
+def record_engine_threads(rd: RunDir, client) -> None:
+    """Add what an engine worker reported it runs with (torch threads, pool variables) to
+    ``metrics.json["threads"]["engine_workers"][engine]``."""
+    if client.threads is None:  # in-process engine: the kernel's budget applies
+        return
+    cur = dict(read_metrics(rd.metrics).get("threads", {}).get("engine_workers", {}))
+    cur[client.engine] = client.threads
+    update_metrics(rd.metrics, "threads", {"engine_workers": cur})
 
 
 def record_checks(rd: RunDir, step: str, checks: list[str]) -> None:
@@ -112,6 +156,7 @@ def extraction_inputs(p: RunParams):
     and template), the target in ``p.dtype`` on its device, its manifest block, and the run's aux
     ids and boundaries. Returns ``(rd, gman, device, model, tok, path, tinfo, ids, bnds)``."""
     rd = RunDir(p)
+    use_thread_budget(p, rd)
     gman = read_generation_manifest(rd)  # a missing 01 fails before the target loads
     device = resolve_device(p)
     model, tok, path = models.load_target(p.model, p.dtype, device)

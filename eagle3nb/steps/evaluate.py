@@ -23,6 +23,8 @@ from eagle3nb.rundir import RunDir, update_metrics
 from eagle3nb.steps import eval_chat
 from eagle3nb.steps.publish import write_serving_files
 from eagle3nb.steps.common import (
+    record_engine_threads,
+    use_thread_budget,
     merge_engine_metrics,
     progress_bar,
     record_checks,
@@ -77,6 +79,7 @@ def eval_step(p: RunParams, progress=True) -> dict:
         ValueError: no held-out prompt.
     """
     rd = RunDir(p)
+    use_thread_budget(p, rd)
     model, tok, path = models.load_target(p.model, "float32", resolve_device(p))
     emb = model.get_input_embeddings().weight.detach().float().cpu()
     drafter, cfg = load_drafter(rd.drafter, emb)
@@ -219,6 +222,7 @@ def _vllm_served(
         sim_label = f"trained, as served (ids -> {served['vllm']})"
     hf_greedy = [greedy_generate(model, q, p.eval_max_new_tokens, eos) for q in prompts]
     with start_vllm(p, path, "float32", rd.root) as client:
+        record_engine_threads(rd, client)
         info = client.info()
         v = served_acceptance(
             client, rd.drafter, prompts, p.k, p.eval_max_new_tokens, eos, hf_greedy

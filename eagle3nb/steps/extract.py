@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from eagle3nb import threads
 from eagle3nb.dataset.layout import (
     estimate_dataset_bytes,
     shard_file_bytes,
@@ -170,12 +171,21 @@ def check_disk(plan: dict, int8_hint: bool = True) -> None:
 
 
 def engine_speed(
-    p: RunParams, client, timed, samples: Sequence, engine_ids, model, tok, batch_size: int = 32
+    p: RunParams,
+    client,
+    timed,
+    samples: Sequence,
+    engine_ids,
+    model,
+    tok,
+    batch_size: int = 32,
+    generate_kw: dict | None = None,
 ) -> dict:
     """An engine server's tokens/s in this run (see
-    :func:`eagle3nb.engines.vllm_helpers.measure_speed`): generation of 01's train prompts,
-    prefill without capture in calls of ``batch_size`` samples, and the capture ``timed`` (a
-    ``TimedCapture``) measured during extraction, or now if the dataset was complete already."""
+    :func:`eagle3nb.engines.vllm_helpers.measure_speed`, which gets ``generate_kw``): generation
+    of 01's train prompts, prefill without capture in calls of ``batch_size`` samples, and the
+    capture ``timed`` (a ``TimedCapture``) measured during extraction, or now if the dataset was
+    complete already."""
     from eagle3nb.engines.vllm_helpers import measure_speed
 
     if not timed.tokens:  # the dataset was complete already (resumed): time one capture pass now
@@ -192,6 +202,7 @@ def engine_speed(
         timed.seconds,
         timed.tokens,
         batch_size,
+        generate_kw,
     )
 
 
@@ -352,7 +363,9 @@ def worker_main(argv: Sequence[str]) -> int:
     dev = p.device if p.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     if dev.startswith("cuda") and torch.cuda.device_count() > 1:
         dev = f"cuda:{w % torch.cuda.device_count()}"
-    if dev == "cpu":  # share the cores instead of oversubscribing them W times
+    if dev == "cpu" and p.threads >= 0:  # W workers share the run's thread budget
+        threads.apply(threads.plan(p.threads, processes=W))
+    elif dev == "cpu":  # threads: -1, share the cores instead of oversubscribing them W times
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // W))
     model, _, _ = models.load_target(p.model, p.dtype, dev)
     engine = HFCaptureEngine(model, p.convention, p.capture_batch_size)

@@ -21,6 +21,7 @@ from eagle3nb.steps.common import (
     progress_bar,
     record_alignment,
     record_checks,
+    record_engine_threads,
 )
 from eagle3nb.steps.drift import (
     DRIFT_REFERENCE,
@@ -84,6 +85,7 @@ def extract_sglang_step(p: RunParams, progress=True) -> dict:
         if p.extract_engine == "sglang":
             ctx = model.config.max_position_embeddings
             client = start_sglang(path, p.dtype, device, p.seed, p.sglang_python, rd.root, ctx)
+            record_engine_threads(rd, client)
             cap = _sglang_capture(p, client, model, n, bnds, probes)
         else:
             cap = _hf_capture(p, model, ids, probes)
@@ -99,8 +101,9 @@ def extract_sglang_step(p: RunParams, progress=True) -> dict:
         bar = progress_bar() if progress else None
         m = extract.write(p, rd, samples, engine, cap.ids, man, bar)
         secs = time.time() - t0
-        drift = _drift(p, rd, model, device, path, cap, samples[:probe_n], bnds)
+        # speeds first, on the running engine; the drift's other dtype then restarts it, once
         extra = _speeds(p, rd, client, cap, model, tok, samples, ids)
+        drift = _drift(p, rd, model, device, client, cap, samples[:probe_n], bnds)
     finally:
         if client is not None:
             client.close()
@@ -257,13 +260,12 @@ def _manifest(p: RunParams, gman: dict, tinfo: dict, cap: _Capture, ids, bnds) -
     )
 
 
-def _drift(p: RunParams, rd: RunDir, model, device, path, cap: _Capture, probe_samples, bnds):
+def _drift(p: RunParams, rd: RunDir, model, device, client, cap: _Capture, probe_samples, bnds):
     """States of the probe samples at the run's boundaries from HF float32 (the reference), HF
-    bfloat16, the capture engine, SGLang in the other dtype (``drift_both_dtypes``) and other
+    bfloat16, the capture engine, SGLang in the other dtype (``drift_both_dtypes``: the running
+    SGLang worker ``client`` restarts its engine in that dtype, its last use in 02b) and other
     engines' datasets in this run folder: ``{label: {b: [sum T, H] float32}}`` ({} when
     ``drift_samples`` is 0). Same tokens and boundaries, so layer offsets are excluded."""
-    from eagle3nb.engines.sglang_helpers import start_sglang
-
     drift = {}
     if not p.drift_samples:
         return drift
@@ -276,9 +278,7 @@ def _drift(p: RunParams, rd: RunDir, model, device, path, cap: _Capture, probe_s
         drift[f"{cap.engine.engine_name} {p.dtype}"] = split_aux(cap.probe_aux, bnds)
     if p.extract_engine == "sglang" and p.drift_both_dtypes:
         other = "bfloat16" if p.dtype == "float32" else "float32"
-        ctx = model.config.max_position_embeddings
-        with start_sglang(path, other, device, p.seed, p.sglang_python, rd.root, ctx) as c2:
-            rows = [r["aux"] for r in c2.capture(probes, cap.ids)]
+        rows = [r["aux"] for r in client.capture(probes, cap.ids, dtype=other)]
         drift[f"sglang {other}"] = split_aux(rows, bnds)
     drift.update(other_engine_datasets(rd, cap.engine.engine_name, [s[0] for s in probe_samples]))
     return drift
@@ -292,8 +292,12 @@ def _speeds(p: RunParams, rd: RunDir, client, cap: _Capture, model, tok, samples
     if p.extract_engine == "hf":
         extra["capture_speed"] = extract.capture_overhead(model, cap.engine, samples, ids)
     if p.extract_engine == "sglang" and p.measure_engine_speed:
-        # prefill timed in measure_speed's default calls of 32 samples, as 02b has measured it
-        extra["speed"] = extract.engine_speed(p, client, cap.timed, samples, cap.ids, model, tok)
+        # prefill timed in measure_speed's default calls of 32 samples, as 02b has measured it;
+        # the plain requests run on the capture engine already started (no restart)
+        kw = {"on_capture_engine": True}
+        extra["speed"] = extract.engine_speed(
+            p, client, cap.timed, samples, cap.ids, model, tok, generate_kw=kw
+        )
         merge_engine_metrics(
             rd,
             "sglang",

@@ -12,6 +12,7 @@ from eagle3nb.params import RunParams
 from eagle3nb.rundir import update_metrics
 from eagle3nb.steps import extract
 from eagle3nb.steps.common import (
+    record_engine_threads,
     check_alignment,
     check_engine_boundaries,
     extraction_check_lines,
@@ -52,6 +53,7 @@ def extract_vllm_step(p: RunParams, progress=True) -> dict:
     )
     extract.check_disk(disk, int8_hint=False)
     with start_vllm(p, path, p.dtype, rd.root) as client:
+        record_engine_threads(rd, client)
         info = client.info()
         timed = TimedCapture(client)
         engine = EngineCaptureEngine(timed, n, p.capture_batch_size)

@@ -12,8 +12,10 @@ from eagle3nb.steps.common import (
     merge_engine_metrics,
     progress_bar,
     record_checks,
+    record_engine_threads,
     target_info,
     template_of,
+    use_thread_budget,
 )
 from eagle3nb.target import models
 from eagle3nb.text import chat
@@ -42,6 +44,7 @@ def generate_step(p: RunParams, progress=True) -> dict:
 
         return generate_chat_step(p, progress)
     rd = RunDir(p).make()
+    use_thread_budget(p, rd)
     model, tok, path = models.load_target(p.model, p.dtype, resolve_device(p))
     template = template_of(p, tok)
     prompts = load_prompts(resolve_path(p.prompts_file))
@@ -120,6 +123,7 @@ def _generate(
     batches = range(0, len(todo), p.gen_batch_size)
     try:
         if client is not None:
+            record_engine_threads(rd, client)
             info = client.info()
             engine = {
                 "name": info["engine_name"],

@@ -38,6 +38,7 @@ from eagle3nb.steps.common import (
     record_checks,
     resolve_aux,
     template_of,
+    use_thread_budget,
 )
 from eagle3nb.target import conventions, models
 from eagle3nb.target.capture import n_layers_of
@@ -68,6 +69,7 @@ def train_step(p: RunParams, progress=True) -> dict:
         RuntimeError: the torchrun launch failed.
     """
     rd = RunDir(p)
+    use_thread_budget(p, rd)
     if (p.nproc_per_node > 1 or p.nnodes > 1) and not distributed.under_torchrun():
         return _train_with_torchrun(p, rd)
     ctx = distributed.init_from_env(resolve_device(p))

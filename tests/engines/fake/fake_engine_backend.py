@@ -33,6 +33,9 @@ class Backend:
             "torch_version": torch.__version__,
             "convention": "vllm",
             "pid": os.getpid(),
+            # what the backend itself runs with (the thread budget's test reads these)
+            "torch_threads": torch.get_num_threads(),
+            "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")},
         }
 
     def generate(self, prompts, max_new_tokens, stop_token_ids, temperature, top_p, seed):
