@@ -19,6 +19,7 @@ training/           training the drafter with training-time test (TTT)
     batches         deterministic global batch plan over the shards, rank slices
     objective       the TTT loss and per-step accuracy
     loop            the training loop: one process, or DDP/FSDP under torchrun, CPU or GPU
+    fastpath        how training runs on its device: bf16-mixed precision, compiled layer, fused AdamW
     distributed     process group, DDP/FSDP wrapping, per-rank checkpoints, torchrun launch
     online          online training: the target captures each batch's aux states in the loop
     progress        progress lines (stdout, train.log), bar postfix, tensorboard/wandb/mlflow

@@ -283,6 +283,12 @@ class RunParams(BaseModel):
         "TTT attention: eager (reference) or flex (flex attention, compiled on GPU: the fast path of bench/mfu.py)",
         [TRAIN],
     )
+    precision: Literal["auto", "float32", "bf16-mixed"] = _p(
+        "auto", "float32 or bf16-mixed (float32 master weights, CUDA); auto: by device", [TRAIN]
+    )
+    torch_compile: Literal["auto", "on", "off"] = _p(
+        "auto", "compile the drafter layer and loss (CUDA): on, off, auto (on for CUDA)", [TRAIN]
+    )
     # 04_eval_acceptance
     k: int = _p(
         5,
@@ -299,7 +305,11 @@ class RunParams(BaseModel):
         ge=1,
     )
     max_eval_prompts: int = _p(6, "cap on held-out prompts (0 for all)", [EVAL], ge=0)
-    baselines: bool = _p(True, "also evaluate an untrained drafter and the layer offset (the other engine reading the same ids)", [EVAL])
+    baselines: bool = _p(
+        True,
+        "also evaluate an untrained drafter and the layer offset (the other engine reading the same ids)",
+        [EVAL],
+    )
     allow_template_mismatch: bool = _p(
         False, "evaluate although the drafter was trained under another template or target", [EVAL]
     )
@@ -340,7 +350,7 @@ class RunParams(BaseModel):
             raise ValueError(f"convention={v!r} is unknown; use one of {sorted(CONVENTIONS)}")
         return v
 
-    @field_validator("fsdp", mode="before")
+    @field_validator("fsdp", "torch_compile", mode="before")
     @classmethod
     def _yaml_on_off(cls, v):  # YAML 1.1 reads a bare on/off as a bool
         return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v
