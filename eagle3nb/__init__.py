@@ -6,6 +6,7 @@ target/             the target model: model folders, layer-id conventions, HF ca
     models          find (explicit path, $EAGLE3NB_MODEL_PATH, ../shared/models), load, hash
     conventions     each engine's and trainer's layer ids <-> physical boundaries
     capture         residual stream at boundaries behind one CaptureEngine interface (HF)
+    head            the target's embedding, final norm and lm_head alone, read by tensor name
     alignment       which boundary an engine really captured, measured against HF
 text/               the text side: prompts, chat samples and loss masks, the target's continuations
     prompts         prompt files and the deterministic train / held-out split
