@@ -6,6 +6,7 @@ every later uncompiled CUDA call ran the reference path. Now the choice is made 
 (``pick_flex``) and each attention module owns its compiled handle, made outside any compile.
 """
 
+import pytest
 import torch
 
 from eagle3nb.drafter.flex_attention import flex_attention, pick_flex
@@ -79,3 +80,35 @@ def test_compiled_layer_then_uncompiled_same_loss_on_cpu():
     assert r_c.step_loss == r_p.step_loss
     for a, b in zip(r_p.step_loss, r_e.step_loss):  # flex == eager (the reference)
         assert abs(a - b) <= 1e-5 * max(1.0, abs(b))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (compiled flex kernels)")
+def test_cuda_compiled_layer_then_uncompiled_call_runs_the_compiled_handle():
+    """On CUDA: train one step through a compiled layer (inductor), then one uncompiled step in
+    the same process; the uncompiled step calls this module's compiled flex handle (counted by a
+    spy around it) and gives the same loss."""
+    d = _drafter().cuda()
+    attn = d.midlayer.self_attn
+    g = torch.Generator(device="cuda").manual_seed(3)
+    B, T, H = 2, 256, 64
+    ids = torch.randint(0, 100, (B, T), generator=g, device="cuda")
+    aux = torch.randn(B, T, 3 * H, generator=g, device="cuda")
+    final = torch.randn(B, T, H, generator=g, device="cuda")
+    ones = torch.ones(B, T, dtype=torch.long, device="cuda")
+    norm, head = torch.nn.Identity(), torch.nn.Linear(H, 100, bias=False).cuda()
+    layer = torch.compile(d.midlayer, dynamic=False)
+    r_c = ttt_loss(d, ids, aux, final, ones, ones, norm, head, 1, layer=layer)
+    r_c.loss.backward()
+    handle = attn.flex_fn(True)
+    assert _is_compiled_flex(handle)
+    calls = []
+
+    def spy(*a, **kw):
+        calls.append(1)
+        return handle(*a, **kw)
+
+    attn._flex[0] = spy
+    r_p = ttt_loss(d, ids, aux, final, ones, ones, norm, head, 1)
+    r_p.loss.backward()
+    assert calls == [1]
+    assert abs(r_p.step_loss[0] - r_c.step_loss[0]) <= 1e-4 * abs(r_c.step_loss[0])
