@@ -285,16 +285,17 @@ def train_bench(args) -> dict:
         return r
 
     t0 = time.time()
+    lock = None
     for i in range(args.warmup):
         r = step(batches[i % 2])
+        if i == 0 and args.lock:  # after the compiling step, the GPU to this process alone
+            import fcntl  # (bench/train_gpu.py runs several processes)
+
+            torch.cuda.synchronize()
+            lock = open(args.lock, "a")
+            fcntl.flock(lock, fcntl.LOCK_EX)
     torch.cuda.synchronize()
     warm_s = time.time() - t0
-    lock = None
-    if args.lock:  # the GPU to this process alone while timed (bench/train_gpu.py runs several)
-        import fcntl
-
-        lock = open(args.lock, "a")
-        fcntl.flock(lock, fcntl.LOCK_EX)
     torch.cuda.reset_peak_memory_stats()
     times = []
     for i in range(args.steps):

@@ -11,8 +11,9 @@ next state is predictable and the loss falls; input ids uniform over the first 3
 and the target head's other rows scaled down, so the draft vocabulary covers the target's argmax
 (as on real data) and nearly every position carries loss.
 
-``all`` starts, at once, separate processes that share the GPU but never a timed section (a file
-lock; their compiles overlap):
+``all`` starts, at once, separate processes that share the GPU (their compiles overlap); each
+takes a file lock after its first (compiling) step and holds it to its end, so no two of them run
+steps side by side after that:
   main     train_drafter, precision bf16-mixed, torch_compile on (the 03 default on CUDA), lr 1e-4,
            ``--steps`` steps; timed: the median step after ``--warmup`` steps (compile included
            there); one later step is profiled (CUDA kernel table) and left out of the timing.
@@ -139,32 +140,27 @@ class SmoothSource:
 
 
 class Gate:
-    """Progress stand-in: at step ``warmup`` takes the GPU lock (timed section alone), resets
-    the peak memory counter, and steps a profiler (the step it records is ``profile_step``)."""
+    """Progress stand-in: after the first (compiling) step takes the GPU lock and holds it to
+    the end (no other process's steps run beside this one's later steps), resets the peak
+    memory counter after ``warmup`` steps, and steps a profiler."""
 
     def __init__(self, lock: str | None, warmup: int, prof=None):
         self.lock, self.warmup, self.prof, self.i, self.fh = lock, warmup, prof, 0, None
-        self.t_timed = None
 
     def __call__(self, total, initial):
         self.i = initial
-        if self.warmup == 0:
-            self._enter()
         return self
-
-    def _enter(self):
-        if self.lock:
-            self.fh = open(self.lock, "a")
-            fcntl.flock(self.fh, fcntl.LOCK_EX)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        self.t_timed = time.time()
 
     def update(self, k):
         self.i += k
-        if self.i == self.warmup:
-            self._enter()
+        if self.i == 1 and self.lock:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.fh = open(self.lock, "a")
+            fcntl.flock(self.fh, fcntl.LOCK_EX)
+        if self.i == self.warmup and torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
         if self.prof is not None:
             self.prof.step()
 
@@ -208,9 +204,7 @@ def run_one(a) -> dict:
             activities=[ProfilerActivity.CUDA], schedule=schedule(wait=w, warmup=0, active=1)
         )
         prof.start()
-    gate = Gate(a.lock if a.lock_from < 0 else None, a.warmup, prof)
-    if a.lock_from >= 0:  # the whole run holds the GPU (its load would disturb others' timing)
-        gate.lock, gate.warmup = a.lock, 0
+    gate = Gate(a.lock, a.warmup, prof)
     out = Path(tempfile.mkdtemp(prefix="train_gpu_"))  # checkpoints of the run (deleted after)
     t0 = time.time()
     try:
@@ -229,7 +223,7 @@ def run_one(a) -> dict:
             )
         )
     secs = rep["step_seconds"]
-    first = a.warmup + 1 if a.lock_from < 0 else 1  # the step after the lock wait is left out
+    first = a.warmup  # compile, lock wait and warm-up left out
     last = len(secs) - (2 if prof is not None else 0)  # the profiled step and the next left out
     timed = secs[first:last] or secs
     step_s = statistics.median(timed)
@@ -326,7 +320,7 @@ def run_all(a) -> dict:
                 "--attn", "flex", "--compile-layer", "--steps", "10", "--warmup", "3",
                 "--peak", str(peak), "--lock", lock, "--out", str(od / "ceiling.json")])  # fmt: skip
     procs["float32"] = start("float32", [py, me, "run", *common, "--precision", "float32",
-        "--compile", "off", "--warmup", "3", "--lock-from", "0",
+        "--compile", "off", "--warmup", "3",
         "--out", str(od / "float32.json")])  # fmt: skip
     for name, p in procs.items():
         left = max(1.0, a.budget - (time.time() - res["started"]))
@@ -371,9 +365,6 @@ def main():
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--head", default="")
     ap.add_argument("--lock", default="")
-    ap.add_argument(
-        "--lock-from", type=int, default=-1, help="0: hold the GPU lock for the whole run"
-    )
     ap.add_argument("--peak", type=float, default=0.0)
     ap.add_argument("--profile", default="")
     ap.add_argument("--tiny", action="store_true")

@@ -137,7 +137,12 @@ def ttt_loss(
     probs, in_vocab, amax = target_probs(
         final, target_norm, target_lm_head, drafter.t2d, drafter.d2t
     )
+    # the target of step j is probs shifted left by 1+j: views of one zero-padded copy (not a
+    # shifted copy per step: backward keeps one [B, T+k, V] tensor, not k of them)
+    probs = torch.cat([probs, probs.new_zeros(B, k, probs.shape[-1])], dim=1)  # [B, T+k, V]
     key_mask = attn_mask.bool()  # [B, T]
+    if bool(key_mask.all()):  # no padding: no key mask (one device sync here, not one per step)
+        key_mask = None
     q_index = torch.arange(T, device=dev)
     base_pos = q_index[None].expand(B, T)
     steps = []  # (tokens [B, T], mask [B, T] bool) per TTT step, known before the unroll
@@ -151,7 +156,7 @@ def ttt_loss(
     total = torch.zeros((), device=dev)
     losses, accs = [], []
     for j, (tokens, mask) in enumerate(steps):
-        p_j = shift_left(probs, 1 + j)  # [B, T, draft_vocab] target of x[t+2+j]
+        p_j = probs[:, 1 + j : 1 + j + T]  # [B, T, draft_vocab] target of x[t+2+j]
         out, logits, kv = drafter.step(
             tokens, hidden, base_pos + j, cache, q_index, key_mask, layer
         )
