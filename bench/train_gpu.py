@@ -346,8 +346,8 @@ def run_all(a) -> dict:
         res["speedup_vs_float32_path"] = m["tokens_per_s"] / f32["tokens_per_s"]
     res["targets"] = {"tokens_per_s": 32500, "max_mem_gib": 36}
     res["wall_s"] = time.time() - res["started"]
-    res["git_commit"] = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT,
-        capture_output=True, text=True).stdout.strip() or os.environ.get("EAGLE3NB_COMMIT")  # fmt: skip
+    res["git_commit"] = os.environ.get("EAGLE3NB_COMMIT") or subprocess.run(["git", "rev-parse",
+        "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()  # fmt: skip
     return res
 
 

@@ -278,9 +278,9 @@ class RunParams(BaseModel):
         "under torchrun: on shards the drafter (FSDP), off replicates it (DDP), auto shards large drafters",
         [TRAIN],
     )
-    attention: Literal["eager", "flex"] = _p(
-        "eager",
-        "TTT attention: eager (reference) or flex (flex attention, compiled on GPU: the fast path of bench/mfu.py)",
+    attention: Literal["auto", "eager", "flex"] = _p(
+        "auto",
+        "TTT attention: eager (reference), flex (flex attention, compiled on GPU), auto (flex on CUDA, eager on CPU)",
         [TRAIN],
     )
     precision: Literal["auto", "float32", "bf16-mixed"] = _p(

@@ -73,7 +73,7 @@ class TrainConfig:
     bucket_window: int = 16  # global batches per length-sorting window
     loader_workers: int = 0  # DataLoader worker processes (0 = load in the training process)
     fsdp: str = "auto"  # under torchrun: on, off, or auto (FSDP when the drafter is large)
-    attention: str = "eager"  # TTT attention: eager (reference) or flex (same function; fast on GPU, see bench/mfu.py)
+    attention: str = "auto"  # TTT attention: eager (reference), flex (same function; fast on GPU), auto (flex on CUDA)
     precision: str = (
         "auto"  # float32, bf16-mixed (float32 master weights), auto (bf16-mixed on CUDA)
     )
@@ -103,8 +103,8 @@ class TrainConfig:
                 f"precision={self.precision!r}, torch_compile={self.torch_compile!r}: use one of "
                 f"{PRECISIONS} and one of {COMPILE}"
             )
-        if self.attention not in ("eager", "flex"):
-            raise ValueError(f"attention={self.attention!r}: use eager or flex")
+        if self.attention not in ("auto", "eager", "flex"):
+            raise ValueError(f"attention={self.attention!r}: use auto, eager or flex")
         if self.fsdp not in ("auto", "on", "off"):
             raise ValueError(f"fsdp={self.fsdp!r}: use auto, on or off")
         if self.export_from not in ("best", "last"):
@@ -242,9 +242,10 @@ def train_drafter(
     if ctx.is_main:
         ckdir.mkdir(parents=True, exist_ok=True)
     drafter, vocab = build_drafter(source, target, cfg)
-    drafter.set_attention(cfg.attention)  # same function either way (test_drafter_attention.py)
     # train where the target lives (its norm/lm_head give the labels)
     dev = next(target.parameters()).device
+    attn = cfg.attention if cfg.attention != "auto" else ("flex" if dev.type == "cuda" else "eager")
+    drafter.set_attention(attn)  # same function either way (test_drafter_attention.py)
     fast = resolve(cfg.precision, cfg.torch_compile, dev)
     objective = TTTObjective(
         drafter, target.model.norm, target.lm_head, cfg.ttt_steps, cfg.loss_decay
