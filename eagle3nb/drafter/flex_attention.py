@@ -24,12 +24,35 @@ try:  # flex attention: torch >= 2.5
 except ImportError:  # pragma: no cover - older torch keeps the eager path
     create_block_mask = flex_attention = None
 
-__all__ = ["ttt_flex_attention", "flex_attention", "compiled_flex", "pick_flex"]
+__all__ = [
+    "ttt_flex_attention",
+    "flex_attention",
+    "compiled_flex",
+    "pick_flex",
+    "raise_recompile_limits",
+]
+
+# graphs one compiled function may hold: TTT steps (key lengths) x sequence lengths
+RECOMPILE_LIMIT = 512
+
+
+def raise_recompile_limits(n: int = RECOMPILE_LIMIT) -> None:
+    """Let torch.compile keep ``n`` graphs per function (and 4n in all) instead of its default 8:
+    each TTT step and each sequence length is a graph, and past the limit dynamo silently runs
+    the function uncompiled (for flex attention: the unfused reference, scores in memory)."""
+    cfg = torch._dynamo.config
+    for name, v in (("recompile_limit", n), ("cache_size_limit", n)):
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), v))
+    for name in ("accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(cfg, name):
+            setattr(cfg, name, max(getattr(cfg, name), 4 * n))
 
 
 def compiled_flex():
     """A new compiled handle of flex_attention (uncompiled, on CUDA, it is the slow unfused
-    reference: scores in memory). Compilation happens at its first call."""
+    reference: scores in memory). Compilation happens at its first call, once per shape."""
+    raise_recompile_limits()
     return torch.compile(flex_attention, dynamic=False)
 
 

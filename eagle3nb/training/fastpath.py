@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
+from eagle3nb.drafter.flex_attention import raise_recompile_limits
 from eagle3nb.training.objective import soft_ce
 
 __all__ = ["PRECISIONS", "COMPILE", "PAD_MULTIPLE", "FastPath", "resolve", "pad_batch"]
@@ -34,7 +35,6 @@ __all__ = ["PRECISIONS", "COMPILE", "PAD_MULTIPLE", "FastPath", "resolve", "pad_
 PRECISIONS = ("auto", "float32", "bf16-mixed")
 COMPILE = ("auto", "on", "off")
 PAD_MULTIPLE = 128  # tokens; compiled training pads each batch's length up to a multiple of this
-_RECOMPILE_LIMIT = 512  # graphs per compiled code object: TTT steps x padded lengths
 
 
 @dataclass(frozen=True)
@@ -59,10 +59,7 @@ class FastPath:
         if self.precision == "bf16-mixed" and not sharded:
             d.embed_tokens.to(torch.bfloat16)  # frozen: read, never updated
         if self.compile:
-            cfg = torch._dynamo.config
-            for name in ("recompile_limit", "cache_size_limit"):
-                if hasattr(cfg, name):
-                    setattr(cfg, name, max(getattr(cfg, name), _RECOMPILE_LIMIT))
+            raise_recompile_limits()
             objective.fast["layer"] = torch.compile(d.midlayer, dynamic=False)
             objective.fast["ce"] = torch.compile(soft_ce, dynamic=False)
 

@@ -112,3 +112,16 @@ def test_cuda_compiled_layer_then_uncompiled_call_runs_the_compiled_handle():
     r_p.loss.backward()
     assert calls == [1]
     assert abs(r_p.step_loss[0] - r_c.step_loss[0]) <= 1e-4 * abs(r_c.step_loss[0])
+
+
+def test_a_compiled_handle_may_hold_a_graph_per_step_and_length():
+    """Past torch.compile's default of 8 graphs per function dynamo would silently run flex
+    attention uncompiled (the unfused reference): 7 TTT steps at two lengths already are 14."""
+    cfg = torch._dynamo.config
+    old = cfg.recompile_limit, cfg.accumulated_recompile_limit
+    try:
+        cfg.recompile_limit, cfg.accumulated_recompile_limit = 8, 256
+        _drafter().midlayer.self_attn.flex_fn(True)  # makes the module's handle
+        assert cfg.recompile_limit >= 7 * 64 and cfg.accumulated_recompile_limit >= 4 * 7 * 64
+    finally:
+        cfg.recompile_limit, cfg.accumulated_recompile_limit = old
