@@ -285,8 +285,15 @@ def train_bench(args) -> dict:
         return r
 
     t0 = time.time()
+    lock = None
     for i in range(args.warmup):
         r = step(batches[i % 2])
+        if i == 0 and args.lock:  # after the compiling step, the GPU to this process alone
+            import fcntl  # (bench/train_gpu.py runs several processes)
+
+            torch.cuda.synchronize()
+            lock = open(args.lock, "a")
+            fcntl.flock(lock, fcntl.LOCK_EX)
     torch.cuda.synchronize()
     warm_s = time.time() - t0
     torch.cuda.reset_peak_memory_stats()
@@ -296,6 +303,8 @@ def train_bench(args) -> dict:
         r = step(batches[i % 2])
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t1)
+    if lock is not None:
+        lock.close()  # releases the lock
     step_s = statistics.median(times)
     tok_s = B * T * world / step_s  # all ranks
     peak = (args.peak or matmul_peak()["tflops_median"]) * world  # MFU per GPU = over world x peak
@@ -503,6 +512,7 @@ def main():
     )
     ap.add_argument("--variant-timeout", type=int, default=400)
     ap.add_argument("--out", default="")
+    ap.add_argument("--lock", default="", help="file locked while timing (shared GPU)")
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = True
     if a.mode == "peak":

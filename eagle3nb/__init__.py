@@ -6,6 +6,7 @@ target/             the target model: model folders, layer-id conventions, HF ca
     models          find (explicit path, $EAGLE3NB_MODEL_PATH, ../shared/models), load, hash
     conventions     each engine's and trainer's layer ids <-> physical boundaries
     capture         residual stream at boundaries behind one CaptureEngine interface (HF)
+    head            the target's embedding, final norm and lm_head alone, read by tensor name
     alignment       which boundary an engine really captured, measured against HF
 text/               the text side: prompts, chat samples and loss masks, the target's continuations
     prompts         prompt files and the deterministic train / held-out split
@@ -21,6 +22,7 @@ training/           training the drafter with training-time test (TTT)
     batches         deterministic global batch plan over the shards, rank slices
     objective       the TTT loss and per-step accuracy
     loop            the training loop: one process, or DDP/FSDP under torchrun, CPU or GPU
+    fastpath        how training runs on its device: bf16-mixed precision, compiled layer, fused AdamW
     distributed     process group, DDP/FSDP wrapping, per-rank checkpoints, torchrun launch
     online          online training: the target captures each batch's aux states in the loop
     progress        progress lines (stdout, train.log), bar postfix, tensorboard/wandb/mlflow
@@ -65,6 +67,7 @@ steps/              one module per notebook, called from its cells and from eagl
 data/               package data: prompts_tinystories.txt (default prompts), chat_stories.*.jsonl
                     (chat dataset, two forms), chat_template_stories.jinja
 params/             run parameters: one validated model for params/*.yaml and the parameters cells
+    fields          the common, 01 and 02 fields of RunParams (InputFields), the notebook groups
     schema          RunParams: every parameter's default, range, help and notebooks, once
     paths           checks of the prompts file, chat dataset and chat template paths
     load            params YAML files and a notebook's globals, validated; errors that name the fix

@@ -34,7 +34,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from eagle3nb.drafter.flex_attention import flex_attention, ttt_flex_attention
+from eagle3nb.drafter.flex_attention import (
+    compiled_flex,
+    flex_attention,
+    pick_flex,
+    ttt_flex_attention,
+)
 
 __all__ = ["DrafterConfig", "Eagle3Drafter", "RMSNorm", "KV"]
 
@@ -157,6 +162,15 @@ class Eagle3Attention(nn.Module):
         self.attn_impl = (
             "eager"  # see the module docstring; set through Eagle3Drafter.set_attention
         )
+        self._flex = []  # this module's compiled flex handle (made outside any compile; a list
+        # so that nn.Module does not register it)
+
+    def flex_fn(self, on_gpu: bool):
+        """The flex function this module calls (:func:`eagle3nb.drafter.flex_attention.pick_flex`):
+        its own compiled handle on CUDA outside a compiled region, else plain flex_attention."""
+        if on_gpu and not torch.compiler.is_compiling() and not self._flex:
+            self._flex.append(compiled_flex())
+        return pick_flex(on_gpu, self._flex[0] if self._flex else None)
 
     def forward(
         self,
@@ -188,9 +202,9 @@ class Eagle3Attention(nn.Module):
         if (
             self.attn_impl == "flex" and Tq == T0 and flex_ok
         ):  # training layout: queries are the step-0 positions
-            o = ttt_flex_attention(
-                q, [s[0] for s in steps], [s[1] for s in steps], key_mask, scale
-            )  # [B, nh, Tq, hd]
+            fn = self.flex_fn(q.is_cuda)
+            ks, vs = [s[0] for s in steps], [s[1] for s in steps]
+            o = ttt_flex_attention(q, ks, vs, key_mask, scale, fn)  # [B, nh, Tq, hd]
         else:
             o = self._eager(q, steps, q_index, key_mask, scale)
         o = o.transpose(1, 2).reshape(B, Tq, nh * hd)  # [B, Tq, nh*hd]
@@ -317,7 +331,7 @@ class Eagle3Drafter(nn.Module):
         """Draft-vocab ids (any shape, int64) -> target ids."""
         return draft_ids + self.d2t[draft_ids]
 
-    def step(self, token_ids, hidden, pos, cache: list[KV], q_index, key_mask=None):
+    def step(self, token_ids, hidden, pos, cache: list[KV], q_index, key_mask=None, layer=None):
         """One draft step.
 
         Args:
@@ -328,6 +342,8 @@ class Eagle3Drafter(nn.Module):
             cache: KV of earlier steps of this chain, step 0 first.
             q_index: ``[Tq]`` int64 index of each query among the step-0 keys.
             key_mask: ``[B, T0]`` bool, False on padding.
+            layer: the callable run as the decoder layer (None: ``midlayer``; training passes a
+                compiled wrapper of it, see :mod:`eagle3nb.training.fastpath`).
 
         Returns:
             ``(out [B, Tq, H] pre-norm, logits [B, Tq, draft_vocab], kv)``.
@@ -335,6 +351,7 @@ class Eagle3Drafter(nn.Module):
         if not cache:
             hidden = self.fc(hidden)  # [B, Tq, n_aux*Ht] -> [B, Tq, H]
         embeds = self.embed_tokens(token_ids)  # [B, Tq, H]
-        out, kv = self.midlayer(embeds, hidden, pos, cache, q_index, key_mask)
+        layer = self.midlayer if layer is None else layer
+        out, kv = layer(embeds, hidden, pos, cache, q_index, key_mask)
         logits = self.lm_head(self.norm(out))  # [B, Tq, draft_vocab]
         return out, logits, kv

@@ -97,4 +97,28 @@ def resolve_device(p: RunParams) -> str:
     return p.device
 
 
+def load_run_params(run: str | os.PathLike, sets: list[str] | None) -> RunParams:
+    """The params of a run folder (its params.yaml) or of a params YAML file, with ``--set
+    key=value`` overrides (values parsed as YAML).
+
+    Raises:
+        FileNotFoundError: a folder without params.yaml.
+        ValueError: an override without ``=``.
+    """
+    run = Path(run)
+    pf = run / "params.yaml" if run.is_dir() else run
+    if run.is_dir() and not pf.exists():
+        raise FileNotFoundError(
+            f"{run} is a folder without params.yaml; pass a run folder written by "
+            "`python -m eagle3nb.run` or a params YAML file"
+        )
+    over = {}
+    for kv in sets or []:
+        if "=" not in kv:
+            raise ValueError(f"--set {kv!r}: write key=value, e.g. --set max_steps=200")
+        k, v = kv.split("=", 1)
+        over[k.strip()] = yaml.safe_load(v)
+    return load_params(pf, **over)
+
+
 # --- the parameter surface: notebooks' parameters cells and the README table, rendered from RunParams

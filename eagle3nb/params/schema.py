@@ -4,38 +4,25 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, field_validator, model_validator
 
+from eagle3nb.params.fields import (  # noqa: F401  (re-exported: the notebook groups)
+    ALL,
+    EVAL,
+    EXTRACT_SGLANG,
+    EXTRACT_VLLM,
+    GENERATE,
+    NOTEBOOKS,
+    RUN_LEVEL,
+    TRAIN,
+    VLLM,
+    InputFields,
+    _p,
+)
 from eagle3nb.params.paths import check_paths
 
-# the notebooks, in run order (eagle3nb.run executes them in this order)
-NOTEBOOKS = [
-    "01_generate",
-    "02a_extract_vllm",
-    "02b_extract_sglang",
-    "03_train",
-    "04_eval_acceptance",
-]
-GENERATE, EXTRACT_VLLM, EXTRACT_SGLANG, TRAIN, EVAL = NOTEBOOKS
-ALL = tuple(NOTEBOOKS)
-VLLM = (GENERATE, EXTRACT_VLLM, EVAL)  # the notebooks that start vLLM
-RUN_LEVEL = "run"  # read by eagle3nb.run (which notebooks to execute), declared by no notebook
 
-
-def _p(default, help: str, notebooks, notebook_help: dict[str, str] | None = None, **kw):
-    """One RunParams field: ``default``, ``help`` (the comment of its line in a parameters cell,
-    the help column of the README table), the ``notebooks`` whose parameters cell declares it (or
-    :data:`RUN_LEVEL`), ``notebook_help`` where a notebook's context changes what it means there,
-    and pydantic constraints (``ge``, ``pattern``, ``default_factory`` ...)."""
-    extra = {"notebooks": RUN_LEVEL if notebooks == RUN_LEVEL else list(notebooks)}
-    if notebook_help:
-        extra["notebook_help"] = dict(notebook_help)
-    if "default_factory" in kw:
-        return Field(description=help, json_schema_extra=extra, **kw)
-    return Field(default, description=help, json_schema_extra=extra, **kw)
-
-
-class RunParams(BaseModel):
+class RunParams(InputFields):
     """All parameters of a run (defaults = the seconds-long smoke run of the notebooks).
 
     Field order is the order of the lines in the notebooks' parameters cells; each field's
@@ -45,169 +32,6 @@ class RunParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    # common: declared by every notebook
-    interactive: bool = _p(
-        True, "widgets and progress bars (headless runs pass False and write HTML figures)", ALL
-    )
-    run_name: str = _p(
-        "smoke",
-        "folder under outputs_dir holding this run's artefacts",
-        ALL,
-        pattern=r"^[A-Za-z0-9._-]+$",
-    )
-    outputs_dir: str = _p("outputs", "parent folder of runs (relative to the repo root)", ALL)
-    model: str = _p(
-        "stories260K-hd32",
-        "target model folder name or path (searched in $EAGLE3NB_MODEL_PATH, ../shared/models)",
-        ALL,
-    )
-    dtype: Literal["float32", "bfloat16"] = _p(
-        "float32", "target dtype for generation and capture: float32 or bfloat16", ALL
-    )
-    device: str = _p(
-        "cpu",
-        "cpu, cuda, cuda:N, or auto (the GPU when torch sees one)",
-        ALL,
-        pattern=r"^(cpu|auto|cuda(:[0-9]+)?)$",
-    )
-    threads: int = _p(
-        0,
-        "threads of this kernel and of each engine worker: 0 for all cores this process may use "
-        "(affinity, cgroup quota), -1 to leave torch and engine defaults",
-        ALL,
-        ge=-1,
-    )
-    seed: int = _p(0, "seed for the split, sampling, init and shuffling", ALL)
-    mode: Literal["completion", "chat"] = _p(
-        "completion",
-        "completion (base model, loss on the continuation) or chat (loss on assistant tokens)",
-        ALL,
-    )
-    chat_template: Optional[str] = _p(
-        None, "jinja template file for chat mode; None for the tokenizer's own", ALL
-    )
-    chat_template_kwargs: dict = _p(
-        {},
-        "extra variables for the chat template, e.g. {enable_thinking: false}",
-        [GENERATE, EVAL],
-        {EVAL: "extra variables for the chat template that renders the held-out prompts"},
-        default_factory=dict,
-    )
-    # 01_generate
-    prompts_file: str = _p(
-        "eagle3nb/data/prompts_tinystories.txt",
-        "one prompt per line; '#' lines ignored (a chat dataset goes in dataset)",
-        [GENERATE],
-    )
-    dataset: Optional[str] = _p(
-        None,
-        "chat dataset (JSONL, JSON, Parquet or a datasets folder) regenerated turn by turn in chat mode; None uses prompts_file",
-        [GENERATE],
-    )
-    dataset_format: Literal["auto", "openai", "sharegpt", "text"] = _p(
-        "auto",
-        "format of dataset: auto (from its columns), openai (messages), sharegpt (conversations) or text (preformatted)",
-        [GENERATE],
-    )
-    heldout_fraction: float = _p(
-        0.15,
-        "share of prompts (or conversations) held out for evaluation (deterministic by text or id hash)",
-        [GENERATE],
-        gt=0,
-        lt=1,
-    )
-    max_train_prompts: int = _p(24, "cap on train prompts/dialogues (0 for all)", [GENERATE], ge=0)
-    max_new_tokens: int = _p(
-        32,
-        "tokens generated per prompt",
-        [GENERATE, EXTRACT_VLLM],
-        {EXTRACT_VLLM: "tokens per train prompt in the timed plain generation (as in 01)"},
-        ge=1,
-    )
-    temperature: float = _p(0.0, "0 for greedy, above 0 samples", [GENERATE], ge=0)
-    top_p: float = _p(1.0, "nucleus sampling when temperature > 0", [GENERATE], gt=0, le=1)
-    gen_batch_size: int = _p(64, "prompts or dialogues per batched generate call", [GENERATE], ge=1)
-    generate_engine: Literal["hf", "vllm", "sglang"] = _p(
-        "hf", "hf (transformers generate), vllm or sglang (each engine in its venv)", [GENERATE]
-    )
-    generate_workers: int = _p(
-        1,
-        "with dataset: engine worker processes regenerating shares of the conversations (data parallel, each resumable; one GPU each)",
-        [GENERATE],
-        ge=1,
-    )
-    # 02a_extract_vllm and 02b_extract_sglang (convention and layer_ids: also 03_train)
-    extract_engine: Literal["sglang", "hf"] = _p(
-        "sglang",
-        "sglang (SGLang's own model path, in its venv) or hf (HF transformers at SGLang's capture point)",
-        [EXTRACT_SGLANG],
-    )
-    sglang_python: Optional[str] = _p(
-        None,
-        "python of the SGLang venv (None for the cache made by .ci/setup_engines.sh; empty string to import sglang here on a GPU box)",
-        [GENERATE, EXTRACT_SGLANG],
-    )
-    convention: str = _p(
-        "sglang",
-        "layer-id convention of layer_ids (sglang, vllm, speculators_le_0.4, speculators_ge_0.5, specforge, eagle)",
-        [EXTRACT_VLLM, EXTRACT_SGLANG, TRAIN],
-        {
-            EXTRACT_VLLM: "layer-id convention of layer_ids (they name the run's boundaries; vLLM is asked with its own ids for them)",
-            TRAIN: "convention of the dataset's layer ids (checked against its manifest)",
-        },
-    )
-    layer_ids: Optional[list[int]] = _p(
-        None,
-        "aux layer ids in that convention; None for the default low/mid/high boundaries",
-        [EXTRACT_VLLM, EXTRACT_SGLANG, TRAIN],
-        {
-            TRAIN: "ids the drafter will be served with (None for the default); must name the dataset's boundaries"
-        },
-    )
-    shard_size: int = _p(64, "samples per shard file", [EXTRACT_VLLM, EXTRACT_SGLANG], ge=1)
-    capture_batch_size: int = _p(
-        32,
-        "samples per engine call",
-        [EXTRACT_VLLM, EXTRACT_SGLANG],
-        {EXTRACT_SGLANG: "samples per engine call (SGLang batches inside a call)"},
-        ge=1,
-    )
-    allow_boundary_mismatch: bool = _p(
-        False,
-        "write the dataset although measured and declared boundaries differ",
-        [EXTRACT_VLLM, EXTRACT_SGLANG],
-    )
-    measure_engine_speed: bool = _p(
-        False,
-        "also time plain generation and prefill without capture by SGLang (on the running "
-        "capture engine, no restart)",
-        [EXTRACT_SGLANG],
-    )
-    drift_samples: int = _p(
-        4,
-        "samples compared across engines and dtypes in the drift figure (0 for none)",
-        [EXTRACT_SGLANG],
-        ge=0,
-    )
-    drift_both_dtypes: bool = _p(
-        False,
-        "also capture those samples with SGLang in the other dtype (its engine restarts in it once)",
-        [EXTRACT_SGLANG],
-    )
-    compare_run: Optional[str] = _p(
-        None, "another run_name whose dataset to overlay in the interactive view", [EXTRACT_SGLANG]
-    )
-    aux_storage: Literal["dtype", "int8"] = _p(
-        "dtype",
-        "aux states on disk: dtype (as captured) or int8 (one scale per token and slot; error recorded)",
-        [EXTRACT_SGLANG],
-    )
-    extract_workers: int = _p(
-        1,
-        "worker processes, each writing a slice of the shards (a lost one is redone on rerun)",
-        [EXTRACT_SGLANG],
-        ge=1,
-    )
     # 03_train
     training_mode: Literal["offline", "online"] = _p(
         "offline",
@@ -309,10 +133,16 @@ class RunParams(BaseModel):
         "under torchrun: on shards the drafter (FSDP), off replicates it (DDP), auto shards large drafters",
         [TRAIN],
     )
-    attention: Literal["eager", "flex"] = _p(
-        "eager",
-        "TTT attention: eager (reference) or flex (flex attention, compiled on GPU: the fast path of bench/mfu.py)",
+    attention: Literal["auto", "eager", "flex"] = _p(
+        "auto",
+        "TTT attention: eager (reference), flex (flex attention, compiled on GPU), auto (flex on CUDA, eager on CPU)",
         [TRAIN],
+    )
+    precision: Literal["auto", "float32", "bf16-mixed"] = _p(
+        "auto", "float32 or bf16-mixed (float32 master weights, CUDA); auto: by device", [TRAIN]
+    )
+    torch_compile: Literal["auto", "on", "off"] = _p(
+        "auto", "compile the drafter layer and loss (CUDA): on, off, auto (on for CUDA)", [TRAIN]
     )
     # 04_eval_acceptance
     k: int = _p(
@@ -371,7 +201,7 @@ class RunParams(BaseModel):
             raise ValueError(f"convention={v!r} is unknown; use one of {sorted(CONVENTIONS)}")
         return v
 
-    @field_validator("fsdp", mode="before")
+    @field_validator("fsdp", "torch_compile", mode="before")
     @classmethod
     def _yaml_on_off(cls, v):  # YAML 1.1 reads a bare on/off as a bool
         return {True: "on", False: "off"}.get(v, v) if isinstance(v, bool) else v

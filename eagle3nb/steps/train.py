@@ -26,7 +26,7 @@ from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.drafter.engine_read import engine_report
 from eagle3nb.drafter.export import export_drafter, load_drafter
 from eagle3nb.manifest import atomic_write_json, check_compatible, provenance, read_json
-from eagle3nb.params import RunParams, resolve_device
+from eagle3nb.params import RunParams, load_run_params, resolve_device
 from eagle3nb.rundir import REPO_ROOT, RunDir, read_metrics, update_metrics
 from eagle3nb.steps import extract
 from eagle3nb.steps.heldout import heldout_eval, heldout_stats
@@ -42,8 +42,10 @@ from eagle3nb.steps.common import (
 )
 from eagle3nb.target import conventions, models
 from eagle3nb.target.capture import n_layers_of
+from eagle3nb.target.head import load_target_head
 from eagle3nb.text import chat
 from eagle3nb.training import distributed
+from eagle3nb.training.fastpath import resolve
 from eagle3nb.training.loop import TrainConfig, train_drafter
 from eagle3nb.training.online import OnlineSource
 
@@ -76,7 +78,7 @@ def train_step(p: RunParams, progress=True) -> dict:
     ds_dir = rd.dataset_vllm if p.train_on == "vllm" else rd.dataset
     ds = AuxDataset(ds_dir, mmap=True) if p.training_mode == "offline" else None
     device = distributed.local_device(resolve_device(p), ctx)
-    model, tok, path = models.load_target(p.model, "float32", device)
+    model, tok, path = _load_target(p, device)
     if ds is None:
         ds = _online_source(p, rd, model, tok, path)
     if not p.allow_manifest_mismatch:
@@ -114,6 +116,20 @@ def _train_config(p: RunParams) -> TrainConfig:
     defaults)."""
     names = [f.name for f in dataclasses.fields(TrainConfig) if f.name in RunParams.model_fields]
     return TrainConfig(**{k: getattr(p, k) for k in names})
+
+
+def _load_target(p: RunParams, device: str):
+    """``(target, tokenizer, path)`` as 03 needs the target: offline without held-out evaluation
+    only its head (embedding, final norm, lm_head read by tensor name: memory independent of its
+    depth; bf16 for bf16-mixed training), else the whole model in float32 (online capture and
+    held-out generation run it)."""
+    if p.training_mode != "offline" or p.eval_every > 0:
+        return models.load_target(p.model, "float32", device)
+    path = models.resolve_model(p.model)
+    models.check_model_folder(path)
+    fast = resolve(p.precision, p.torch_compile, torch.device(device))
+    dtype = torch.bfloat16 if fast.precision == "bf16-mixed" else torch.float32
+    return load_target_head(path, dtype, device), models.load_tokenizer(path), path
 
 
 def _train_with_torchrun(p: RunParams, rd: RunDir) -> dict:
@@ -334,33 +350,6 @@ def _record_checks(p: RunParams, rd: RunDir, man: dict, ds_dir, serve_b, engines
     record_checks(rd, "03_train", lines)
 
 
-def _load_run_params(run: Path, sets: list[str] | None) -> RunParams:
-    """The params of a run folder (its params.yaml) or of a params YAML file, with ``--set
-    key=value`` overrides (values parsed as YAML).
-
-    Raises:
-        FileNotFoundError: a folder without params.yaml.
-        ValueError: an override without ``=``.
-    """
-    import yaml
-
-    from eagle3nb.params import load_params
-
-    pf = run / "params.yaml" if run.is_dir() else run
-    if run.is_dir() and not pf.exists():
-        raise FileNotFoundError(
-            f"{run} is a folder without params.yaml; pass a run folder written by "
-            "`python -m eagle3nb.run` or a params YAML file"
-        )
-    over = {}
-    for kv in sets or []:
-        if "=" not in kv:
-            raise ValueError(f"--set {kv!r}: write key=value, e.g. --set max_steps=200")
-        k, v = kv.split("=", 1)
-        over[k.strip()] = yaml.safe_load(v)
-    return load_params(pf, **over)
-
-
 app = typer.Typer(add_completion=False, help=__doc__)
 
 
@@ -377,7 +366,7 @@ def main(
     """Train (03) from a run's params; several processes when launched by torchrun or when
     nproc_per_node/nnodes ask for them."""
     try:
-        p = _load_run_params(run, set_)
+        p = load_run_params(run, set_)
         out = train_step(p.model_copy(update={"interactive": False}), progress=p.interactive)
     except (ValueError, FileNotFoundError) as e:  # bad input: the message says what and how to fix
         typer.echo(f"eagle3nb.steps.train: {e}", err=True)

@@ -172,6 +172,22 @@ def _collate(items: list[dict]) -> dict:
     return out
 
 
+def add_aux_noise(b: dict, step: int, seed: int, rel_std: float) -> torch.Tensor:
+    """Feature noise as EAGLE's training adds to hidden states: ``b["aux"]`` plus, per sample,
+    Gaussian noise of std = ``rel_std`` x the sample's own aux std, from a CPU generator seeded by
+    (seed, step, sample): the same noise for a sample whichever rank or device trains it."""
+    aux, attn_mask, sample_index = b["aux"], b["attn_mask"], b["sample_index"]
+    out = aux.clone()
+    for r, idx in enumerate(sample_index.tolist()):
+        if idx < 0:
+            continue
+        L = int(attn_mask[r].sum())
+        x = aux[r, :L]
+        g = torch.Generator().manual_seed((seed + 1) * 1_000_003 + step * 100_003 + idx)
+        out[r, :L] = x + rel_std * x.std() * torch.randn(x.shape, generator=g)
+    return out
+
+
 class OfflineSource:
     """Batch source over stored shards (see :class:`eagle3nb.training.batches.BatchSource`).
 

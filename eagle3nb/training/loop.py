@@ -32,6 +32,8 @@ import torch
 
 from eagle3nb.training import distributed
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
+from eagle3nb.training.batches import add_aux_noise
+from eagle3nb.training.fastpath import COMPILE, PRECISIONS, resolve
 from eagle3nb.training.objective import TTTObjective
 from eagle3nb.drafter.vocab import build_draft_vocab, count_loss_tokens, coverage
 
@@ -71,7 +73,13 @@ class TrainConfig:
     bucket_window: int = 16  # global batches per length-sorting window
     loader_workers: int = 0  # DataLoader worker processes (0 = load in the training process)
     fsdp: str = "auto"  # under torchrun: on, off, or auto (FSDP when the drafter is large)
-    attention: str = "eager"  # TTT attention: eager (reference) or flex (same function; fast on GPU, see bench/mfu.py)
+    attention: str = "auto"  # TTT attention: eager (reference), flex (same function; fast on GPU), auto (flex on CUDA)
+    precision: str = (
+        "auto"  # float32, bf16-mixed (float32 master weights), auto (bf16-mixed on CUDA)
+    )
+    torch_compile: str = (
+        "auto"  # compiled layer and loss: on, off, auto (on for CUDA); see fastpath
+    )
     eval_every: int = 10  # steps between held-out evaluations (0 = none; needs a HeldoutEval)
     keep_last: int = 1  # step checkpoints kept (the best one is kept besides)
     export_from: str = "best"  # the drafter returned: best (highest held-out tau) or last
@@ -90,8 +98,13 @@ class TrainConfig:
                 raise ValueError(f"{name}={getattr(self, name)}: must be >= 1")
         if self.lr <= 0:
             raise ValueError(f"lr={self.lr}: must be > 0")
-        if self.attention not in ("eager", "flex"):
-            raise ValueError(f"attention={self.attention!r}: use eager or flex")
+        if self.precision not in PRECISIONS or self.torch_compile not in COMPILE:
+            raise ValueError(
+                f"precision={self.precision!r}, torch_compile={self.torch_compile!r}: use one of "
+                f"{PRECISIONS} and one of {COMPILE}"
+            )
+        if self.attention not in ("auto", "eager", "flex"):
+            raise ValueError(f"attention={self.attention!r}: use auto, eager or flex")
         if self.fsdp not in ("auto", "on", "off"):
             raise ValueError(f"fsdp={self.fsdp!r}: use auto, on or off")
         if self.export_from not in ("best", "last"):
@@ -100,10 +113,12 @@ class TrainConfig:
             raise ValueError(f"eval_every={self.eval_every}: must be >= 0 (0 = no evaluation)")
 
     def identity(self) -> dict:
-        """The settings a checkpoint must share to be resumed (all but loader workers, FSDP and attention,
-        which change how, not what, is computed, and the evaluation, rotation and export
-        settings, which change neither)."""
-        how = ("loader_workers", "fsdp", "attention", "eval_every", "keep_last", "export_from")
+        """The settings a checkpoint must share to be resumed (all but loader workers, FSDP,
+        attention, precision and compilation, which change how, not what, is computed (master
+        weights are float32 either way), and the evaluation, rotation and export settings, which
+        change neither)."""
+        how = ("loader_workers", "fsdp", "attention", "precision", "torch_compile")
+        how += ("eval_every", "keep_last", "export_from")
         return {k: v for k, v in asdict(self).items() if k not in how}
 
 
@@ -172,27 +187,6 @@ def make_source(ds, cfg: TrainConfig):
     )
 
 
-def _noisy(
-    aux: torch.Tensor,
-    attn_mask: torch.Tensor,
-    sample_index: torch.Tensor,
-    step: int,
-    cfg: TrainConfig,
-) -> torch.Tensor:
-    """Feature noise as EAGLE's training adds to hidden states: per sample, std = aux_noise x the
-    sample's own aux std, from a CPU generator seeded by (seed, step, sample): the same noise for a
-    sample whichever rank or device trains it."""
-    out = aux.clone()
-    for r, idx in enumerate(sample_index.tolist()):
-        if idx < 0:
-            continue
-        L = int(attn_mask[r].sum())
-        x = aux[r, :L]
-        g = torch.Generator().manual_seed((cfg.seed + 1) * 1_000_003 + step * 100_003 + idx)
-        out[r, :L] = x + cfg.aux_noise * x.std() * torch.randn(x.shape, generator=g)
-    return out
-
-
 def train_drafter(
     data,
     target,
@@ -248,19 +242,20 @@ def train_drafter(
     if ctx.is_main:
         ckdir.mkdir(parents=True, exist_ok=True)
     drafter, vocab = build_drafter(source, target, cfg)
-    drafter.set_attention(
-        cfg.attention
-    )  # same function either way (tests/drafter/test_drafter_attention.py)
-    dev = next(
-        target.parameters()
-    ).device  # train where the target lives (its norm/lm_head give the labels)
+    # train where the target lives (its norm/lm_head give the labels)
+    dev = next(target.parameters()).device
+    attn = cfg.attention if cfg.attention != "auto" else ("flex" if dev.type == "cuda" else "eager")
+    drafter.set_attention(attn)  # same function either way (test_drafter_attention.py)
+    fast = resolve(cfg.precision, cfg.torch_compile, dev)
     objective = TTTObjective(
         drafter, target.model.norm, target.lm_head, cfg.ttt_steps, cfg.loss_decay
     ).to(dev)
     n_trainable = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
-    model, mode = distributed.wrap(objective, distributed.use_fsdp(cfg.fsdp, n_trainable, ctx), ctx)
+    sharded = distributed.use_fsdp(cfg.fsdp, n_trainable, ctx)
+    fast.setup(objective, sharded)
+    model, mode = distributed.wrap(objective, sharded, ctx)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    opt = fast.optimizer(params, cfg.lr, cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: lr_lambda(s, cfg.warmup_steps, cfg.max_steps, cfg.min_lr_ratio)
     )
@@ -288,9 +283,10 @@ def train_drafter(
     mon = TrainMonitor(cfg, ctx, out_dir, step, progress, evaluate, tracking, stream, clock, best)
     for b in source.batches(step, cfg.max_steps, ctx.rank, ctx.world, dev.type == "cuda"):
         if cfg.aux_noise > 0:
-            b["aux"] = _noisy(b["aux"], b["attn_mask"], b["sample_index"], step, cfg)
-        b = {k: v.to(dev, non_blocking=True) for k, v in b.items()}
-        r = model(b, count_reduce)
+            b["aux"] = add_aux_noise(b, step, cfg.seed, cfg.aux_noise)
+        b = fast.prepare({k: v.to(dev, non_blocking=True) for k, v in b.items()})
+        with fast.autocast(dev):
+            r = model(b, count_reduce)
         opt.zero_grad(set_to_none=True)
         # DDP and FSDP average gradients over ranks; each rank's loss is its share of the global
         # mean, so scale by the world size to get the one-process gradient of the global batch
@@ -379,6 +375,11 @@ def train_drafter(
         "best": best,
         "returned": returned,
         "eval_seconds": mon.eval_seconds,
+        "fast_path": {
+            "precision": fast.precision,
+            "compile": fast.compile,
+            "fused": fast.fused_adamw,
+        },
     }
     if hasattr(source, "padding"):
         rep["padding"] = source.padding(ctx.world)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from eagle3nb.drafter.model import Eagle3Drafter
 
-__all__ = ["shift_left", "ttt_inputs", "target_probs", "ttt_loss", "TTTResult"]
+__all__ = ["shift_left", "ttt_inputs", "target_probs", "soft_ce", "ttt_loss", "TTTResult"]
 
 
 def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
@@ -60,11 +60,19 @@ def target_probs(
         ``(probs [B, T, draft_vocab] float32, in_vocab [B, T] bool: target argmax in the draft vocab,
         argmax_target [B, T] int64 target ids)``.
     """
-    logits = target_lm_head(target_norm(final)).float()  # [B, T, vocab]
-    amax = logits.argmax(-1)  # [B, T]
+    logits = target_lm_head(target_norm(final))  # [B, T, vocab], the head's dtype
+    amax = logits.argmax(-1)  # [B, T] (exact in any dtype: no float32 copy of the full vocab)
     draft_ids_in_target = torch.arange(d2t.numel(), device=d2t.device) + d2t  # [draft_vocab]
-    probs = torch.softmax(logits[..., draft_ids_in_target], dim=-1)  # [B, T, draft_vocab]
+    probs = torch.softmax(logits[..., draft_ids_in_target].float(), dim=-1)  # [B, T, draft_vocab]
     return probs, t2d[amax], amax
+
+
+def soft_ce(logits: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    """Soft cross-entropy per position, in float32: ``logits [B, T, V]`` (any float dtype) against
+    the target distribution ``p [B, T, V]`` -> ``[B, T]``. Training on CUDA may run a compiled
+    copy (one fused pass over the logits, :mod:`eagle3nb.training.fastpath`)."""
+    logp = F.log_softmax(logits.float(), dim=-1)  # [B, T, V]
+    return -(p * logp).sum(-1)
 
 
 @dataclass
@@ -100,6 +108,8 @@ def ttt_loss(
     k: int = 7,
     decay: float = 0.8,
     count_reduce=None,
+    layer=None,
+    ce=soft_ce,
 ) -> TTTResult:
     """Unroll the drafter k steps and return the weighted soft cross-entropy.
 
@@ -110,6 +120,9 @@ def ttt_loss(
             over all processes (an all-reduce); None in one process. Dividing each process's sum by
             the global count makes the processes' losses add up to the one-process loss of the
             whole global batch, whatever the split (data-parallel equality).
+        layer: the decoder layer callable (None: the drafter's ``midlayer``; a compiled wrapper
+            on the fast path). ce: the per-position soft cross-entropy (:func:`soft_ce` or a
+            compiled copy of it).
 
     Returns:
         :class:`TTTResult`. Steps with no loss-bearing position contribute 0 (never NaN).
@@ -124,7 +137,12 @@ def ttt_loss(
     probs, in_vocab, amax = target_probs(
         final, target_norm, target_lm_head, drafter.t2d, drafter.d2t
     )
+    # the target of step j is probs shifted left by 1+j: views of one zero-padded copy (not a
+    # shifted copy per step: backward keeps one [B, T+k, V] tensor, not k of them)
+    probs = torch.cat([probs, probs.new_zeros(B, k, probs.shape[-1])], dim=1)  # [B, T+k, V]
     key_mask = attn_mask.bool()  # [B, T]
+    if bool(key_mask.all()):  # no padding: no key mask (one device sync here, not one per step)
+        key_mask = None
     q_index = torch.arange(T, device=dev)
     base_pos = q_index[None].expand(B, T)
     steps = []  # (tokens [B, T], mask [B, T] bool) per TTT step, known before the unroll
@@ -138,14 +156,14 @@ def ttt_loss(
     total = torch.zeros((), device=dev)
     losses, accs = [], []
     for j, (tokens, mask) in enumerate(steps):
-        p_j = shift_left(probs, 1 + j)  # [B, T, draft_vocab] target of x[t+2+j]
-        out, logits, kv = drafter.step(tokens, hidden, base_pos + j, cache, q_index, key_mask)
+        p_j = probs[:, 1 + j : 1 + j + T]  # [B, T, draft_vocab] target of x[t+2+j]
+        out, logits, kv = drafter.step(
+            tokens, hidden, base_pos + j, cache, q_index, key_mask, layer
+        )
         cache.append(kv)
         hidden = out  # pre-norm output feeds the next step (EAGLE-3)
-        logp = F.log_softmax(logits.float(), dim=-1)  # [B, T, draft_vocab]
-        ce = -(p_j * logp).sum(-1)  # [B, T]
         m = mask.float()
-        lj = (ce * m).sum() / denom[j]
+        lj = (ce(logits, p_j) * m).sum() / denom[j]  # soft cross-entropy [B, T], masked
         total = total + (decay**j) * lj
         with torch.no_grad():
             pred = drafter.draft_to_target(logits.argmax(-1))  # [B, T] target ids
@@ -167,6 +185,7 @@ class TTTObjective(torch.nn.Module):
         self.drafter = drafter
         self._target = (target_norm, target_head)
         self.k, self.decay = k, decay
+        self.fast = {}  # compiled layer / soft_ce (eagle3nb.training.fastpath); empty = eager
 
     def forward(self, b: dict, count_reduce=None) -> TTTResult:
         """``b``: a batch of :class:`BatchSource` on the training device -> :func:`ttt_loss` result."""
@@ -183,4 +202,6 @@ class TTTObjective(torch.nn.Module):
             self.k,
             self.decay,
             count_reduce,
+            self.fast.get("layer"),
+            self.fast.get("ce", soft_ce),
         )
