@@ -125,6 +125,12 @@ class InputFields(BaseModel):
     generate_engine: Literal["hf", "vllm", "sglang"] = _p(
         "hf", "hf (transformers generate), vllm or sglang (each engine in its venv)", [GENERATE]
     )
+    generate_speed_engines: list[Literal["hf", "vllm", "sglang"]] = _p(
+        None,
+        "other engines timed on the same train prompts after 01, prompt files only (tokens/s, ids equal to the run)",
+        [GENERATE],
+        default_factory=list,
+    )
     generate_workers: int = _p(
         1,
         "with dataset: engine worker processes regenerating shares of the conversations (data parallel, each resumable; one GPU each)",

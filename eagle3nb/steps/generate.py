@@ -69,6 +69,8 @@ def generate_step(p: RunParams, progress=True) -> dict:
         "seconds": round(secs, 3),
         "tokens_per_s": round(n_tok / secs, 1) if secs else None,
     }
+    if p.generate_speed_engines:
+        stats["speed_by_engine"] = _speed_by_engine(p, rd, model, tok, path, todo, eos, stats)
     update_metrics(rd.metrics, "generate", stats)
     if p.generate_engine != "hf":
         merge_engine_metrics(
@@ -149,6 +151,42 @@ def _generate(
         if client is not None:
             client.close()
     return engine, secs
+
+
+def _speed_by_engine(p: RunParams, rd: RunDir, model, tok, path, todo, eos, stats) -> dict:
+    """01's generation of the same train prompts timed through each engine of
+    ``generate_speed_engines`` after the run's own (same process, same prompts and batches, engine
+    start excluded): ``{engine: {"engine", "version", "tokens_per_s", "seconds",
+    "generated_tokens", "same_ids_as_run"}}``, the run's own engine included. ``same_ids_as_run``
+    is the fraction of prompts whose ids equal the stored ones (meaningful for greedy runs; None
+    when sampling). The stored records stay the run engine's."""
+    out = {
+        p.generate_engine: {
+            "engine": stats["engine"],
+            "version": stats["engine_version"],
+            "tokens_per_s": stats["tokens_per_s"],
+            "seconds": stats["seconds"],
+            "generated_tokens": stats["generated_tokens"],
+            "same_ids_as_run": 1.0 if todo else None,
+        }
+    }
+    for e in p.generate_speed_engines:
+        if e in out:
+            continue
+        copies = [dict(r) for r in todo]
+        q = p.model_copy(update={"generate_engine": e})
+        engine, secs = _generate(q, rd, model, tok, path, copies, eos, progress=False)
+        n = sum(len(c["output_ids"]) for c in copies)
+        same = sum(c["output_ids"] == r["output_ids"] for c, r in zip(copies, todo))
+        out[e] = {
+            "engine": engine["name"],
+            "version": engine["version"],
+            "tokens_per_s": round(n / secs, 1) if secs else None,
+            "seconds": round(secs, 3),
+            "generated_tokens": n,
+            "same_ids_as_run": round(same / len(todo), 4) if todo and p.temperature == 0 else None,
+        }
+    return out
 
 
 def _manifest(p: RunParams, rd: RunDir, model, path, engine, eos, template, n_train, n_held, n_tok):
