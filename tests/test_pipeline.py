@@ -6,6 +6,7 @@ import plotly.offline
 import pytest
 
 from eagle3nb.drafter.export import load_drafter
+from eagle3nb.params import load_params
 from eagle3nb.rundir import REPO_ROOT
 from eagle3nb.run import NOTEBOOKS, run_notebooks
 
@@ -97,7 +98,7 @@ def test_metrics(smoke_run):
     )
     assert m["extract_vllm"]["n_samples"] == 24 and m["alignment"]["vllm"]["measured"] == [1, 2, 4]
     assert m["extract"]["n_samples"] == m["generate"]["n_train_prompts"] == 24
-    assert m["train"]["steps"] == 20
+    assert m["train"]["steps"] == load_params(REPO_ROOT / "params" / "smoke.yaml").max_steps
     assert (
         set(m["timing"]["notebook_seconds"]) == set(NOTEBOOKS) and m["timing"]["total_seconds"] > 0
     )
@@ -162,6 +163,7 @@ def test_dataset_from_other_settings_refused_by_03_unless_overridden(
 
     d = tmp_path / "ci-smoke" / "dataset"
     shutil.copytree(smoke_run / "dataset", d)
+    shutil.copytree(smoke_run / "data", tmp_path / "ci-smoke" / "data")  # 01's output: 03 reads it
     man = json.loads((d / "manifest.json").read_text())
     man[field] = value if not isinstance(value, dict) else {**man[field], **value}
     atomic_write_json(d / "manifest.json", man)

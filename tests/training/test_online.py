@@ -113,6 +113,7 @@ def test_run_online_skips_extraction_and_trains(tmp_path):
     """The CLI driver with training_mode online: 01, 03, 04 run, no dataset is written."""
     import json
 
+    from eagle3nb.params import load_params
     from eagle3nb.rundir import REPO_ROOT
     from eagle3nb.run import run_notebooks
 
@@ -126,7 +127,9 @@ def test_run_online_skips_extraction_and_trains(tmp_path):
     )
     m = json.loads((root / "metrics.json").read_text())
     assert (
-        "extract" not in m and m["train"]["training_mode"] == "online" and m["train"]["steps"] == 20
+        "extract" not in m
+        and m["train"]["training_mode"] == "online"
+        and m["train"]["steps"] == load_params(REPO_ROOT / "params" / "smoke.yaml").max_steps
     )
     assert (
         m["train"]["online"]["target_capture_seconds"] > 0
