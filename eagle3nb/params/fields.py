@@ -127,7 +127,7 @@ class InputFields(BaseModel):
     )
     generate_speed_engines: list[Literal["hf", "vllm", "sglang"]] = _p(
         None,
-        "other engines timed on the same train prompts after 01, prompt files only (tokens/s, ids equal to the run)",
+        "other engines timed on the same prompts or conversations after 01 (tokens/s, ids equal to the run)",
         [GENERATE],
         default_factory=list,
     )

@@ -79,6 +79,8 @@ def generate_chat_step(p: RunParams, progress=True) -> dict:
     write_jsonl(rd.generated, out)
     generate_workers.clean_partials(rd)
     stats = _stats(p, engine, secs, fmt, results, out, refused, len(train_ids), len(held_ids))
+    if p.generate_speed_engines:
+        stats["speed_by_engine"] = _speed_by_engine(p, rd, model, tok, path, job, results, stats)
     update_metrics(rd.metrics, "generate", stats)
     if p.generate_engine != "hf":  # next to the engine's other speeds of this run
         tps = {"regenerate_tokens_per_s_01": stats["tokens_per_s"]}
@@ -95,6 +97,48 @@ def generate_chat_step(p: RunParams, progress=True) -> dict:
         ],
     )
     return {"manifest": man, "records": out, "stats": stats, "refused": refused}
+
+
+def _speed_by_engine(p, rd: RunDir, model, tok, path, job, results, stats) -> dict:
+    """The same regeneration (same conversations, chunks and turns) timed through each engine of
+    ``generate_speed_engines`` after the run's own, engine start excluded: ``{engine: {"engine",
+    "version", "tokens_per_s", "seconds", "generated_tokens", "same_ids_as_run"}}``, where
+    ``same_ids_as_run`` is the fraction of conversations whose generated ids equal the run's turn
+    by turn (greedy runs; None when sampling). The stored records stay the run engine's."""
+    out = {
+        p.generate_engine: {
+            "engine": stats["engine"],
+            "version": stats["engine_version"],
+            "tokens_per_s": stats["tokens_per_s"],
+            "seconds": stats["seconds"],
+            "generated_tokens": stats["generated_tokens"],
+            "same_ids_as_run": 1.0 if results else None,
+        }
+    }
+    ids = [[t["output_ids"] for t in r["turns"]] for r in results]
+    for e in p.generate_speed_engines:
+        if e in out:
+            continue
+        q = p.model_copy(update={"generate_engine": e})
+        partial = rd.generated.with_name(f"speed.{e}.partial.jsonl")
+        partial.unlink(missing_ok=True)
+        try:
+            eng, secs, res = generate_workers.regenerate_share(
+                q, rd, model, tok, path, job, partial
+            )
+        finally:
+            partial.unlink(missing_ok=True)
+        n = sum(len(t["output_ids"]) for r in res for t in r["turns"])
+        same = sum([[t["output_ids"] for t in r["turns"]] == i for r, i in zip(res, ids)])
+        out[e] = {
+            "engine": eng["name"],
+            "version": eng["version"],
+            "tokens_per_s": round(n / secs, 1) if secs else None,
+            "seconds": round(secs, 3),
+            "generated_tokens": n,
+            "same_ids_as_run": round(same / len(ids), 4) if ids and p.temperature == 0 else None,
+        }
+    return out
 
 
 def _fit_context(recs, refused, tok, template, kwargs, ctx: int, max_new: int) -> list[dict]:

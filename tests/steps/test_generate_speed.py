@@ -44,3 +44,27 @@ def test_hf_and_vllm_timed_on_the_same_prompts(tmp_path):
     assert sp["vllm"]["same_ids_as_run"] == 1.0
     assert sp["vllm"]["generated_tokens"] == n_tok
     assert out["manifest"]["engine"]["name"] == "hf-transformers"
+
+
+def test_chat_regeneration_timed_through_vllm_too(tmp_path):
+    """The chat path: the same conversations regenerated through vLLM after HF; vLLM's turns
+    compared with the stored rows' generated ids here (greedy float32: equal, measured)."""
+    p = params.RunParams(
+        outputs_dir=str(tmp_path),
+        run_name="chatspeed",
+        mode="chat",
+        chat_template="eagle3nb/data/chat_template_stories.jinja",
+        dataset="eagle3nb/data/chat_stories.openai.jsonl",
+        max_train_prompts=4,
+        heldout_fraction=0.02,
+        max_new_tokens=12,
+        interactive=False,
+        generate_speed_engines=["vllm"],
+    )
+    out = generate_step(p, progress=False)
+    sp = out["stats"]["speed_by_engine"]
+    assert set(sp) == {"hf", "vllm"} and sp["vllm"]["engine"].startswith("vllm")
+    assert sp["hf"]["generated_tokens"] == out["stats"]["generated_tokens"] > 0
+    assert sp["vllm"]["generated_tokens"] == sp["hf"]["generated_tokens"]
+    assert sp["vllm"]["same_ids_as_run"] == 1.0
+    assert not list(RunDir(p).generated.parent.glob("speed.*"))  # its resume file is removed
