@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Mapping, Sequence
 
+import plotly.colors
 import plotly.graph_objects as go
 import plotly.offline
 import torch
@@ -56,7 +57,9 @@ def hidden_state_figure(
         raise ValueError(f"no engine named for boundaries {missing}")
     fig = make_subplots(rows=1, cols=2, subplot_titles=("values", "per-token L2 norm"))
     g = torch.Generator().manual_seed(seed)
-    for b in sorted(states):
+    palette = plotly.colors.qualitative.Plotly  # one colour per boundary in both panels
+    for i, b in enumerate(sorted(states)):
+        color = palette[i % len(palette)]
         x = states[b].float()
         vals = x.flatten()
         if vals.numel() > max_values:
@@ -67,6 +70,7 @@ def hidden_state_figure(
                 x=_short(vals),
                 name=name,
                 legendgroup=name,
+                marker_color=color,
                 opacity=0.6,
                 nbinsx=80,
                 histnorm="probability density",
@@ -80,6 +84,7 @@ def hidden_state_figure(
                 name=name,
                 legendgroup=name,
                 showlegend=False,
+                marker_color=color,
                 opacity=0.6,
                 nbinsx=60,
                 histnorm="probability density",

@@ -50,6 +50,18 @@ def test_hidden_state_traces_name_the_engine_that_produced_them(manifest):
         assert "sglang: b=1,2,4; hf-transformers: b=5" in fig.layout.title.text
 
 
+def test_hidden_state_panels_share_one_colour_per_boundary():
+    """The norm panel has no legend of its own: its traces must take the colour the legend shows
+    for the same boundary (plotly's automatic colours moved on, mislabelling every norm)."""
+    states = {b: torch.randn(6, 4) for b in (1, 2, 4, 5)}
+    fig = plots.hidden_state_figure(states, "sglang")
+    by_name: dict[str, set] = {}
+    for t in fig.data:
+        by_name.setdefault(t.name, set()).add(t.marker.color)
+    assert all(len(c) == 1 and None not in c for c in by_name.values()), by_name
+    assert len({next(iter(c)) for c in by_name.values()}) == len(states)
+
+
 def test_hidden_state_figure_one_engine_and_missing_boundary():
     states = {1: torch.randn(3, 4), 5: torch.randn(3, 4)}
     assert _trace_engines(plots.hidden_state_figure(states, "hf-transformers")) == {
