@@ -102,6 +102,20 @@ def record_engine_threads(rd: RunDir, client) -> None:
     update_metrics(rd.metrics, "threads", {"engine_workers": cur})
 
 
+def speed_entry(name: str, version: str, n_tokens: int, secs: float, same_ids) -> dict:
+    """One engine's row of 01's ``speed_by_engine``: tokens/s over ``n_tokens`` generated in
+    ``secs`` seconds (engine start excluded) and ``same_ids``, the fraction of prompts or
+    conversations whose ids equal the run's (None where not comparable)."""
+    return {
+        "engine": name,
+        "version": version,
+        "tokens_per_s": round(n_tokens / secs, 1) if secs else None,
+        "seconds": round(secs, 3),
+        "generated_tokens": n_tokens,
+        "same_ids_as_run": same_ids,
+    }
+
+
 def record_checks(rd: RunDir, step: str, checks: list[str]) -> None:
     """List, in metrics.json["checks"][step], the checks that ran on this run's data."""
     update_metrics(rd.metrics, "checks", {step: checks})

@@ -13,6 +13,7 @@ from eagle3nb.steps.common import (
     progress_bar,
     record_checks,
     record_engine_threads,
+    speed_entry,
     target_info,
     template_of,
     use_thread_budget,
@@ -160,16 +161,8 @@ def _speed_by_engine(p: RunParams, rd: RunDir, model, tok, path, todo, eos, stat
     "generated_tokens", "same_ids_as_run"}}``, the run's own engine included. ``same_ids_as_run``
     is the fraction of prompts whose ids equal the stored ones (meaningful for greedy runs; None
     when sampling). The stored records stay the run engine's."""
-    out = {
-        p.generate_engine: {
-            "engine": stats["engine"],
-            "version": stats["engine_version"],
-            "tokens_per_s": stats["tokens_per_s"],
-            "seconds": stats["seconds"],
-            "generated_tokens": stats["generated_tokens"],
-            "same_ids_as_run": 1.0 if todo else None,
-        }
-    }
+    run = (stats["engine"], stats["engine_version"], stats["generated_tokens"], stats["seconds"])
+    out = {p.generate_engine: speed_entry(*run, 1.0 if todo else None)}
     for e in p.generate_speed_engines:
         if e in out:
             continue
@@ -178,14 +171,9 @@ def _speed_by_engine(p: RunParams, rd: RunDir, model, tok, path, todo, eos, stat
         engine, secs = _generate(q, rd, model, tok, path, copies, eos, progress=False)
         n = sum(len(c["output_ids"]) for c in copies)
         same = sum(c["output_ids"] == r["output_ids"] for c, r in zip(copies, todo))
-        out[e] = {
-            "engine": engine["name"],
-            "version": engine["version"],
-            "tokens_per_s": round(n / secs, 1) if secs else None,
-            "seconds": round(secs, 3),
-            "generated_tokens": n,
-            "same_ids_as_run": round(same / len(todo), 4) if todo and p.temperature == 0 else None,
-        }
+        greedy = todo and p.temperature == 0
+        frac = round(same / len(todo), 4) if greedy else None
+        out[e] = speed_entry(engine["name"], engine["version"], n, secs, frac)
     return out
 
 

@@ -9,7 +9,13 @@ from eagle3nb.manifest import atomic_write_json, provenance, sha256_file
 from eagle3nb.params import RunParams, resolve_device
 from eagle3nb.rundir import RunDir, resolve_path, update_metrics
 from eagle3nb.steps import generate_workers
-from eagle3nb.steps.common import merge_engine_metrics, record_checks, target_info, template_of
+from eagle3nb.steps.common import (
+    merge_engine_metrics,
+    record_checks,
+    speed_entry,
+    target_info,
+    template_of,
+)
 from eagle3nb.target import models
 from eagle3nb.text import chat, conversations
 from eagle3nb.text.generation import write_jsonl
@@ -105,16 +111,8 @@ def _speed_by_engine(p, rd: RunDir, model, tok, path, job, results, stats) -> di
     "version", "tokens_per_s", "seconds", "generated_tokens", "same_ids_as_run"}}``, where
     ``same_ids_as_run`` is the fraction of conversations whose generated ids equal the run's turn
     by turn (greedy runs; None when sampling). The stored records stay the run engine's."""
-    out = {
-        p.generate_engine: {
-            "engine": stats["engine"],
-            "version": stats["engine_version"],
-            "tokens_per_s": stats["tokens_per_s"],
-            "seconds": stats["seconds"],
-            "generated_tokens": stats["generated_tokens"],
-            "same_ids_as_run": 1.0 if results else None,
-        }
-    }
+    run = (stats["engine"], stats["engine_version"], stats["generated_tokens"], stats["seconds"])
+    out = {p.generate_engine: speed_entry(*run, 1.0 if results else None)}
     ids = [[t["output_ids"] for t in r["turns"]] for r in results]
     for e in p.generate_speed_engines:
         if e in out:
@@ -130,14 +128,8 @@ def _speed_by_engine(p, rd: RunDir, model, tok, path, job, results, stats) -> di
             partial.unlink(missing_ok=True)
         n = sum(len(t["output_ids"]) for r in res for t in r["turns"])
         same = sum([[t["output_ids"] for t in r["turns"]] == i for r, i in zip(res, ids)])
-        out[e] = {
-            "engine": eng["name"],
-            "version": eng["version"],
-            "tokens_per_s": round(n / secs, 1) if secs else None,
-            "seconds": round(secs, 3),
-            "generated_tokens": n,
-            "same_ids_as_run": round(same / len(ids), 4) if ids and p.temperature == 0 else None,
-        }
+        frac = round(same / len(ids), 4) if ids and p.temperature == 0 else None
+        out[e] = speed_entry(eng["name"], eng["version"], n, secs, frac)
     return out
 
 
