@@ -21,8 +21,8 @@ def check_against_model(p: RunParams) -> dict:
 
     Raises:
         FileNotFoundError: the model is not found (the message lists every place looked at).
-        ValueError: naming the parameter, its value and the fix, for: an unsupported architecture or
-            a folder without tokenizer; ``draft_vocab_size`` > the target's vocab; ``layer_ids`` the
+        ValueError: naming the parameter, its value and the fix, for: an unsupported or refused
+            architecture (:func:`eagle3nb.target.models.target_arch`) or a folder without tokenizer; ``draft_vocab_size`` > the target's vocab; ``layer_ids`` the
             convention cannot capture for this many layers, or giving non-increasing boundaries;
             ``layer_ids: null`` on a target too small for the default picker; ``draft_num_heads``
             not a multiple of ``draft_num_kv_heads``; ``threads`` above the cores this process may
@@ -33,7 +33,7 @@ def check_against_model(p: RunParams) -> dict:
     from eagle3nb.target import conventions, models
 
     path = models.resolve_model(p.model)
-    cfg = models.check_model_folder(path)
+    cfg = models.text_config(models.check_model_folder(path))  # wrappers: their text model's
     n, V = cfg.get("num_hidden_layers"), cfg.get("vocab_size")
     for k, v in (("num_hidden_layers", n), ("vocab_size", V)):
         if not isinstance(v, int) or v < 1:
