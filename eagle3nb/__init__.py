@@ -5,6 +5,7 @@ Package map (one line per subpackage and module; tests/test_layout.py checks it 
 target/             the target model: model folders, layer-id conventions, HF capture, alignment
     models          find (explicit path, $EAGLE3NB_MODEL_PATH, ../shared/models), load, hash
     conventions     each engine's and trainer's layer ids <-> physical boundaries
+    engine_rules    the id rule per (engine, engine version, architecture class), refusals
     capture         residual stream at boundaries behind one CaptureEngine interface (HF)
     head            the target's embedding, final norm and lm_head alone, read by tensor name
     alignment       which boundary an engine really captured, measured against HF

