@@ -45,6 +45,7 @@ engines/            real engines (vLLM, SGLang) behind one interface, across a p
     vllm_connector  engine side: synchronous hidden-states connector that vLLM loads
     sglang_backend  engine side: SGLang generation and aux capture through sglang.Engine
     client          notebook side: EngineClient starts, talks to and stops the worker
+    versions        the version of an engine installed for a python, read without starting it
     adapter         notebook side: an EngineClient as a CaptureEngine for the dataset writer
     vllm_helpers    notebook side: vLLM parameters, start, speed, served acceptance
     sglang_helpers  notebook side: 02b's SGLang path, boundary N from HF checked against SGLang

@@ -110,7 +110,8 @@ def check_engine_rules(p: RunParams, arch: str, n: int, boundaries: list[int]) -
             than 2).
         RuntimeError: the engine is not installed for its python.
     """
-    from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, installed_engine_version
+    from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
+    from eagle3nb.engines.versions import installed_engine_version
     from eagle3nb.engines.vllm_helpers import vllm_python
     from eagle3nb.target.conventions import get_convention
     from eagle3nb.target.engine_rules import engine_rule

