@@ -25,6 +25,7 @@ __all__ = [
     "Captured",
     "n_layers_of",
     "decoder_of",
+    "final_norm_of",
 ]
 
 
@@ -57,6 +58,21 @@ def decoder_of(model):
 
 
 _decoder = decoder_of  # the name the steps used before wrappers were accepted
+
+
+def final_norm_of(model):
+    """The target's final norm (boundary N -> the state its lm_head reads): the text decoder's
+    ``norm``, or ``model.model.norm`` for a head-only target (:mod:`eagle3nb.target.head`).
+
+    Raises:
+        ValueError: neither exists (see :func:`decoder_of`).
+    """
+    inner = getattr(model, "model", None)
+    if not isinstance(getattr(inner, "layers", None), torch.nn.ModuleList) and hasattr(
+        inner, "norm"
+    ):
+        return inner.norm  # head only: embedding, norm and lm_head, no layers
+    return decoder_of(model).norm
 
 
 def n_layers_of(model) -> int:
