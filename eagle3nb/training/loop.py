@@ -150,7 +150,7 @@ def build_drafter(ds, target, cfg: TrainConfig) -> tuple[Eagle3Drafter, dict]:
     torch.manual_seed(cfg.seed)
     n_aux = getattr(ds, "n_aux", None) or len(ds.manifest["aux_boundaries"])
     c = DrafterConfig.for_target(
-        target.config,
+        target.config.get_text_config(),  # wrappers: the text model's widths
         cfg.draft_vocab_size,
         n_aux,
         cfg.draft_num_heads or None,

@@ -2,8 +2,8 @@
 random-weight models built from configs at test time: each captured boundary b < N equals HF's own
 ``output_hidden_states`` ``hidden_states[b]`` of the model's full forward; boundary N equals the last
 decoder layer's output (a forward hook) and, through the final norm, HF's post-norm
-``hidden_states[N]``; a right-padded batch equals one-by-one capture; the layer count is the text
-model's."""
+``hidden_states[N]``; a right-padded batch equals one-by-one capture; the layer count, widths and
+vocab of wrappers are the text model's (config dict and the manifest's target block)."""
 
 import pytest
 import torch
@@ -59,3 +59,24 @@ def test_batched_capture_equals_one_by_one(arch):
         assert b.aux.shape == (len(x), 3 * 64) and b.final.shape == (len(x), 64)
         torch.testing.assert_close(b.aux, s.aux, rtol=0, atol=1e-5)
         torch.testing.assert_close(b.final, s.final, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "arch", ["Gemma3ForConditionalGeneration", "Kimi_K25ForConditionalGeneration"]
+)
+def test_wrappers_report_their_text_models_widths(arch, monkeypatch, tmp_path):
+    from eagle3nb.steps import common
+    from eagle3nb.target import models
+
+    model = tiny_model(arch)
+    cfg = models.text_config(model.config.to_dict())
+    assert (cfg["num_hidden_layers"], cfg["hidden_size"], cfg["vocab_size"]) == (N, 64, 128)
+    assert cfg["architectures"] == [arch]
+    monkeypatch.setattr(common.models, "model_hash", lambda *a, **k: "h")
+    info = common.target_info(tmp_path, model)
+    assert (info["architecture"], info["n_layers"], info["hidden_size"], info["vocab_size"]) == (
+        arch,
+        N,
+        64,
+        128,
+    )
