@@ -6,6 +6,7 @@ target/             the target model: model folders, layer-id conventions, HF ca
     models          find (explicit path, $EAGLE3NB_MODEL_PATH, ../shared/models), load, hash
     conventions     each engine's and trainer's layer ids <-> physical boundaries
     engine_rules    the id rule per (engine, engine version, architecture class), refusals
+    twin            a tiny random-weight twin's config from a target's config.json (rule proofs)
     capture         residual stream at boundaries behind one CaptureEngine interface (HF)
     head            the target's embedding, final norm and lm_head alone, read by tensor name
     alignment       which boundary an engine really captured, measured against HF
