@@ -108,24 +108,34 @@ def check_engine_rules(p: RunParams, arch: str, n: int, boundaries: list[int]) -
             DeepSeek boundary 0, SGLang boundary N), or ids that the engine's rule for this class
             maps to other boundaries (SGLang 0.5.23 DeepSeek/Kimi with a first boundary other
             than 2).
+            Also, on ``device: cpu``, a class the engine is measured not to run there
+            (:data:`eagle3nb.target.engine_rules.CPU_LIMITS`: e.g. SGLang's DeepSeek MLA, silently
+            wrong).
         RuntimeError: the engine is not installed for its python.
     """
     from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
     from eagle3nb.engines.versions import installed_engine_version
     from eagle3nb.engines.vllm_helpers import vllm_python
     from eagle3nb.target.conventions import get_convention
-    from eagle3nb.target.engine_rules import engine_rule
+    from eagle3nb.target.engine_rules import cpu_limit, engine_rule
 
     uses = []
     if p.extract_engine == "sglang":
         py = DEFAULT_ENGINE_PYTHONS["sglang"] if p.sglang_python is None else p.sglang_python
-        uses.append(("sglang", "extract_engine='sglang'", py, "set extract_engine: hf"))
+        uses.append(
+            ("sglang", "extract_engine='sglang'", py, "set extract_engine: hf", ["capture"])
+        )
     on = [k for k in ("vllm_extract", "vllm_eval") if getattr(p, k)]
     if on:
         param = " and ".join(f"{k}=True" for k in on)
-        uses.append(("vllm", param, vllm_python(p), "set " + ", ".join(f"{k}: false" for k in on)))
+        fix = "set " + ", ".join(f"{k}: false" for k in on)
+        kinds = [{"vllm_extract": "capture", "vllm_eval": "serve"}[k] for k in on]
+        uses.append(("vllm", param, vllm_python(p), fix, kinds))
+    import torch
+
+    on_cpu = p.device == "cpu" or (p.device == "auto" and not torch.cuda.is_available())
     out = {}
-    for engine, param, python, fix in uses:
+    for engine, param, python, fix, kinds in uses:
         version = installed_engine_version(engine, python)
         head = f"{param} on model={p.model!r} ({arch}, {n} layers, boundaries {boundaries})"
         try:
@@ -141,5 +151,12 @@ def check_engine_rules(p: RunParams, arch: str, n: int, boundaries: list[int]) -
                 f"{rule.source}); pick boundaries whose ids it reads as meant (for SGLang "
                 f"DeepSeek/Kimi: a first boundary of 2, as the default [2, N//2, N-3]), or {fix}"
             )
+        for use in kinds if on_cpu else []:
+            why = cpu_limit(engine, version, arch, use)
+            if why:
+                raise ValueError(
+                    f"{head}: {engine} {version} cannot {use} {arch} on CPU: {why}; {fix}, or "
+                    "run on a GPU (device: cuda)"
+                )
         out[engine] = {"version": version, "ids": ids, "rule": rule.kind, "source": rule.source}
     return out

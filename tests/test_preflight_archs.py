@@ -159,7 +159,8 @@ def test_engine_rule_refusals(tmp_path, arch, kw, msg):
 def test_engine_rules_accept_and_return_each_engines_ids(tmp_path):
     # DeepSeek, 7 layers: default boundaries [2, 3, 4]; SGLang ids [1, 2, 3] (first id 1: +1)
     m = _folder(tmp_path, _cfg("DeepseekV3ForCausalLM", num_hidden_layers=7), "ds7")
-    info = check_against_model(_params(m, extract_engine="sglang", vllm_eval=True))
+    # device cuda: SGLang's and vLLM's CPU paths do not run DeepSeek (next test); the rule does
+    info = check_against_model(_params(m, extract_engine="sglang", vllm_eval=True, device="cuda"))
     assert info["boundaries"] == [2, 3, 4]
     assert info["engines"]["sglang"]["ids"] == [1, 2, 3]
     assert info["engines"]["vllm"]["ids"] == [2, 3, 4]
@@ -181,3 +182,39 @@ def test_unknown_engine_version_is_refused_with_how_to_measure(tmp_path, monkeyp
         check_against_model(
             _params(m, extract_engine="sglang", convention="vllm", layer_ids=[1, 2])
         )
+
+
+@pytest.mark.parametrize(
+    "arch,kw,msg",
+    [
+        (
+            "DeepseekV3ForCausalLM",
+            dict(extract_engine="sglang", layer_ids=[2, 3]),
+            r"sglang 0\.5\.23 cannot capture DeepseekV3ForCausalLM on CPU: its CPU MLA path runs "
+            r"silently wrong.*set extract_engine: hf, or run on a GPU",
+        ),
+        (
+            "Llama4ForCausalLM",
+            dict(extract_engine="sglang", layer_ids=[1, 2]),
+            r"sglang 0\.5\.23 cannot capture Llama4ForCausalLM on CPU: float32 fails at o_proj",
+        ),
+        (
+            "DeepseekV3ForCausalLM",
+            dict(vllm_eval=True, layer_ids=[1, 2]),
+            r"vllm 0\.32\.0 cannot serve DeepseekV3ForCausalLM on CPU: .*No common block size",
+        ),
+        (
+            "MiniMaxM2ForCausalLM",
+            dict(vllm_extract=True, layer_ids=[1, 2]),
+            r"vllm 0\.32\.0 cannot capture MiniMaxM2ForCausalLM on CPU: .*softmax",
+        ),
+    ],
+)
+def test_classes_an_engine_does_not_run_on_cpu_are_refused_there(tmp_path, arch, kw, msg):
+    m = _folder(tmp_path, _cfg(arch, num_hidden_layers=7), arch)
+    with pytest.raises(ValueError, match=msg):
+        check_against_model(_params(m, convention="vllm", device="cpu", **kw))
+    if arch == "DeepseekV3ForCausalLM" and "extract_engine" in kw:  # the rule alone is fine
+        from eagle3nb.target.engine_rules import engine_rule
+
+        assert engine_rule("sglang", "0.5.23", arch).boundaries_to_ids([2, 3], 7) == [2, 3]

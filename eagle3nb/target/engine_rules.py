@@ -45,7 +45,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-__all__ = ["EngineRule", "RULES", "engine_rule", "known_versions", "MEASURE_HOWTO"]
+__all__ = [
+    "EngineRule",
+    "RULES",
+    "CPU_LIMITS",
+    "cpu_limit",
+    "engine_rule",
+    "known_versions",
+    "MEASURE_HOWTO",
+]
 
 MEASURE_HOWTO = (
     "measure it: build a tiny random-weight model of this class from its config (as "
@@ -273,3 +281,43 @@ def engine_rule(engine: str, version: str, arch: str) -> EngineRule:
         )
         raise ValueError(f"{what}; the layer-id rule is never assumed, {MEASURE_HOWTO}")
     return rule
+
+
+_DS_CPU_SG = (
+    "its CPU MLA path runs silently wrong at small sizes (next-token log-probs 2.9 from HF) and "
+    "crashes at real ones (layers/attention/torch_native_backend.py:160)"
+)
+# (engine, version, class) -> {use: why it fails on CPU}; use "capture" (02a/02b) or "serve" (04).
+# Measured on this machine kind (../shared/reference/architectures.md sections 3 and 4).
+CPU_LIMITS: dict[tuple[str, str, str], dict[str, str]] = {
+    ("sglang", "0.5.23", "DeepseekV3ForCausalLM"): {"capture": _DS_CPU_SG},
+    ("sglang", "0.5.23", "Kimi_K25ForConditionalGeneration"): {"capture": _DS_CPU_SG},
+    ("sglang", "0.5.23", "GptOssForCausalLM"): {
+        "capture": "it fails at weight load (layers/moe/fused_moe_triton/layer.py:879 _load_w13)"
+    },
+    ("sglang", "0.5.23", "Llama4ForCausalLM"): {
+        "capture": "float32 fails at o_proj (models/llama4.py:369, BFloat16 != float), bfloat16 in "
+        "the native MoE (layers/moe/fused_moe_native.py:69 NotImplementedError)"
+    },
+    ("sglang", "0.5.23", "MiniMaxM2ForCausalLM"): {
+        "capture": "its qk-norm kernel is CUDA-only (models/minimax_m2.py:205)"
+    },
+    ("vllm", "0.32.0", "MiniMaxM2ForCausalLM"): {
+        "capture": "its CPU MoE router takes only softmax scoring, M2 uses sigmoid + bias "
+        "(model_executor/layers/fused_moe/router/cpu_router.py:239)",
+        "serve": "its CPU MoE router takes only softmax scoring (cpu_router.py:239)",
+    },
+    ("vllm", "0.32.0", "DeepseekV3ForCausalLM"): {
+        "serve": "MLA and the drafter share no KV block size ('No common block size for 16', "
+        "v1/worker/utils.py:555)"
+    },
+    ("vllm", "0.32.0", "Kimi_K25ForConditionalGeneration"): {
+        "serve": "MLA and the drafter share no KV block size (v1/worker/utils.py:555)"
+    },
+}
+
+
+def cpu_limit(engine: str, version: str, arch: str, use: str) -> str | None:
+    """Why ``engine`` at ``version`` cannot ``use`` ("capture" or "serve") a target of class
+    ``arch`` on CPU, as measured here; None where nothing is known to fail."""
+    return CPU_LIMITS.get((engine, str(version).split("+")[0], arch), {}).get(use)
