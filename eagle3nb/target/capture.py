@@ -76,7 +76,16 @@ def final_norm_of(model):
 
 
 def n_layers_of(model) -> int:
-    """Number of decoder layers N of an HF causal LM or wrapper (its text decoder's layers)."""
+    """Number of decoder layers N of an HF causal LM or wrapper (its text decoder's layers); for a
+    head-only target (:mod:`eagle3nb.target.head`, no layers loaded) its text config's
+    ``num_hidden_layers``.
+
+    Raises:
+        ValueError: neither (see :func:`decoder_of`).
+    """
+    inner = getattr(model, "model", None)
+    if getattr(inner, "layers", None) is None and hasattr(inner, "norm"):
+        return int(model.config.num_hidden_layers)  # head only: the layers were never loaded
     return len(decoder_of(model).layers)
 
 
