@@ -5,6 +5,8 @@ Package map (one line per subpackage and module; tests/test_layout.py checks it 
 target/             the target model: model folders, layer-id conventions, HF capture, alignment
     models          find (explicit path, $EAGLE3NB_MODEL_PATH, ../shared/models), load, hash
     conventions     each engine's and trainer's layer ids <-> physical boundaries
+    engine_rules    the id rule per (engine, engine version, architecture class), refusals
+    twin            a tiny random-weight twin's config from a target's config.json (rule proofs)
     capture         residual stream at boundaries behind one CaptureEngine interface (HF)
     head            the target's embedding, final norm and lm_head alone, read by tensor name
     alignment       which boundary an engine really captured, measured against HF
@@ -44,6 +46,7 @@ engines/            real engines (vLLM, SGLang) behind one interface, across a p
     vllm_connector  engine side: synchronous hidden-states connector that vLLM loads
     sglang_backend  engine side: SGLang generation and aux capture through sglang.Engine
     client          notebook side: EngineClient starts, talks to and stops the worker
+    versions        the version of an engine installed for a python, read without starting it
     adapter         notebook side: an EngineClient as a CaptureEngine for the dataset writer
     vllm_helpers    notebook side: vLLM parameters, start, speed, served acceptance
     sglang_helpers  notebook side: 02b's SGLang path, boundary N from HF checked against SGLang

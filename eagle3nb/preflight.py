@@ -15,25 +15,27 @@ def check_against_model(p: RunParams) -> dict:
     a run fails before any notebook executes.
 
     Returns:
-        ``{"path", "n_layers", "vocab_size", "layer_ids", "boundaries"}``: the model folder, its
-        num_hidden_layers and vocab_size, and the aux ids (in ``p.convention``) and boundaries the
-        run will capture.
+        ``{"path", "n_layers", "vocab_size", "layer_ids", "boundaries", "engines"}``: the model
+        folder, its num_hidden_layers and vocab_size, the aux ids (in ``p.convention``) and
+        boundaries the run will capture, and per engine used its version and ids
+        (:func:`check_engine_rules`).
 
     Raises:
         FileNotFoundError: the model is not found (the message lists every place looked at).
-        ValueError: naming the parameter, its value and the fix, for: an unsupported architecture or
-            a folder without tokenizer; ``draft_vocab_size`` > the target's vocab; ``layer_ids`` the
+        ValueError: naming the parameter, its value and the fix, for: an unsupported or refused
+            architecture (:func:`eagle3nb.target.models.target_arch`) or a folder without tokenizer; ``draft_vocab_size`` > the target's vocab; ``layer_ids`` the
             convention cannot capture for this many layers, or giving non-increasing boundaries;
             ``layer_ids: null`` on a target too small for the default picker; ``draft_num_heads``
             not a multiple of ``draft_num_kv_heads``; ``threads`` above the cores this process may
             use (:func:`eagle3nb.threads.plan`); vLLM parameters (see
-            :func:`eagle3nb.engines.vllm_helpers.check_vllm_params`).
+            :func:`eagle3nb.engines.vllm_helpers.check_vllm_params`); an engine whose layer-id rule
+            for the target's class refuses the run (:func:`check_engine_rules`).
         FileNotFoundError: also when a step uses vLLM and ``vllm_python`` does not exist.
     """
     from eagle3nb.target import conventions, models
 
     path = models.resolve_model(p.model)
-    cfg = models.check_model_folder(path)
+    cfg = models.text_config(models.check_model_folder(path))  # wrappers: their text model's
     n, V = cfg.get("num_hidden_layers"), cfg.get("vocab_size")
     for k, v in (("num_hidden_layers", n), ("vocab_size", V)):
         if not isinstance(v, int) or v < 1:
@@ -78,4 +80,83 @@ def check_against_model(p: RunParams) -> dict:
     from eagle3nb.engines.vllm_helpers import check_vllm_params
 
     check_vllm_params(p, cfg)  # vLLM venv present, options known, head_dim it accepts
-    return {"path": str(path), "n_layers": n, "vocab_size": V, "layer_ids": ids, "boundaries": b}
+    engines = check_engine_rules(p, models.target_arch(cfg, p.model), n, b)
+    return {
+        "path": str(path),
+        "n_layers": n,
+        "vocab_size": V,
+        "layer_ids": ids,
+        "boundaries": b,
+        "engines": engines,
+    }
+
+
+def check_engine_rules(p: RunParams, arch: str, n: int, boundaries: list[int]) -> dict:
+    """Each engine the run captures with or serves a drafter through, checked against its layer-id
+    rule for the target's class (:func:`eagle3nb.target.engine_rules.engine_rule`): SGLang when
+    ``extract_engine: sglang`` (02b), vLLM when ``vllm_extract`` (02a) or ``vllm_eval`` (04). The
+    engine's version is read from its installed package, never assumed.
+
+    Returns:
+        ``{engine: {"version", "ids", "rule", "source"}}``: the ids eagle3nb gives that engine for
+        ``boundaries`` (its name convention, as 02a/02b and the export write them) and the rule.
+
+    Raises:
+        ValueError: naming the parameter, the class, engine and version: a combination the table
+            refuses (Gemma-3 on SGLang 0.5.23; GLM-4.5 and Gemma-3 on vLLM 0.32), a version or class
+            the table lacks (with how to measure it), boundaries the rule cannot capture (vLLM
+            DeepSeek boundary 0, SGLang boundary N), or ids that the engine's rule for this class
+            maps to other boundaries (SGLang 0.5.23 DeepSeek/Kimi with a first boundary other
+            than 2).
+            Also, on ``device: cpu``, a class the engine is measured not to run there
+            (:data:`eagle3nb.target.engine_rules.CPU_LIMITS`: e.g. SGLang's DeepSeek MLA, silently
+            wrong).
+        RuntimeError: the engine is not installed for its python.
+    """
+    from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
+    from eagle3nb.engines.versions import installed_engine_version
+    from eagle3nb.engines.vllm_helpers import vllm_python
+    from eagle3nb.target.conventions import get_convention
+    from eagle3nb.target.engine_rules import cpu_limit, engine_rule
+
+    uses = []
+    if p.extract_engine == "sglang":
+        py = DEFAULT_ENGINE_PYTHONS["sglang"] if p.sglang_python is None else p.sglang_python
+        uses.append(
+            ("sglang", "extract_engine='sglang'", py, "set extract_engine: hf", ["capture"])
+        )
+    on = [k for k in ("vllm_extract", "vllm_eval") if getattr(p, k)]
+    if on:
+        param = " and ".join(f"{k}=True" for k in on)
+        fix = "set " + ", ".join(f"{k}: false" for k in on)
+        kinds = [{"vllm_extract": "capture", "vllm_eval": "serve"}[k] for k in on]
+        uses.append(("vllm", param, vllm_python(p), fix, kinds))
+    import torch
+
+    on_cpu = p.device == "cpu" or (p.device == "auto" and not torch.cuda.is_available())
+    out = {}
+    for engine, param, python, fix, kinds in uses:
+        version = installed_engine_version(engine, python)
+        head = f"{param} on model={p.model!r} ({arch}, {n} layers, boundaries {boundaries})"
+        try:
+            rule = engine_rule(engine, version, arch)
+            ids = get_convention(engine).boundaries_to_ids(boundaries, n)
+            got = rule.ids_to_boundaries(ids, n)
+        except ValueError as e:
+            raise ValueError(f"{head}: {e}; or {fix}") from None
+        if got != list(boundaries):
+            raise ValueError(
+                f"{head}: eagle3nb gives {engine} the ids {ids} (its '{engine}' convention), which "
+                f"{engine} {version} maps to boundaries {got} for this class (rule {rule.kind!r}, "
+                f"{rule.source}); pick boundaries whose ids it reads as meant (for SGLang "
+                f"DeepSeek/Kimi: a first boundary of 2, as the default [2, N//2, N-3]), or {fix}"
+            )
+        for use in kinds if on_cpu else []:
+            why = cpu_limit(engine, version, arch, use)
+            if why:
+                raise ValueError(
+                    f"{head}: {engine} {version} cannot {use} {arch} on CPU: {why}; {fix}, or "
+                    "run on a GPU (device: cuda)"
+                )
+        out[engine] = {"version": version, "ids": ids, "rule": rule.kind, "source": rule.source}
+    return out

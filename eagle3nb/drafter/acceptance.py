@@ -23,7 +23,7 @@ from typing import Sequence
 
 import torch
 
-from eagle3nb.target.capture import capture_boundaries, n_layers_of
+from eagle3nb.target.capture import capture_boundaries, decoder_of, n_layers_of
 from eagle3nb.drafter.model import Eagle3Drafter
 from eagle3nb.target.models import as_stop_list
 
@@ -163,7 +163,7 @@ def speculative_generate(
     """
     n_layers = n_layers_of(target)
     bnds = list(boundaries)
-    dec = target.model
+    dec = decoder_of(target)
     stats = AcceptanceStats(k)
     stops = set(as_stop_list(eos_token_id))
     dev = next(target.parameters()).device
@@ -173,7 +173,7 @@ def speculative_generate(
     while True:
         full = torch.cat([seq, torch.tensor(drafts, dtype=torch.long, device=dev)])
         st = capture_boundaries(target, full[None], sorted(set(bnds + [n_layers])))
-        logits = target.lm_head(dec.norm(st[n_layers][0]))  # [L, vocab]
+        logits = target.get_output_embeddings()(dec.norm(st[n_layers][0]))  # [L, vocab]
         n = seq.numel() - 1  # index of the newest verified token
         greedy = (
             logits[n:].argmax(-1).tolist()

@@ -7,9 +7,14 @@ engines' EAGLE-3 model files read (``../shared/reference/conventions.md`` sectio
   ``eagle_config.eagle_aux_hidden_state_layer_ids`` (id = boundary - 1; absent -> its default
   ``[2, N//2, N-3]`` unshifted), ``draft_vocab_size``, ``target_hidden_size`` (fc input width /
   n_aux). It does not read ``norm_before_residual`` (residual = un-normed hidden).
-- vLLM ``model_executor/models/llama_eagle3.py`` (0.3x): ids from the top-level
-  ``eagle_aux_hidden_state_layer_ids`` (id = boundary; absent -> ``(2, N//2, N-3)``),
-  ``draft_vocab_size``, ``target_hidden_size``, ``norm_before_residual``.
+- vLLM ``model_executor/models/llama_eagle3.py`` (0.3x): ``draft_vocab_size``,
+  ``target_hidden_size``, ``norm_before_residual``; ids (id = boundary) as 0.32.0's
+  ``v1/worker/gpu_model_runner.py:5251-5285`` ``_get_eagle3_aux_layers_from_config`` reads them:
+  the top-level ``eagle_aux_hidden_state_layer_ids``; when that is absent or empty, DFlash's
+  ``dflash_config.target_layer_ids`` + 1, then (overriding it) the nested
+  ``eagle_config.eagle_aux_hidden_state_layer_ids`` when ``eagle_config`` is a dict; none ->
+  ``(2, N//2, N-3)`` (``model_executor/models/interfaces.py:1712-1733``). So a config carrying only
+  SGLang's nested ids (boundary - 1) is read by vLLM as boundaries one lower.
 
 - vLLM given the *drafter* as its model (``vllm serve DRAFTER``, 0.32
   ``transformers_utils/config.py`` ``maybe_override_with_speculators``): when config.json has
@@ -70,11 +75,29 @@ def _get(cfg: dict, dotted: str):
     return cfg
 
 
+def _vllm_ids(cfg: dict) -> tuple[list[int] | None, str]:
+    """The ids vLLM 0.32.0 reads from a drafter config and where from, mirroring
+    ``v1/worker/gpu_model_runner.py:5251-5285`` (a falsy value counts as absent there)."""
+    ids, src = cfg.get("eagle_aux_hidden_state_layer_ids"), "config"
+    if not ids:
+        dflash, eagle = cfg.get("dflash_config"), cfg.get("eagle_config")
+        if dflash and isinstance(dflash, dict):
+            ids = [i + 1 for i in (dflash.get("target_layer_ids") or [])]
+            src = "config (dflash_config.target_layer_ids + 1)"
+        if eagle and isinstance(eagle, dict):
+            ids = eagle.get("eagle_aux_hidden_state_layer_ids")
+            src = "config (nested eagle_config: no top-level key)"
+    if ids and isinstance(ids, (list, tuple)):
+        return list(ids), src
+    return None, "engine default"
+
+
 def read_as_engine(cfg: dict, engine: str, target_n_layers: int) -> dict:
     """What ``engine`` will use from a drafter ``config.json`` dict.
 
     Returns:
-        ``{"boundaries": [...], "ids_source": "config"|"engine default", "flags": {...}}``.
+        ``{"boundaries": [...], "ids_source": "config"|"engine default"|"config (...)",
+        "flags": {...}}`` (vLLM names where it found ids when not the top-level key).
 
     Raises:
         ValueError: unknown engine, or ids the engine cannot capture.
@@ -83,11 +106,13 @@ def read_as_engine(cfg: dict, engine: str, target_n_layers: int) -> dict:
         raise ValueError(f"engine={engine!r}: known engines are {sorted(ENGINE_READS)}")
     spec = ENGINE_READS[engine]
     conv = get_convention(engine)
-    ids = _get(cfg, spec["ids_key"])
+    ids, src = _get(cfg, spec["ids_key"]), "config"
+    if engine == "vllm":
+        ids, src = _vllm_ids(cfg)
     if ids is None:
         b, src = conv.default_boundaries(target_n_layers), "engine default"
     else:
-        b, src = conv.ids_to_boundaries(ids, target_n_layers), "config"
+        b = conv.ids_to_boundaries(ids, target_n_layers)
     flags = {k: cfg.get(k, ENGINE_ASSUMES.get(k)) for k in sorted(spec["flags"])}
     return {"boundaries": b, "ids_source": src, "flags": flags}
 

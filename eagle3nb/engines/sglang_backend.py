@@ -34,6 +34,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from eagle3nb.engines.worker import check_aux_width, text_hidden_size
+
 __all__ = [
     "ENGINE_NAME",
     "CONVENTION",
@@ -187,6 +189,7 @@ class Backend:
                     "device=cuda but torch in the SGLang environment sees no GPU; use device=cpu here"
                 )
         self.options = options
+        self.hidden_size = text_hidden_size(self.model_path)  # aux width = n_ids x this
         self._engine = None
         # None: no engine; ("plain", dtype) or ("capture", ids, dtype)
         self._mode: tuple | None = None
@@ -375,10 +378,7 @@ class Backend:
                 raise RuntimeError(
                     f"sample {i}: SGLang returned {aux.shape[0]} hidden-state rows for {len(s)} tokens"
                 )
-            if aux.shape[1] % len(ids):
-                raise RuntimeError(
-                    f"sample {i}: width {aux.shape[1]} is not a multiple of {len(ids)} layer ids"
-                )
+            check_aux_width(i, aux.shape[1], ids, self.hidden_size, "SGLang")
             item = {"aux": aux}
             if logprobs:
                 lp = [

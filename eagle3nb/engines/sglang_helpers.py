@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 
 from eagle3nb.padding import pad_right
-from eagle3nb.target.capture import capture_boundaries
+from eagle3nb.target.capture import capture_boundaries, decoder_of, n_layers_of
 from eagle3nb.engines import sglang_backend
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient
 
@@ -84,7 +84,7 @@ def start_sglang(
 def hf_final(model, samples: Sequence[Sequence[int]], batch_size: int = 16) -> list[torch.Tensor]:
     """Boundary N (last layer's output before the final norm) from the HF model, ``[T, H]`` per
     sample on CPU, right-padded batches (equal to one-by-one, see tests/target/test_capture.py)."""
-    n = int(model.config.num_hidden_layers)
+    n = n_layers_of(model)  # the text model's (wrappers too)
     dev = next(model.parameters()).device
     out = []
     for s in range(0, len(samples), batch_size):
@@ -108,9 +108,10 @@ def final_logprob_check(
     Returns:
         ``{"max_abs_diff", "mean_abs_diff", "tolerance", "ok", "n_positions"}`` (log-prob units).
     """
-    dec = model.model if hasattr(model, "model") else model
     x = final.to(next(model.parameters()).device, next(model.parameters()).dtype)
-    lp = model.lm_head(dec.norm(x)).float().log_softmax(-1).cpu()  # [T, V]
+    lp = (
+        model.get_output_embeddings()(decoder_of(model).norm(x)).float().log_softmax(-1).cpu()
+    )  # [T, V]
     ours = lp[:-1].gather(-1, torch.tensor(list(sample)[1:])[:, None])[:, 0]
     d = (ours - sglang_logprobs[1:].float()).abs()
     tol = FINAL_LOGPROB_TOL.get(dtype, 0.5)

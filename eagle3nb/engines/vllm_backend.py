@@ -84,6 +84,8 @@ class Backend:
         if "kv_cache_gib" in self.options:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.options["kv_cache_gib"])
         cfg = _read_config(self.model_path)
+        if "num_hidden_layers" not in cfg:  # multimodal wrappers keep them under text_config
+            cfg = cfg.get("text_config") or cfg
         self.n_layers = int(cfg["num_hidden_layers"])
         self.hidden_size = int(cfg["hidden_size"])
         self.max_model_len = int(

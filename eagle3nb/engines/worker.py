@@ -60,6 +60,40 @@ REGISTRY = {
 ENGINE_PACKAGES = {"vllm": "vllm", "sglang": "sglang"}
 
 
+def text_hidden_size(model_path: str) -> int:
+    """``hidden_size`` of the target's text model from its config.json (multimodal wrappers keep
+    it under ``text_config``), read without the engine.
+
+    Raises:
+        ValueError: no positive int ``hidden_size`` there.
+    """
+    with open(os.path.join(str(model_path), "config.json")) as f:
+        cfg = json.load(f)
+    text = cfg.get("text_config") if "hidden_size" not in cfg else cfg
+    h = (text or {}).get("hidden_size")
+    if not isinstance(h, int) or h < 1:
+        raise ValueError(f"{model_path}/config.json: no positive int hidden_size (got {h!r})")
+    return h
+
+
+def check_aux_width(sample: int, width: int, layer_ids, hidden_size: int, engine: str) -> None:
+    """An engine's aux block for one sample must be ``len(layer_ids) * hidden_size`` wide: one
+    hidden state per id (a width that merely divides by the number of ids can hide a slot of
+    another size, or the states of another layer set).
+
+    Raises:
+        RuntimeError: naming the sample, the width, the ids and the expected width.
+    """
+    want = len(layer_ids) * int(hidden_size)
+    if width != want:
+        raise RuntimeError(
+            f"sample {sample}: {engine} returned aux states {width} wide for layer ids "
+            f"{list(layer_ids)}, not {len(layer_ids)} x hidden_size {hidden_size} = {want}: it "
+            "captured another number of states than asked (check the ids against its rule, "
+            "eagle3nb.target.engine_rules)"
+        )
+
+
 def backend_module(engine: str) -> str:
     """Module path of ``engine``'s backend.
 

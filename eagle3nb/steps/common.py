@@ -36,12 +36,12 @@ def progress_bar():
 def target_info(path, model, cache_dir=None) -> dict:
     """Manifest block describing the target model (its sha256 cached in ``cache_dir``, the run
     folder)."""
-    c = model.config
+    c = model.config.get_text_config()  # wrappers: the text model's widths
     return {
         "name": path.name,
         "path": str(path),
         "sha256": models.model_hash(path, cache_dir),
-        "architecture": (c.architectures or ["?"])[0],
+        "architecture": (model.config.architectures or [type(model).__name__])[0],
         "n_layers": n_layers_of(model),
         "hidden_size": c.hidden_size,
         "vocab_size": c.vocab_size,

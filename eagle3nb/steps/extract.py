@@ -123,7 +123,7 @@ def disk_plan(
     if samples is None:
         samples = train_samples(rd)
     if n_aux is None or hidden is None:
-        cfg = models.read_model_config(models.resolve_model(p.model))
+        cfg = models.text_config(models.read_model_config(models.resolve_model(p.model)))
         _, bnds = aux_ids_and_boundaries(p.convention, p.layer_ids, cfg["num_hidden_layers"])
         n_aux = len(bnds)
         hidden = cfg["hidden_size"]

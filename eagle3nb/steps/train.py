@@ -84,10 +84,10 @@ def train_step(p: RunParams, progress=True) -> dict:
     if not p.allow_manifest_mismatch:
         _check_dataset(p, rd, ds.manifest, ds_dir, model, tok, path)
     serve_b = _served_boundaries(p, ds.manifest, ds_dir, n_layers_of(model))
-    if p.draft_vocab_size > model.config.vocab_size:
+    vocab = model.config.get_text_config().vocab_size  # wrappers: the text model's
+    if p.draft_vocab_size > vocab:
         raise ValueError(
-            f"draft_vocab_size={p.draft_vocab_size} exceeds the target vocab "
-            f"({model.config.vocab_size}); lower it"
+            f"draft_vocab_size={p.draft_vocab_size} exceeds the target vocab ({vocab}); lower it"
         )
     cfg = _train_config(p)
     ev = heldout_eval(p, rd, model, tok, ds.manifest["aux_boundaries"])

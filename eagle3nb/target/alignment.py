@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from eagle3nb.target.capture import capture_boundaries
+from eagle3nb.target.capture import capture_boundaries, n_layers_of
 
 
 # relative error under which a slot "is" a boundary: float32 kernels agree to ~1e-6; bf16 storage
@@ -23,7 +23,7 @@ TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
 
 def reference_states(model, input_ids: Sequence[int]) -> dict[int, torch.Tensor]:
     """HF reference ``{b: [T, H] float32}`` for every boundary 0..N of one sample."""
-    n = int(model.config.num_hidden_layers)
+    n = n_layers_of(model)  # the text model's layers (wrappers too)
     st = capture_boundaries(
         model, torch.tensor([list(input_ids)], device=next(model.parameters()).device), range(n + 1)
     )

@@ -18,16 +18,75 @@ import torch
 from eagle3nb.padding import pad_right
 from eagle3nb.target.conventions import Convention, check_boundaries, get_convention
 
-__all__ = ["capture_boundaries", "CaptureEngine", "HFCaptureEngine", "Captured", "n_layers_of"]
+__all__ = [
+    "capture_boundaries",
+    "CaptureEngine",
+    "HFCaptureEngine",
+    "Captured",
+    "n_layers_of",
+    "decoder_of",
+    "final_norm_of",
+]
+
+
+# where the text decoder (the module holding ``.layers`` and the final ``.norm``) sits, tried in
+# order: causal LMs (``model``: Llama, Qwen2/3, Qwen3-MoE, DeepSeek-V3, gpt-oss, GLM-4.5, Llama-4
+# text, Gemma-3 text, MiniMax-M2), multimodal wrappers in transformers 5.x (``model.language_model``:
+# Gemma3ForConditionalGeneration, Kimi_K25ForConditionalGeneration), and wrappers that hold a causal
+# LM (``language_model.model``: Llama4ForConditionalGeneration); the model itself last.
+_DECODER_PATHS = ("model", "model.language_model", "language_model.model", "language_model", "")
+
+
+def decoder_of(model):
+    """The text decoder of an HF causal LM or multimodal wrapper: the module whose ``layers`` are the
+    N decoder layers and whose ``norm`` is the final norm (HF's ``hidden_states`` come from it).
+
+    Raises:
+        ValueError: no such module (names the model class and the places looked at).
+    """
+    for path in _DECODER_PATHS:
+        mod = model
+        for part in path.split(".") if path else []:
+            mod = getattr(mod, part, None)
+        if isinstance(getattr(mod, "layers", None), torch.nn.ModuleList) and hasattr(mod, "norm"):
+            return mod
+    raise ValueError(
+        f"model of class {type(model).__name__}: no text decoder with .layers and .norm at "
+        f"{[p or '<model>' for p in _DECODER_PATHS]}; eagle3nb cannot capture its boundaries "
+        "(add where its layers live to eagle3nb/target/capture.py _DECODER_PATHS)"
+    )
+
+
+_decoder = decoder_of  # the name the steps used before wrappers were accepted
+
+
+def final_norm_of(model):
+    """The target's final norm (boundary N -> the state its lm_head reads): the text decoder's
+    ``norm``, or ``model.model.norm`` for a head-only target (:mod:`eagle3nb.target.head`).
+
+    Raises:
+        ValueError: neither exists (see :func:`decoder_of`).
+    """
+    inner = getattr(model, "model", None)
+    if not isinstance(getattr(inner, "layers", None), torch.nn.ModuleList) and hasattr(
+        inner, "norm"
+    ):
+        return inner.norm  # head only: embedding, norm and lm_head, no layers
+    return decoder_of(model).norm
 
 
 def n_layers_of(model) -> int:
-    """Number of decoder layers N of an HF causal LM."""
-    return int(model.config.num_hidden_layers)
+    """Number of decoder layers N of an HF causal LM or wrapper (its text decoder's layers); for a
+    head-only target (:mod:`eagle3nb.target.head`, no layers loaded) its text config's
+    ``num_hidden_layers``.
 
-
-def _decoder(model):
-    return model.model if hasattr(model, "model") else model
+    Raises:
+        ValueError: neither (see :func:`decoder_of`).
+    """
+    inner = getattr(model, "model", None)
+    if getattr(inner, "layers", None) is None and hasattr(inner, "norm"):
+        return int(model.config.num_hidden_layers)  # head only: the layers were never loaded
+    return len(decoder_of(model).layers)
 
 
 @contextmanager
@@ -39,7 +98,7 @@ def _boundary_hooks(model, boundaries: Sequence[int], store: dict):
     add+norm), so the layer input *is* the residual stream; we clone because later in-place kernels
     could overwrite a view (failure kind "residual aliased").
     """
-    dec = _decoder(model)
+    dec = decoder_of(model)
     n = len(dec.layers)
     handles = []
 
@@ -67,7 +126,8 @@ def capture_boundaries(
     """Residual stream of an HF decoder at the given boundaries.
 
     Args:
-        model: HF causal LM (Llama family).
+        model: HF causal LM or multimodal wrapper of any class :func:`decoder_of` finds (dense
+            Llama/Mistral/Qwen, MoE, MLA; see ``eagle3nb.target.models.SUPPORTED_ARCHS``).
         input_ids: ``[B, T]`` int64. Right padding only (positions are 0..T-1).
         boundaries: each in 0..N; N means the last layer's output before the final norm.
         attention_mask: ``[B, T]`` (1 = token, 0 = pad) or None.
@@ -93,7 +153,7 @@ def capture_boundaries(
             )
     store: dict[int, torch.Tensor] = {}
     with _boundary_hooks(model, bs, store):
-        _decoder(model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        decoder_of(model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     return {b: store[b] for b in bs}
 
 

@@ -25,12 +25,53 @@ __all__ = [
     "check_model_folder",
     "DTYPES",
     "SUPPORTED_ARCHS",
+    "ARCH_MODULES",
+    "REFUSED_ARCHS",
+    "text_config",
+    "target_arch",
+    "ARCH_ALIASES",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV_VAR = "EAGLE3NB_MODEL_PATH"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-SUPPORTED_ARCHS = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"}
+# architecture class (config.json ``architectures``) -> the transformers module that defines it.
+# Every one is captured by eagle3nb.target.capture (boundary b = HF ``hidden_states[b]`` for b < N,
+# boundary N = the final norm's input), proven on tiny random-weight models in
+# tests/target/test_archs.py. Wrappers (``...ForConditionalGeneration``) are captured through their
+# text decoder at ``model.language_model``.
+ARCH_MODULES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "DeepseekV3ForCausalLM": "deepseek_v3",  # also Kimi-K2 (model_type kimi_k2, see load_target)
+    "Kimi_K25ForConditionalGeneration": "kimi_k25",  # DeepSeek-V3 text model + vision tower
+    "GptOssForCausalLM": "gpt_oss",
+    "Glm4MoeForCausalLM": "glm4_moe",
+    "Llama4ForCausalLM": "llama4",
+    "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",
+    "MiniMaxM2ForCausalLM": "minimax_m2",
+}
+SUPPORTED_ARCHS = set(ARCH_MODULES)
+# classes refused by name, with the reason and the fix
+REFUSED_ARCHS = {
+    "Llama4ForConditionalGeneration": (
+        "its forward fails in transformers 5.24 even without hidden states (AttributeError "
+        "'MoeCausalLMOutputWithPast' object has no attribute 'image_outputs', "
+        "models/llama4/modeling_llama4.py:1318)",
+        "save its text model as Llama4ForCausalLM (model.language_model, with config.text_config) "
+        "and point model at that folder",
+    ),
+}
+# class names the engines register for a class transformers spells otherwise (SGLang
+# models/kimi_k25.py:988, vLLM models/kimi_k25.py:291) -> transformers' class
+ARCH_ALIASES = {"KimiK25ForConditionalGeneration": "Kimi_K25ForConditionalGeneration"}
+# model_type values transformers does not register, read as the class they are (as transformers'
+# own Kimi-K2.5 config does for its text model, configuration_kimi_k25.py __post_init__)
+MODEL_TYPE_ALIASES = {"kimi_k2": "deepseek_v3"}
 
 
 def model_search_dirs() -> list[Path]:
@@ -152,6 +193,60 @@ def read_model_config(path: str | os.PathLike) -> dict:
     return cfg
 
 
+def text_config(cfg: dict) -> dict:
+    """The text model's fields of a config.json dict: ``cfg["text_config"]`` for multimodal wrappers
+    (Gemma-3, Kimi-K2.5, Llama-4 keep ``num_hidden_layers``, ``vocab_size``, ``hidden_size`` there),
+    else ``cfg`` itself; ``architectures`` is the top level's in both cases."""
+    tc = cfg.get("text_config")
+    if isinstance(tc, dict) and "num_hidden_layers" in tc and "num_hidden_layers" not in cfg:
+        return {**tc, "architectures": cfg.get("architectures") or []}
+    return cfg
+
+
+def _transformers_has(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(f"transformers.models.{module}") is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def target_arch(cfg: dict, model: str = "model") -> str:
+    """The architecture class eagle3nb captures for a config.json dict: the first supported entry of
+    ``architectures``, as transformers names the class (:data:`ARCH_ALIASES`).
+
+    Raises:
+        ValueError: naming ``model``, the architectures, why they are refused and what to do: a
+            class refused by name (:data:`REFUSED_ARCHS`), one the installed transformers lacks, or
+            one eagle3nb does not know.
+    """
+    archs = cfg.get("architectures") or []
+    for a in archs:
+        a = ARCH_ALIASES.get(a, a)
+        if a in REFUSED_ARCHS:
+            why, fix = REFUSED_ARCHS[a]
+            raise ValueError(
+                f"model={model!r} has architectures={archs}: {a} is refused: {why}; {fix}"
+            )
+    known = [ARCH_ALIASES.get(a, a) for a in archs if ARCH_ALIASES.get(a, a) in SUPPORTED_ARCHS]
+    if not known:
+        raise ValueError(
+            f"model={model!r} has architectures={archs}; eagle3nb captures decoder-only models of "
+            f"{sorted(SUPPORTED_ARCHS)}; use one of those (a new class: see README 'Where to change "
+            "what')"
+        )
+    if not _transformers_has(ARCH_MODULES[known[0]]):
+        import transformers
+
+        raise ValueError(
+            f"model={model!r} has architectures={archs}, but the installed transformers "
+            f"{transformers.__version__} has no transformers.models.{ARCH_MODULES[known[0]]}; "
+            "install a transformers release that defines it (5.24 does)"
+        )
+    return known[0]
+
+
 def check_model_folder(path: str | os.PathLike) -> dict:
     """Check, from config.json and file names only, that eagle3nb can use the model folder.
 
@@ -159,16 +254,12 @@ def check_model_folder(path: str | os.PathLike) -> dict:
         The parsed config.json.
 
     Raises:
-        ValueError: unsupported architecture, or no tokenizer.json / tokenizer.model in the folder.
+        ValueError: unsupported or refused architecture (:func:`target_arch`), or no
+            tokenizer.json / tokenizer.model in the folder.
     """
     path = Path(path)
     cfg = read_model_config(path)
-    archs = cfg.get("architectures") or []
-    if not set(archs) & SUPPORTED_ARCHS:
-        raise ValueError(
-            f"model={str(path)!r} has architectures={archs}; eagle3nb captures decoder-only models of "
-            f"{sorted(SUPPORTED_ARCHS)}; use one of those"
-        )
+    target_arch(cfg, str(path))
     if not ((path / "tokenizer.json").is_file() or (path / "tokenizer.model").is_file()):
         raise ValueError(
             f"model={str(path)!r} has no tokenizer.json or tokenizer.model; copy the tokenizer files into it"
@@ -213,14 +304,22 @@ def load_target(name_or_path: str | os.PathLike, dtype: str = "float32", device:
         ValueError: unknown dtype, unsupported architecture, or a folder without tokenizer.
         FileNotFoundError: model not found.
     """
-    from transformers import AutoModelForCausalLM
-
     if dtype not in DTYPES:
         raise ValueError(f"dtype={dtype!r} is not supported; use one of {sorted(DTYPES)}")
     path = resolve_model(name_or_path)
     check_model_folder(path)  # before any weight is read
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=DTYPES[dtype], local_files_only=True, attn_implementation="eager"
+    cfg = read_model_config(path)
+    kw = {}
+    if cfg.get("model_type") in MODEL_TYPE_ALIASES:  # e.g. Kimi-K2: a DeepSeek-V3 config
+        from transformers import AutoConfig
+
+        fields = {k: v for k, v in cfg.items() if k not in ("model_type", "auto_map")}
+        kw["config"] = AutoConfig.for_model(MODEL_TYPE_ALIASES[cfg["model_type"]], **fields)
+    import transformers
+
+    cls = getattr(transformers, target_arch(cfg, str(name_or_path)))  # the class config.json names
+    model = cls.from_pretrained(
+        str(path), dtype=DTYPES[dtype], local_files_only=True, attn_implementation="eager", **kw
     ).to(device)
     model.eval().requires_grad_(False)
     return model, load_tokenizer(path), path

@@ -25,7 +25,7 @@ import torch
 from eagle3nb.drafter.acceptance import evaluate_acceptance
 from eagle3nb.drafter.model import Eagle3Drafter
 from eagle3nb.padding import pad_right
-from eagle3nb.target.capture import capture_boundaries, n_layers_of
+from eagle3nb.target.capture import capture_boundaries, final_norm_of, n_layers_of
 from eagle3nb.training.objective import ttt_loss
 
 __all__ = ["HeldoutEval", "isolated_rng", "plain_copy"]
@@ -170,8 +170,8 @@ class HeldoutEval:
             b["final"],
             b["loss_mask"],
             b["attn_mask"],
-            self.target.model.norm,
-            self.target.lm_head,
+            final_norm_of(self.target),
+            self.target.get_output_embeddings(),
             self.ttt_steps,
             self.loss_decay,
         )

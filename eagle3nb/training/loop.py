@@ -35,6 +35,7 @@ from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3nb.training.batches import add_aux_noise
 from eagle3nb.training.fastpath import COMPILE, PRECISIONS, resolve
 from eagle3nb.training.objective import TTTObjective
+from eagle3nb.target.capture import final_norm_of
 from eagle3nb.drafter.vocab import build_draft_vocab, count_loss_tokens, coverage
 
 
@@ -138,7 +139,7 @@ def init_head_from_target(d: Eagle3Drafter, target) -> bool:
     if head.shape[1] != d.config.hidden_size:
         return False
     d.lm_head.weight.data.copy_(head[torch.arange(d.config.draft_vocab_size) + d.d2t])
-    d.norm.weight.data.copy_(target.model.norm.weight.detach().float().cpu())
+    d.norm.weight.data.copy_(final_norm_of(target).weight.detach().float().cpu())
     return True
 
 
@@ -149,7 +150,7 @@ def build_drafter(ds, target, cfg: TrainConfig) -> tuple[Eagle3Drafter, dict]:
     torch.manual_seed(cfg.seed)
     n_aux = getattr(ds, "n_aux", None) or len(ds.manifest["aux_boundaries"])
     c = DrafterConfig.for_target(
-        target.config,
+        target.config.get_text_config(),  # wrappers: the text model's widths
         cfg.draft_vocab_size,
         n_aux,
         cfg.draft_num_heads or None,
@@ -248,7 +249,11 @@ def train_drafter(
     drafter.set_attention(attn)  # same function either way (test_drafter_attention.py)
     fast = resolve(cfg.precision, cfg.torch_compile, dev)
     objective = TTTObjective(
-        drafter, target.model.norm, target.lm_head, cfg.ttt_steps, cfg.loss_decay
+        drafter,
+        final_norm_of(target),
+        target.get_output_embeddings(),
+        cfg.ttt_steps,
+        cfg.loss_decay,
     ).to(dev)
     n_trainable = sum(p.numel() for p in drafter.parameters() if p.requires_grad)
     sharded = distributed.use_fsdp(cfg.fsdp, n_trainable, ctx)

@@ -81,3 +81,21 @@ def test_target_named_for_vllm_serve_drafter_and_ids_unchanged(target, tmp_path)
     }
     assert vllm_serve_drafter(cfg, str(out))["speculative_config"]["num_speculative_tokens"] == 3
     assert vllm_serve_drafter(plain, str(out)) is None
+
+
+def test_vllm_reads_the_nested_ids_when_the_top_level_key_is_absent(target, tmp_path):
+    # vLLM 0.32.0 gpu_model_runner.py:5251-5285: SGLang's nested ids [0, 1, 3] are read as vLLM ids
+    model, _, _ = target
+    cfg = exported_config(tmp_path, model)
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 3]
+    del cfg["eagle_aux_hidden_state_layer_ids"]
+    r = read_as_engine(cfg, "vllm", 5)
+    assert r["boundaries"] == [0, 1, 3] and r["ids_source"].startswith("config (nested")
+    rep = engine_report(cfg, [1, 2, 4], 5, {})
+    assert not rep["vllm"]["matches_training"] and rep["sglang"]["ok"]
+    cfg["eagle_aux_hidden_state_layer_ids"] = []  # empty counts as absent there too
+    assert read_as_engine(cfg, "vllm", 5)["boundaries"] == [0, 1, 3]
+    del cfg["eagle_config"]
+    assert read_as_engine(cfg, "vllm", 5)["ids_source"] == "engine default"
+    cfg["dflash_config"] = {"target_layer_ids": [0, 2]}  # DFlash ids are shifted by +1
+    assert read_as_engine(cfg, "vllm", 5)["boundaries"] == [1, 3]

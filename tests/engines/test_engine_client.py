@@ -1,5 +1,6 @@
 """The engine process boundary (worker + client) with a FAKE backend (tests/engines/fake), in a
-subprocess of this python: protocol, tensors through files, errors, timeouts, missing venvs.
+subprocess of this python: protocol, tensors through files, errors, timeouts, missing venvs, and a
+worker killed after logging its error (the error is named in the raised message).
 Real engines: tests/engines/test_engine_vllm.py."""
 
 import os
@@ -75,6 +76,19 @@ def test_request_timeout_stops_the_worker(tmp_path):
     c.close()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_killed_worker_surfaces_the_engines_reason_from_its_log(tmp_path):
+    # SGLang 0.5.23 asked for Qwen3-MoE boundary N logs an IndexError and kills itself (-9)
+    why = "IndexError: index 6 is out of range"
+    c = _client(tmp_path, die_with=why)
+    with pytest.raises(
+        EngineError,
+        match=r"exited \(code -9\) during capture: IndexError: index 6 is out of range \(the "
+        r"engine's last error in its log\)\n--- last",
+    ):
+        c.capture([[1]], [0])
+    c.close()
 
 
 def test_missing_engine_venv_names_param_and_setup():

@@ -1,5 +1,6 @@
 """The SGLang worker's launch settings (no engine started): CPU switch and shim on CPU only, a
-loopback-only namespace prefix, and the drift figure's numbers."""
+loopback-only namespace prefix, the drift figure's numbers, and the aux width check (n_ids x the
+text model's hidden_size)."""
 
 import os
 import subprocess
@@ -71,3 +72,18 @@ def test_drift_figure_deviation_is_per_token_relative_error():
         engine_drift_figure({"r": ref, "y": {1: torch.zeros(5, 4)}}, "r")
     with pytest.raises(ValueError, match="reference"):
         engine_drift_figure({"r": ref}, "missing")
+
+
+def test_aux_width_must_be_n_ids_times_hidden(tmp_path):
+    from eagle3nb.engines.worker import check_aux_width, text_hidden_size
+
+    (tmp_path / "config.json").write_text('{"text_config": {"hidden_size": 64}}')  # a wrapper
+    assert text_hidden_size(str(tmp_path)) == 64
+    check_aux_width(0, 192, [0, 1, 3], 64, "SGLang")
+    # 128 divides by 2 ids but is 2 x 64, not the 2 x 96 asked: refused (the old check passed it)
+    with pytest.raises(
+        RuntimeError,
+        match=r"sample 3: SGLang returned aux states 128 wide for "
+        r"layer ids \[0, 1\], not 2 x hidden_size 96 = 192",
+    ):
+        check_aux_width(3, 128, [0, 1], 96, "SGLang")

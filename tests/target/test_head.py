@@ -136,3 +136,13 @@ def test_tied_embeddings_and_wrapper_names_in_a_sharded_index(tmp_path):
     assert names["embed"] == "model.language_model.embed_tokens.weight"
     with pytest.raises(KeyError, match="no single"):
         head_tensor_names(["a.embed_tokens.weight", "b.embed_tokens.weight"], False)
+
+
+def test_head_only_target_knows_its_layer_count(targets):
+    """03 resolves the boundaries from N with a head-only target (no layers loaded): N is the
+    config's, the one the full model's decoder has (2 and 40 layers here)."""
+    from eagle3nb.target.capture import n_layers_of
+
+    (m2, d2), (m40, d40) = targets["t2"], targets["t40"]
+    assert n_layers_of(load_target_head(d2)) == n_layers_of(m2) == 2
+    assert n_layers_of(load_target_head(d40)) == n_layers_of(m40) == 40

@@ -5,6 +5,8 @@ computed from the token ids, so the test can recompute them independently on the
 """
 
 import os
+import signal
+import sys
 import time
 
 import torch
@@ -43,6 +45,10 @@ class Backend:
         return [[(p[-1] + j + 1) % 7 for j in range(max_new_tokens)] for p in prompts]
 
     def capture(self, samples, layer_ids):
+        if self.options.get("die_with"):  # as SGLang: the reason in the log, then SIGKILL
+            print("Traceback (most recent call last):", file=sys.stderr)
+            print(self.options["die_with"], file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
         if any(i < 0 for i in layer_ids):
             raise ValueError(f"layer_ids={layer_ids}: negative")
         if self.options.get("sleep"):
