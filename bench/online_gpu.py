@@ -12,16 +12,17 @@ Parts (one process; the JSON is rewritten after each, so a part cut short by the
 the ones before it):
   online   :class:`eagle3nb.training.online.OnlineSource` (the target in the loop, its capture by HF
            hooks at the boundaries) -> train_drafter. Timed: median step after ``--warmup``.
+           ``capture_s_per_step``: the target's share, timed in OnlineSource.batch after a sync.
            MFU over target + drafter FLOPs: target forward per token
            ``L*(2*(Ht*(nh+2nkv)*hd + nh*hd*Ht + 3*Ht*I) + 4*nh*hd*(T+1)/2)`` (capture runs the
            decoder only; the lm_head is not run), plus the drafter's training FLOPs and the labels'
            ``2*Ht*V`` (``bench/mfu.py`` ``flops_per_token``), over the bf16 matmul peak measured in
-           the same job. ``capture_share``: the steps' batch wait (the target's forward) / step time.
+           the same job.
   offline  The same samples captured once by the same target and stored with
            :func:`eagle3nb.dataset.write.write_dataset` (bf16, one shard per 8 samples), the page
            cache of the shards dropped, then train_drafter over
            :class:`eagle3nb.dataset.read.AuxDataset` (memory-mapped) with ``loader_workers`` 0 and
-           4. ``wait_share``: the part of the step time spent waiting for the batch
+           4. ``wait_share``: the part of the step time spent in the loader's ``next()``
            (``report["step_wait_seconds"]``, measured inside the training loop), steps after
            ``--warmup``. Issue 12's margin: <= 0.5.
 
@@ -131,7 +132,9 @@ def part_online(a, model, data, fl, peak, tiny) -> dict:
     total = fl["target_fwd"] + fl["drafter_train"] + fl["labels"]
     res.update(
         tokens_per_s=tok_s,
-        capture_share=res["wait_share"],
+        capture_s_per_step=src.capture_seconds / len(rep["step_seconds"]),
+        capture_s_is="the target's forward and capture per step (after a sync, so the training "
+        "step still queued is not counted), averaged over all steps",
         nonfinite_rows=src.nonfinite_rows,
         gflop_per_token={k: fl[k] / 1e9 for k in ("target_fwd", "drafter_train", "labels")},
         flop_share={k: fl[k] / total for k in ("target_fwd", "drafter_train", "labels")},

@@ -222,8 +222,9 @@ def train_drafter(
     position: counted, no optimizer update), ``world_size``, ``parallel`` (single, ddp or fsdp),
     ``padding`` (offline sources), ``step_seconds`` / ``step_token_steps`` (wall time and global
     loss-token-steps of each step of this call; the first steps include warm-up, a checkpoint step
-    its write, an evaluated step its evaluation), ``step_wait_seconds`` (of each step, the part
-    spent waiting for its batch: the loader's exposed time offline, the target's capture online),
+    its write, an evaluated step its evaluation), ``step_wait_seconds`` (of each step, the time
+    spent in the batch source's ``next()``: the loader's exposed time offline, the target's
+    capture online),
     ``best`` (best.json or None), ``returned``
     (``{"from": best|last, "step"}``: the weights returned) and ``eval_seconds``.
     Resumes from the committed checkpoint when it exists with the same config and data.
@@ -284,13 +285,18 @@ def train_drafter(
     model.train()
     t0, tokens = time.time(), 0
     step_seconds, step_tokens, t_prev = [], [], t0  # per step of this run (for benchmarks)
-    wait_seconds = []  # per step: time until its batch arrived (loader, or capture when online)
+    wait_seconds = []  # per step: time in the source's next() (loader, or capture when online)
     evaluate = None
     if heldout is not None:
         evaluate = lambda: evaluate_during_training(heldout, model, drafter, mode, ctx, dev)  # noqa: E731
     mon = TrainMonitor(cfg, ctx, out_dir, step, progress, evaluate, tracking, stream, clock, best)
-    for b in source.batches(step, cfg.max_steps, ctx.rank, ctx.world, dev.type == "cuda"):
-        wait_seconds.append(time.time() - t_prev)
+    batches = iter(source.batches(step, cfg.max_steps, ctx.rank, ctx.world, dev.type == "cuda"))
+    while True:
+        w0 = time.time()
+        b = next(batches, None)
+        if b is None:
+            break
+        wait_seconds.append(time.time() - w0)
         if cfg.aux_noise > 0:
             b["aux"] = add_aux_noise(b, step, cfg.seed, cfg.aux_noise)
         b = fast.prepare({k: v.to(dev, non_blocking=True) for k, v in b.items()})

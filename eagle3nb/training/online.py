@@ -178,6 +178,8 @@ class OnlineSource:
         ids, attn = pad_right([x["input_ids"] for x in items], dtype=torch.long)  # [B, T] both
         loss = pad_right([x["loss_mask"] for x in items], dtype=torch.long)[0]  # [B, T]
         ids, loss, attn = ids.to(device), loss.to(device), attn.to(device)
+        if torch.device(device).type == "cuda":  # the training step still queued is not capture
+            torch.cuda.synchronize()
         t0 = time.time()
         st = capture_boundaries(self.model, ids, sorted(set(self.boundaries + [self.n])), attn)
         real = attn[..., None].float()  # padding holds zeros, as in the stored dataset's collate
