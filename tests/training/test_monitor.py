@@ -223,3 +223,36 @@ def test_heldout_eval_does_not_consume_the_rng(target):
 def test_unknown_tracker_is_refused(target, tiny_ds, tmp_path):
     with pytest.raises(ValueError, match="unknown"):
         train_drafter(tiny_ds, target[0], cfg(), tmp_path, tracking=["neptune"])
+
+
+class SlowSource(TimedSource):
+    """A batch source that sleeps ``secs`` of real time before each batch (a slow loader)."""
+
+    def batches(self, *a, **kw):
+        import time
+
+        for b in self.src.batches(*a, **kw):
+            time.sleep(self.secs)
+            yield b
+
+
+def test_step_wait_seconds_is_the_time_the_loader_took(target, tiny_ds, tmp_path):
+    """The loop's per-step batch wait holds at least the loader's own sleep, and is part of the step."""
+    model, _, _ = target
+    c = cfg(max_steps=3, log_every=100)
+    src = SlowSource(make_source(tiny_ds, c), None, 0.3)
+    _, rep = train_drafter(src, model, c, tmp_path, stream=None, tracking=[])
+    w, s = rep["step_wait_seconds"], rep["step_seconds"]
+    assert len(w) == len(s) == 3
+    assert all(x >= 0.3 for x in w), w
+    assert all(a <= b for a, b in zip(w, s)), (w, s)
+
+
+def test_loader_workers_auto_takes_4_on_cuda_and_0_on_cpu():
+    from eagle3nb.training.loop import loader_workers_for
+
+    assert loader_workers_for(cfg(loader_workers=-1), "cpu") == 0
+    assert loader_workers_for(cfg(loader_workers=-1), torch.device("cuda")) == 4
+    assert loader_workers_for(cfg(loader_workers=2), "cuda:0") == 2
+    with pytest.raises(ValueError, match="loader_workers=-2"):
+        cfg(loader_workers=-2)
