@@ -170,7 +170,9 @@ def part_offline(a, model, data, tiny, workdir: Path) -> dict:
         out = workdir / f"train_w{workers}"
         ds = AuxDataset(ds_dir, mmap=True)
         t0 = time.time()
-        _, rep = train_drafter(ds, model, train_cfg(a, tiny, workers), out, tracking=(), stream=None)
+        _, rep = train_drafter(
+            ds, model, train_cfg(a, tiny, workers), out, tracking=(), stream=None
+        )
         r = {"wall_s": time.time() - t0, **timed(rep, a.warmup)}
         r["tokens_per_s"] = a.batch * a.seq / r["step_s_median"]
         r["margin_met"] = r["wait_share"] <= 0.5
@@ -180,7 +182,9 @@ def part_offline(a, model, data, tiny, workdir: Path) -> dict:
 
 
 def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results" / "online_gpu"))
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=8)

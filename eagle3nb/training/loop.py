@@ -32,7 +32,7 @@ import torch
 
 from eagle3nb.training import distributed
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
-from eagle3nb.training.batches import add_aux_noise
+from eagle3nb.training.batches import add_aux_noise, loader_workers_for, make_source  # noqa: F401 (re-exported)
 from eagle3nb.training.fastpath import COMPILE, PRECISIONS, resolve
 from eagle3nb.training.objective import TTTObjective
 from eagle3nb.target.capture import final_norm_of
@@ -72,7 +72,9 @@ class TrainConfig:
         True  # global batches of similar lengths (less padding); False = plain shuffle
     )
     bucket_window: int = 16  # global batches per length-sorting window
-    loader_workers: int = 0  # DataLoader worker processes (0 = in the training process; -1 = auto: 4 on CUDA, else 0)
+    loader_workers: int = (
+        0  # DataLoader worker processes (0 = in the training process; -1 = auto: 4 on CUDA, else 0)
+    )
     fsdp: str = "auto"  # under torchrun: on, off, or auto (FSDP when the drafter is large)
     attention: str = "auto"  # TTT attention: eager (reference), flex (same function; fast on GPU), auto (flex on CUDA)
     precision: str = (
@@ -176,31 +178,6 @@ def build_drafter(ds, target, cfg: TrainConfig) -> tuple[Eagle3Drafter, dict]:
 
 # fault injection for tests: "RANK:STEP" makes that rank SIGKILL itself right after STEP
 FAULT_ENV = "EAGLE3NB_FAULT_AT_STEP"
-
-
-def loader_workers_for(cfg: TrainConfig, device) -> int:
-    """``cfg.loader_workers``, with -1 (auto) resolved: 4 worker processes when training on CUDA
-    (bench/online_gpu.py, one H200 at 8B drafter shapes: 0 workers left the GPU waiting for the
-    loader 25% of each step, 4 workers 0.1%, 23% more tokens/s), else 0 (a CPU step is slow
-    next to loading, and workers would take the cores the step uses)."""
-    if cfg.loader_workers >= 0:
-        return cfg.loader_workers
-    return 4 if torch.device(device).type == "cuda" else 0
-
-
-def make_source(ds, cfg: TrainConfig, device="cpu"):
-    """The batch source for ``cfg``: an offline source over ``ds`` (an ``AuxDataset``, either
-    mode) loading with :func:`loader_workers_for` workers for ``device``, or ``ds`` itself when it
-    computes its batches (an online source, given the same batch plan as the offline loader)."""
-    from eagle3nb.training.batches import OfflineSource
-
-    if hasattr(ds, "configure"):
-        return ds.configure(cfg.batch_size, cfg.seed, cfg.bucket_by_length, cfg.bucket_window)
-
-    workers = loader_workers_for(cfg, device)
-    return OfflineSource(
-        ds, cfg.batch_size, cfg.seed, cfg.bucket_by_length, cfg.bucket_window, workers
-    )
 
 
 def train_drafter(
