@@ -110,7 +110,10 @@ class RunParams(InputFields):
         True, "global batches of similar lengths (less padding); False for a plain shuffle", [TRAIN]
     )
     loader_workers: int = _p(
-        0, "DataLoader worker processes feeding training (0 loads in this process)", [TRAIN], ge=0
+        -1,
+        "DataLoader worker processes feeding training (0 loads in this process; -1 auto: 4 on CUDA, 0 on CPU)",
+        [TRAIN],
+        ge=-1,
     )
     nproc_per_node: int = _p(
         1,

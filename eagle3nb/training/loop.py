@@ -72,9 +72,7 @@ class TrainConfig:
         True  # global batches of similar lengths (less padding); False = plain shuffle
     )
     bucket_window: int = 16  # global batches per length-sorting window
-    loader_workers: int = (
-        0  # DataLoader worker processes (0 = in the training process; -1 = auto: 4 on CUDA, else 0)
-    )
+    loader_workers: int = -1  # DataLoader processes (0 = in this process; -1 = 4 on CUDA, else 0)
     fsdp: str = "auto"  # under torchrun: on, off, or auto (FSDP when the drafter is large)
     attention: str = "auto"  # TTT attention: eager (reference), flex (same function; fast on GPU), auto (flex on CUDA)
     precision: str = (
