@@ -121,6 +121,15 @@ class InputFields(BaseModel):
     )
     temperature: float = _p(0.0, "0 for greedy, above 0 samples", [GENERATE], ge=0)
     top_p: float = _p(1.0, "nucleus sampling when temperature > 0", [GENERATE], gt=0, le=1)
+    sampled_continuations: int = _p(
+        0,
+        "extra continuations per train prompt, sampled at sample_temperature with top_p (more varied training data; 0 for none)",
+        [GENERATE],
+        ge=0,
+    )
+    sample_temperature: float = _p(
+        0.8, "temperature of the extra sampled continuations", [GENERATE], gt=0
+    )
     gen_batch_size: int = _p(64, "prompts or dialogues per batched generate call", [GENERATE], ge=1)
     generate_engine: Literal["hf", "vllm", "sglang"] = _p(
         "hf", "hf (transformers generate), vllm or sglang (each engine in its venv)", [GENERATE]

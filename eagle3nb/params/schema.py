@@ -227,6 +227,14 @@ class RunParams(InputFields):
         return self
 
     @model_validator(mode="after")
+    def _sampling(self):
+        if self.sampled_continuations and self.dataset is not None:
+            raise ValueError(
+                f"sampled_continuations={self.sampled_continuations} applies to prompts_file runs; with dataset set use 0 (conversations are regenerated turn by turn)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _paths(self):
         check_paths(self)
         return self

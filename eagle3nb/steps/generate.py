@@ -57,8 +57,13 @@ def generate_step(p: RunParams, progress=True) -> dict:
     todo = [r for r in recs if r["split"] == "train"]
     eos = models.stop_token_ids(model, tok)
     engine, secs = _generate(p, rd, model, tok, path, todo, eos, progress)
+    if p.sampled_continuations:
+        extra = _sampled_records(p, recs, todo)
+        sp = p.model_copy(update={"temperature": p.sample_temperature, "seed": p.seed + 1})
+        secs += _generate(sp, rd, model, tok, path, extra, eos, progress)[1]
+        recs = recs + extra  # todo stays 01's own decoding (the speed comparison below)
     write_jsonl(rd.generated, recs)
-    n_tok = sum(len(r["output_ids"]) for r in todo)
+    n_tok = sum(len(r["output_ids"]) for r in recs if r["split"] == "train")
     man = _manifest(p, rd, model, path, engine, eos, template, len(train), len(held), n_tok)
     atomic_write_json(rd.generation_manifest, man)
     stats = {
@@ -114,6 +119,18 @@ def _records(p: RunParams, tok, template, train, held, ctx: int) -> list[dict]:
                 )
             recs.append({"id": len(recs), "split": split, "prompt": text, "prompt_ids": ids})
     return recs
+
+
+def _sampled_records(p: RunParams, recs: list[dict], train: list[dict]) -> list[dict]:
+    """``p.sampled_continuations`` more train records per train prompt (same prompt and ids,
+    ``variant`` 1.., ids after the existing records), for continuations sampled at
+    ``p.sample_temperature``; the first record of each prompt keeps 01's own decoding."""
+    out = []
+    for v in range(1, p.sampled_continuations + 1):
+        for r in train:
+            rec = {k: r[k] for k in ("split", "prompt", "prompt_ids")}
+            out.append({"id": len(recs) + len(out), **rec, "variant": v})
+    return out
 
 
 def _generate(
@@ -186,6 +203,8 @@ def _manifest(p: RunParams, rd: RunDir, model, path, engine, eos, template, n_tr
         "max_new_tokens": p.max_new_tokens,
         "greedy": p.temperature == 0,
         "stop_token_ids": eos,
+        "sampled_continuations": p.sampled_continuations,
+        "sample_temperature": p.sample_temperature if p.sampled_continuations else None,
     }
     return provenance(
         p.seed,
