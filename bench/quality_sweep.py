@@ -1,0 +1,170 @@
+"""Quality levers of the default job (issue 16): held-out tau(k=5) per data setting and training
+budget, through the step functions the notebooks call (01 generate, 02b extract at SGLang's
+capture point, 03 train, 04 evaluate), so the chosen default is a measured one.
+
+    python bench/quality_sweep.py --device cuda --out-dir DIR      # the sweep (GPU: minutes)
+    python bench/quality_sweep.py --cpu-step-seconds                # per-step CPU time here
+
+Data settings ``D<n>``: ``params/default.yaml`` with ``sampled_continuations: n`` (n extra
+continuations per train prompt at ``sample_temperature`` 0.8; D0 is today's data). Each is generated
+and extracted once (``extract_engine: hf``: HF at SGLang's capture point, proven equal to SGLang's
+own capture in 02b), then each training budget of that setting trains from it in its own run folder
+(a copy of the data) and is evaluated by 04's simulator on the held-out prompts (``vllm_eval``
+off: on the main job vLLM's served tau equalled the simulator's, 3.551 both). Training runs in
+float32 without compile on the sweep's device (the CPU default's function); the x axis users pay
+for is CPU seconds, so ``--cpu-step-seconds`` times 20 steps of each drafter shape on this machine
+(2 threads) and the JSON's ``cpu_seconds_est`` = steps x that time (an estimate, labelled so).
+
+Writes ``quality_sweep.json`` (rewritten after every run, so a cut-short sweep keeps what ran).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# (data setting, train overrides) in order of priority: the sweep stops adding runs near --budget
+RUNS = [
+    (0, {"max_steps": 1000}),  # today's default
+    (3, {"max_steps": 1000}),
+    (3, {"max_steps": 3000}),
+    (0, {"max_steps": 3000}),
+    (6, {"max_steps": 3000}),
+    (6, {"max_steps": 6000}),
+    (3, {"max_steps": 3000, "draft_intermediate_size": 1376}),
+    (6, {"max_steps": 6000, "lr": 0.002}),
+]
+BASE = dict(extract_engine="hf", measure_engine_speed=False, drift_samples=0,
+    drift_both_dtypes=False, vllm_extract=False, vllm_eval=False, baselines=False, k_sweep=False,
+    generate_speed_engines=[], precision="float32", torch_compile="off", attention="eager",
+    eval_every=0, interactive=False, tracking=[])  # fmt: skip
+
+
+def _name(d: int, tr: dict) -> str:
+    return f"D{d}_" + "_".join(f"{k}{v}" for k, v in tr.items())
+
+
+def sweep(a) -> dict:
+    from eagle3nb.params import load_params
+    from eagle3nb.rundir import RunDir
+    from eagle3nb.steps.evaluate import eval_step
+    from eagle3nb.steps.extract_sglang import extract_sglang_step
+    from eagle3nb.steps.generate import generate_step
+    from eagle3nb.steps.train import train_step
+
+    od = Path(a.out_dir)
+    od.mkdir(parents=True, exist_ok=True)
+    res = {"started": time.time(), "device": a.device, "runs": {}, "data": {}}
+    t_start = time.time()
+
+    def save():
+        res["wall_s"] = time.time() - t_start
+        (od / "quality_sweep.json").write_text(json.dumps(res, indent=1, default=str))
+
+    runs = RUNS[: a.max_runs] if a.max_runs else RUNS
+    for d, tr in runs:
+        if time.time() - t_start > a.budget:
+            res.setdefault("skipped", []).append(_name(d, tr))
+            continue
+        kw = dict(BASE, device=a.device, outputs_dir=str(od / "runs"), **a.extra)
+        data_name = f"data_D{d}"
+        if data_name not in res["data"]:
+            p = load_params(a.params, run_name=data_name, sampled_continuations=d, **kw)
+            t0 = time.time()
+            g = generate_step(p, progress=False)
+            t1 = time.time()
+            extract_sglang_step(p, progress=False)
+            res["data"][data_name] = {
+                "sampled_continuations": d,
+                "train_records": sum(1 for r in g["records"] if r["split"] == "train"),
+                "generated_tokens": g["stats"]["generated_tokens"],
+                "generate_s": round(t1 - t0, 1),
+                "extract_s": round(time.time() - t1, 1),
+            }
+        name = _name(d, tr)
+        src = RunDir(load_params(a.params, run_name=data_name, **kw)).root
+        p = load_params(a.params, run_name=name, sampled_continuations=d, **kw, **tr)
+        dst = RunDir(p).root
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(src, dst, ignore=shutil.ignore_patterns("train", "drafter", "figures"))
+        t0 = time.time()
+        out = train_step(p, progress=False)
+        t1 = time.time()
+        ev = eval_step(p, progress=False)["stats"]
+        res["runs"][name] = {
+            "data": data_name,
+            "train": tr,
+            "train_s_on_device": round(t1 - t0, 1),
+            "eval_s": round(time.time() - t1, 1),
+            "tau": ev["tau"]["trained"],
+            "final_loss": out["stats"]["final_loss"],
+            "steps": out["stats"]["steps"],
+        }
+        print(name, res["runs"][name], flush=True)
+        save()
+    save()
+    return res
+
+
+def cpu_step_seconds(a) -> dict:
+    """Seconds per training step on this machine's CPU for each drafter shape of RUNS: 20 steps of
+    03's training on the smoke run's dataset (2 threads, after 3 warm-up steps)."""
+    import torch
+
+    from eagle3nb.params import load_params
+    from eagle3nb.rundir import RunDir
+    from eagle3nb.steps.train import train_step
+
+    torch.set_num_threads(2)
+    shapes = sorted({tr.get("draft_intermediate_size", 688) for _, tr in RUNS})
+    out = {}
+    for w in shapes:
+        kw = dict(BASE, device="cpu", outputs_dir=a.cpu_outputs, run_name=a.cpu_run)
+        src = RunDir(load_params(a.params, **kw)).root
+        name = f"cpu_step_w{w}"
+        p = load_params(a.params, **dict(kw, run_name=name), max_steps=23, log_every=1,
+            draft_intermediate_size=w)  # fmt: skip
+        shutil.rmtree(RunDir(p).root, ignore_errors=True)
+        shutil.copytree(src, RunDir(p).root, ignore=shutil.ignore_patterns("train", "drafter"))
+        train_step(p, progress=False)
+        secs = json.loads((RunDir(p).train / "step_times.json").read_text())["seconds"][3:]
+        out[w] = sum(secs) / len(secs)
+        shutil.rmtree(RunDir(p).root, ignore_errors=True)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--params", default=str(ROOT / "params" / "default.yaml"))
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results" / "quality_sweep"))
+    ap.add_argument("--budget", type=float, default=480.0, help="seconds; no new run after it")
+    ap.add_argument("--max-runs", type=int, default=0)
+    ap.add_argument("--cpu-step-seconds", action="store_true")
+    ap.add_argument("--cpu-outputs", default=str(ROOT / "outputs"))
+    ap.add_argument("--cpu-run", default="default", help="run whose dataset the CPU timing reads")
+    ap.add_argument("--tiny", action="store_true", help="plumbing check: few prompts and steps")
+    a = ap.parse_args()
+    a.extra = {}
+    if a.tiny:
+        a.extra = dict(max_train_prompts=6, max_new_tokens=8, eval_max_new_tokens=8)
+        a.extra["max_eval_prompts"] = 2
+        global RUNS
+        RUNS = [(0, {"max_steps": 3}), (1, {"max_steps": 3})]
+    if a.cpu_step_seconds:
+        r = cpu_step_seconds(a)
+        print(json.dumps(r, indent=1))
+        return
+    r = sweep(a)
+    print(json.dumps({k: v for k, v in r.items() if k != "runs"}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
