@@ -140,6 +140,41 @@ def cpu_step_seconds(a) -> dict:
     return out
 
 
+def figure(ref: Path, out_dir: Path) -> Path:
+    """tau against estimated CPU training seconds, one trace per data setting, from a sweep JSON
+    (``bench/reference_quality_sweep.json``); writes ``quality_sweep.html`` (plotly, standalone)."""
+    import plotly.graph_objects as go
+
+    r = json.loads(ref.read_text())
+    fig = go.Figure()
+    by_data: dict[str, list] = {}
+    for name, v in r["runs"].items():
+        by_data.setdefault(v["data"], []).append((v["cpu_seconds_est"], v["tau"], name))
+    for d, pts in sorted(by_data.items()):
+        pts.sort()
+        n = r["data"][d]["sampled_continuations"]
+        label = f"{n} sampled continuations per prompt" if n else "greedy only (today)"
+        fig.add_trace(go.Scatter(x=[x for x, _, _ in pts], y=[y for _, y, _ in pts],
+            mode="lines+markers+text", name=label, text=[f"{y:.3f}" for _, y, _ in pts],
+            textposition="bottom right"))  # fmt: skip
+    fig.add_hline(
+        y=3.9,
+        line_dash="dot",
+        annotation_text="issue-16 target 3.9",
+        annotation_position="top left",
+    )
+    fig.update_layout(
+        title="Default job: held-out tau (k=5) vs 03 training time on 2 CPU cores (estimated: steps x 0.323 s)",
+        xaxis_title="training seconds on 2 CPU cores (1000 and 3000 steps)",
+        yaxis_title="tau (simulator, held-out prompts)",
+        width=1000, height=480,
+    )  # fmt: skip
+    out_dir.mkdir(parents=True, exist_ok=True)
+    f = out_dir / "quality_sweep.html"
+    fig.write_html(f, include_plotlyjs=True)
+    return f
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--params", default=str(ROOT / "params" / "default.yaml"))
@@ -151,13 +186,29 @@ def main():
     ap.add_argument("--cpu-outputs", default=str(ROOT / "outputs"))
     ap.add_argument("--cpu-run", default="default", help="run whose dataset the CPU timing reads")
     ap.add_argument("--tiny", action="store_true", help="plumbing check: few prompts and steps")
+    ap.add_argument("--figure", nargs=2, metavar=("SWEEP_JSON", "OUT_DIR"), help="plot a sweep")
+    ap.add_argument(
+        "--runs", default="", help="instead of RUNS, e.g. '0:max_steps=3000;6:max_steps=3000'"
+    )
     a = ap.parse_args()
+    if a.runs:
+        global RUNS
+        RUNS = []
+        for part in a.runs.split(";"):
+            d, _, kv = part.partition(":")
+            tr = {
+                k: (float(v) if "." in v else int(v))
+                for k, v in (x.split("=") for x in kv.split(","))
+            }
+            RUNS.append((int(d), tr))
     a.extra = {}
     if a.tiny:
         a.extra = dict(max_train_prompts=6, max_new_tokens=8, eval_max_new_tokens=8)
         a.extra["max_eval_prompts"] = 2
-        global RUNS
         RUNS = [(0, {"max_steps": 3}), (1, {"max_steps": 3})]
+    if a.figure:
+        print(figure(Path(a.figure[0]), Path(a.figure[1])))
+        return
     if a.cpu_step_seconds:
         r = cpu_step_seconds(a)
         print(json.dumps(r, indent=1))
