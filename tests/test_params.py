@@ -44,3 +44,13 @@ def test_device_parameter():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="torch sees no GPU"):
             resolve_device(RunParams(device="cuda"))
+
+
+def test_error_for_a_list_field_names_its_real_default(tmp_path):
+    """A field with a default factory shows that default (not pydantic's 'PydanticUndefined')."""
+    f = tmp_path / "p.yaml"
+    f.write_text("generate_speed_engines: null\n")
+    with pytest.raises(ValueError) as e:
+        load_params(f, interactive=False)
+    assert "generate_speed_engines: [] (the default)" in str(e.value)
+    assert "PydanticUndefined" not in str(e.value)

@@ -45,6 +45,8 @@ def _format_error(e: ValidationError, source: str) -> str:
             field = RunParams.model_fields.get(str(err["loc"][0])) if err["loc"] else None
             if str(err["loc"][0] if err["loc"] else "") in _HINTS:
                 hint += "; use " + _HINTS[str(err["loc"][0])]
+            elif field is not None and field.default_factory is not None:  # e.g. lists: []
+                hint += f"; e.g. {key}: {field.default_factory()!r} (the default)"
             elif field is not None and field.default is not None:
                 hint += f"; e.g. {key}: {field.default!r} (the default)"
         lines.append(f"  {key}={val!r}: {hint}")
