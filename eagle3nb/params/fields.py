@@ -178,6 +178,13 @@ class InputFields(BaseModel):
         "write the dataset although measured and declared boundaries differ",
         [EXTRACT_VLLM, EXTRACT_SGLANG],
     )
+    twin_check: Literal["enforce", "warn", "off"] = _p(
+        "enforce",
+        "engine capture of a tiny random twin of the target at the run ids, slots named by HF "
+        "boundaries and compared with engine_rules: enforce stops on a disagreement, warn records "
+        "it, off skips it",
+        [EXTRACT_VLLM, EXTRACT_SGLANG],
+    )
     measure_engine_speed: bool = _p(
         False,
         "also time plain generation and prefill without capture by SGLang (on the running "
