@@ -110,3 +110,15 @@ def test_twin_ids_keep_what_the_rules_depend_on():
     assert twin_ids([0, 2, 3], 40, 12) == [0, 2, 3]
     with pytest.raises(ValueError, match=r"do not fit the twin's 5 layers"):
         twin_ids([2, 3, 4, 5], 40, 5)
+
+
+def test_alignment_figure_shows_the_twin_panel(twin_dir):
+    from eagle3nb.viz.plots import alignment_figure
+
+    rec = twin_proof(hf_at("sglang"), "sglang", "0.5.23", TARGET, [0, 1, 3], "float32", twin_dir)
+    err = torch.tensor(rec["error_matrix"])
+    fig = alignment_figure(err, rec["reference_boundaries"], [1, 2, 4], "sglang", twin=rec)
+    assert len(fig.data) == 2
+    titles = [a.text for a in fig.layout.annotations]
+    assert any("measured [1, 2, 4], engine_rules [1, 2, 4]: agrees" in t for t in titles)
+    assert list(fig.data[1].y) == [f"twin id {i} (table b={i + 1})" for i in (0, 1, 3)]
