@@ -81,7 +81,7 @@ def twin_proof(
     rule = engine_rule(engine, version, arch)  # raises for a key the table lacks
     n = int(cfg["num_hidden_layers"])
     nt = twin_layers(n)
-    tdir = build_twin(target_path, twin_dir, nt, seed)
+    tdir = build_twin(target_path, twin_dir, nt, seed, arch, models.MODEL_TYPE_ALIASES)
     t_build = time.perf_counter()
     tids = twin_ids(engine_ids, n, nt)
     tcfg = models.text_config(models.read_model_config(tdir))

@@ -163,7 +163,13 @@ def _source_hash(cfg: dict, n_layers: int, seed: int, vocab: int) -> str:
 
 
 def build_twin(
-    target_path: str | os.PathLike, out_dir: str | os.PathLike, n_layers: int, seed: int = 0
+    target_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    n_layers: int,
+    seed: int = 0,
+    arch: str | None = None,
+    model_type_aliases: dict | None = None,
+    tokenizer_from: str | os.PathLike | None = None,
 ) -> Path:
     """Write a tiny random-weight twin of the target in ``target_path`` to ``out_dir``.
 
@@ -173,31 +179,38 @@ def build_twin(
     copied. Nothing is downloaded. The folder is written under a temp name and renamed; an existing
     twin of the same config, layers and seed is reused (``twin.json`` holds the hash).
 
+    Args:
+        target_path: folder with the target's config.json (weights are not read).
+        arch: the transformers class to build (default: config.json's first ``architectures``).
+        model_type_aliases: model_type -> the transformers model_type to build it as (Kimi-K2's
+            ``kimi_k2`` -> ``deepseek_v3``); config.json keeps the target's own.
+        tokenizer_from: folder whose tokenizer files are copied (default ``target_path``).
+
     Returns:
         ``out_dir`` as a Path.
 
     Raises:
         ValueError: see :func:`twin_config`; FileNotFoundError: no config.json in ``target_path``.
+        AttributeError: ``arch`` is not a class of the installed transformers.
     """
     import torch
     import transformers
     from transformers import AutoConfig
 
-    from eagle3nb.target.models import MODEL_TYPE_ALIASES, read_model_config, target_arch
-
     src, out = Path(target_path), Path(out_dir)
-    cfg = read_model_config(src)
+    aliases = dict(model_type_aliases or {})
+    cfg = json.loads((src / "config.json").read_text())
     text = cfg.get("text_config") if "num_hidden_layers" not in cfg else cfg
     vocab = min(int((text or cfg).get("vocab_size") or TWIN_VOCAB), TWIN_VOCAB)
     digest = _source_hash(cfg, n_layers, seed, vocab)
     stamp = out / "twin.json"
     if stamp.is_file() and json.loads(stamp.read_text()).get("sha256") == digest:
         return out
-    arch = target_arch(cfg, str(src))
+    arch = arch or (cfg.get("architectures") or [None])[0]
     tcfg = twin_config(cfg, n_layers=n_layers, vocab_size=vocab)
     mt = tcfg.get("model_type")
     kw = {k: v for k, v in tcfg.items() if k not in ("model_type", "transformers_version")}
-    hf_cfg = AutoConfig.for_model(MODEL_TYPE_ALIASES.get(mt, mt), **kw)
+    hf_cfg = AutoConfig.for_model(aliases.get(mt, mt), **kw)
     torch.manual_seed(seed)
     model = getattr(transformers, arch)(hf_cfg).float().eval()
     with torch.no_grad():  # router weights std 1: top-k choices are not near-ties
@@ -208,15 +221,14 @@ def build_twin(
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     saved = json.loads((tmp / "config.json").read_text())
-    if (
-        mt in MODEL_TYPE_ALIASES
-    ):  # keep the target's own model_type (e.g. kimi_k2), as engines read it
+    if mt in aliases:  # the target's own model_type (e.g. kimi_k2), as the engines read it
         saved["model_type"] = mt
     saved["architectures"] = cfg.get("architectures") or [arch]
     (tmp / "config.json").write_text(json.dumps(saved, indent=2))
+    tok = Path(tokenizer_from) if tokenizer_from else src
     for f in _TOKENIZER_FILES:
-        if (src / f).is_file():
-            shutil.copy(src / f, tmp / f)
+        if (tok / f).is_file():
+            shutil.copy(tok / f, tmp / f)
     (tmp / "twin.json").write_text(
         json.dumps({"sha256": digest, "of": str(src), "n_layers": n_layers, "seed": seed})
     )
