@@ -53,7 +53,8 @@ class InputFields(BaseModel):
     outputs_dir: str = _p("outputs", "parent folder of runs (relative to the repo root)", ALL)
     model: str = _p(
         "stories260K-hd32",
-        "target model folder name or path (searched in $EAGLE3NB_MODEL_PATH, ../shared/models)",
+        "target model folder name or path (searched in $EAGLE3NB_MODEL_PATH, ../shared/models), "
+        "or twin:CONFIG.json for a tiny random-weight twin of that config built here",
         ALL,
     )
     dtype: Literal["float32", "bfloat16"] = _p(

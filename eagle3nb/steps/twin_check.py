@@ -63,3 +63,20 @@ def run_twin_check(
 def twin_summary(rec: dict) -> dict:
     """The twin record as stored in manifests and metrics.json (no error matrix)."""
     return {k: v for k, v in rec.items() if k not in ("error_matrix", "reference_boundaries")}
+
+
+def export_readings(p: RunParams, manifest: dict) -> dict:
+    """For the alignment figure: per installed engine version, the boundaries its rule for the
+    target's class reads from the ids the export will write for this dataset's boundaries
+    (:func:`eagle3nb.drafter.engine_read.rule_readings`), as ``{"<engine> <version> reads ids
+    [..]": [boundaries]}``; engines whose ids cannot be written or read are left out."""
+    from eagle3nb.drafter.engine_read import rule_readings
+    from eagle3nb.steps.common import engine_versions
+
+    t, b = manifest["target"], list(manifest["aux_boundaries"])
+    got = rule_readings(b, b, t["n_layers"], t["architecture"], engine_versions(p))
+    return {
+        f"{e} {r['version']} reads exported ids {r['ids']}": r["reads"]
+        for e, r in got.items()
+        if r.get("reads") is not None
+    }

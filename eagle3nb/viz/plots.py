@@ -325,11 +325,14 @@ def alignment_figure(
     declared: Sequence[int],
     engine: str,
     twin: dict | None = None,
+    served: Mapping[str, Sequence[int]] | None = None,
 ) -> go.Figure:
     """Heatmap of log10 relative error, slots (rows) x reference boundaries (columns); with
     ``twin`` (:func:`eagle3nb.engines.twin_check.twin_proof`'s record) a second panel: the same
     engine's slots on the target's tiny twin against the twin's HF boundaries, titled with the
-    measured rule and the verdict against engine_rules."""
+    measured rule and the verdict against engine_rules. ``served`` (``{label: boundaries}``, one
+    per slot) marks on the target panel the boundary each engine version reads from the exported
+    ids (a marker off the trained diagonal is the mismatch the drafter would be served)."""
     from plotly.subplots import make_subplots
 
     def heat(e, bnds, labels, show):
@@ -346,8 +349,18 @@ def alignment_figure(
 
     rows = [f"slot {i} (declared b={d})" for i, d in enumerate(declared)]
     title = f"Which boundary did {engine} capture? (relative error vs HF reference)"
+    marks = [
+        go.Scatter(
+            x=[f"b={b}" for b in bs],
+            y=rows[: len(bs)],
+            mode="markers",
+            marker={"symbol": ["x", "circle-open", "diamond-open"][i % 3], "size": 14},
+            name=label,
+        )
+        for i, (label, bs) in enumerate((served or {}).items())
+    ]
     if twin is None:
-        fig = go.Figure(heat(err, boundaries, rows, True))
+        fig = go.Figure([heat(err, boundaries, rows, True), *marks])
         fig.update_layout(title=title, template="plotly_white", xaxis_title="HF reference boundary")
         return fig
     verdict = twin["verdict"].split(":")[0]
@@ -357,6 +370,8 @@ def alignment_figure(
     )
     fig = make_subplots(rows=2, cols=1, subplot_titles=("target (direct check)", sub))
     fig.add_trace(heat(err, boundaries, rows, True), row=1, col=1)
+    for m in marks:
+        fig.add_trace(m, row=1, col=1)
     trows = [
         f"twin id {s['id']} (table b={t})"
         for s, t in zip(twin["slots"], twin["table"] or [None] * len(twin["slots"]))
