@@ -20,15 +20,16 @@ def run_twin_check(
     (without the error matrix) goes to ``metrics.json["twin_check"][engine]``.
 
     Returns:
-        The proof's dict, plus ``"run_boundaries"`` (``bnds``) and ``"mode"``; None with
-        ``twin_check: off``.
+        The proof's dict, plus ``"run_boundaries"`` (``bnds``), ``"run_boundaries_match"`` (the
+        measured rule gives the run's ids ``bnds``; where it does not, eagle3nb's convention and
+        the table disagree, which preflight refuses and the direct check against the target's HF
+        states, run next, stops) and ``"mode"``; None with ``twin_check: off``.
 
     Raises:
         ValueError: with ``twin_check: enforce``, a verdict other than ``agrees`` (the engine
-            captures other boundaries than engine_rules says, or the slots cannot be named), or
-            the measured rule gives the run's ids other boundaries than ``bnds``; the message
-            names class, engine, version, both boundary lists and the parameter. ``warn`` records
-            the same and continues with a warning.
+            captures other boundaries than engine_rules says, or the slots cannot be named); the
+            message names class, engine, version, both boundary lists and the parameter. ``warn``
+            records the same and continues with a warning.
     """
     from eagle3nb.engines.twin_check import TWIN_ENGINE_OPTIONS, twin_proof
 
@@ -42,10 +43,9 @@ def run_twin_check(
 
     rec = twin_proof(capture, engine, version, path, engine_ids, p.dtype, rd.root / "twin", p.seed)
     rec.update(run_boundaries=list(bnds), mode=p.twin_check)
-    ok = rec["agrees"] and rec["target_boundaries"] == list(bnds)
-    rec["ok"] = bool(ok)
+    rec["run_boundaries_match"] = rec["target_boundaries"] == list(bnds)
     update_metrics(rd.metrics, "twin_check", {engine: twin_summary(rec)})
-    if not ok:
+    if not rec["agrees"]:
         msg = (
             f"twin check of {rec['arch']} on {engine} {version}: {rec['verdict']}; the run gives "
             f"{engine} ids {rec['ids']} for boundaries {list(bnds)}, the twin measured "

@@ -95,7 +95,8 @@ def test_run_twin_check_enforce_stops_warn_records(tmp_path):
     warn = p.model_copy(update={"twin_check": "warn"})
     with pytest.warns(UserWarning, match="twin_check: warn, continuing"):
         rec = run_twin_check(warn, rd, FakeClient(), [0, 1, 3], [1, 2, 4], TARGET)
-    assert not rec["ok"] and rec["target_boundaries"] == [0, 1, 3]
+    assert not rec["agrees"] and rec["target_boundaries"] == [0, 1, 3]
+    assert not rec["run_boundaries_match"]
     stored = read_metrics(rd.metrics)["twin_check"]["sglang"]
     assert stored["measured"] == [0, 1, 3] and "error_matrix" not in stored
     off = p.model_copy(update={"twin_check": "off"})
