@@ -103,6 +103,8 @@ def _full_folder(root: Path, arch: str) -> Path:
     text["num_hidden_layers"] = 6  # the twin keeps the target's layer count up to 12
     if text.get("model_type") == "deepseek_v3":
         text["rope_scaling"] = dict(YARN)
+    if text.get("model_type") == "glm4_moe":  # as GLM-4.5(-Air) ships (transformers: no head_dim)
+        text.update(head_dim=128, partial_rotary_factor=0.5)
     d = root / arch
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text(json.dumps(cfg))
