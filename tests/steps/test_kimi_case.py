@@ -100,3 +100,60 @@ def test_what_sglang_would_feed_is_one_layer_shallower(kimi):
         assert float(err.sort(dim=1).values[:, 1].min()) > 0.3  # far from every other boundary
     err, cols = alignment_matrix(fed, {b: ref[b] for b in (3, 7, 10)}, 3)
     assert all(float(err[i, i]) > 0.3 for i in range(3))  # fed slot i is not trained slot i
+
+
+# --- the run itself, shortened (real vLLM 0.32 captures the DeepSeek twin on CPU) ---------------
+SMALL = dict(max_train_prompts=48, max_new_tokens=32, max_steps=150, max_eval_prompts=8)
+SMALL.update(eval_max_new_tokens=32, interactive=False)
+
+
+@pytest.fixture(scope="module")
+def kimi_run(kimi):
+    from pathlib import Path
+
+    from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
+    from eagle3nb.steps.evaluate import eval_step
+    from eagle3nb.steps.extract_sglang import extract_sglang_step
+    from eagle3nb.steps.extract_vllm import extract_vllm_step
+    from eagle3nb.steps.generate import generate_step
+    from eagle3nb.steps.train import train_step
+
+    if not Path(DEFAULT_ENGINE_PYTHONS["vllm"]).is_file():
+        pytest.skip("vLLM venv absent (bash .ci/setup_engines.sh)")
+    p = kimi[0].model_copy(update=SMALL)
+    generate_step(p, progress=False)
+    out = {"02a": extract_vllm_step(p, progress=False)}
+    out["02b"] = extract_sglang_step(p, progress=False)
+    with pytest.warns(UserWarning, match="FLAGGED before training: sglang 0.5.23 reads"):
+        out["03"] = train_step(p, progress=False)
+    out["04"] = eval_step(p, progress=False)
+    return p, out
+
+
+def test_run_vllm_captured_the_trained_boundaries_and_the_twin_agrees(kimi_run):
+    _, out = kimi_run
+    m = out["02a"]["manifest"]
+    assert (m["engine"]["name"], m["engine"]["version"]) == ("vllm", "0.32.0")
+    assert m["aux_boundaries"] == [3, 7, 10] and m["layer_ids"] == [3, 7, 10]
+    assert out["02a"]["alignment"]["ok"]  # vLLM's slots = HF boundaries [3, 7, 10] of the target
+    twin = m["twin_check"]
+    assert twin["agrees"] and twin["measured"] == [3, 7, 10] and twin["rule"] == "same"
+    assert out["02b"]["manifest"]["engine"]["name"] == "hf-transformers"
+
+
+def test_run_flags_and_measures_the_sglang_reading(kimi_run):
+    p, out = kimi_run
+    cfg = json.loads((RunDir(p).drafter / "config.json").read_text())
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [2, 6, 9]  # what users write
+    assert read_metrics(RunDir(p).metrics)["export_rules"]["engines"]["sglang"]["reads"] == [
+        2,
+        6,
+        9,
+    ]
+    st = out["04"]["stats"]
+    assert st["served_boundaries"] == {"sglang": [2, 6, 9], "vllm": [3, 7, 10]}
+    served = "trained, as served (ids -> [2, 6, 9])"
+    assert st["engines"][served].startswith("eagle3nb simulator")  # never labelled as an engine
+    print(f"\nkimi case: tau trained {st['tau']['trained']:.3f}, as SGLang 0.5.23 serves it "
+          f"{st['tau'][served]:.3f}; per position {st['per_position_acceptance']}")  # fmt: skip
+    assert st["tau"]["trained"] > st["tau"][served]
