@@ -347,6 +347,15 @@ def _mla_576(cfg: dict) -> str | None:
     return None
 
 
+def _amx_mla(cfg: dict) -> str | None:
+    return (
+        "on this CPU it picks the AMX MLA backend, whose weight processing takes bfloat16/float16 "
+        "weights only ('expect weight to be bfloat16, float16, int8, fp8_e4m3 or uint8', "
+        "v1/attention/backends/mla/amx_mla.py:303; measured in float32 on a 576 + YaRN twin); "
+        "bfloat16 is not proven here"
+    )
+
+
 def _yarn_factor(cfg: dict) -> str | None:
     if "factor" not in _rope(cfg):
         return "it reads rope_parameters['factor'] (KeyError without it, models/gpt_oss.py:117)"
@@ -371,7 +380,7 @@ def _kimi_not_run(cfg: dict) -> str | None:
 
 
 CPU_CONFIG_LIMITS = {
-    ("vllm", "0.32.0", "DeepseekV3ForCausalLM"): [("capture", _mla_576)],
+    ("vllm", "0.32.0", "DeepseekV3ForCausalLM"): [("capture", _mla_576), ("capture", _amx_mla)],
     ("vllm", "0.32.0", "Kimi_K25ForConditionalGeneration"): [("capture", _kimi_not_run)],
     ("vllm", "0.32.0", "GptOssForCausalLM"): [("capture", _yarn_factor), ("serve", _yarn_factor)],
     ("vllm", "0.32.0", "Llama4ForCausalLM"): [("capture", _chunk_128), ("serve", _chunk_128)],

@@ -43,8 +43,7 @@ CLASSES = {
         "Qwen3MoeForCausalLM",
         "GptOssForCausalLM",
         "Llama4ForCausalLM",
-        "DeepseekV3ForCausalLM",
-    ],
+    ],  # DeepSeek-V3: refused on CPU (AMX MLA backend, float32), tests/test_cpu_refusals.py
     "sglang": [
         "LlamaForCausalLM",
         "MistralForCausalLM",
@@ -101,8 +100,8 @@ def _full_folder(root: Path, arch: str) -> Path:
     cfg = _full(arch)
     text = cfg.get("text_config") or cfg
     text["num_hidden_layers"] = 6  # the twin keeps the target's layer count up to 12
-    if text.get("model_type") == "deepseek_v3":
-        text["rope_scaling"] = dict(YARN)
+    if text.get("model_type") == "deepseek_v3":  # as DeepSeek-V3 ships (transformers: neither)
+        text.update(rope_scaling=dict(YARN), topk_method="noaux_tc", scoring_func="sigmoid")
     if text.get("model_type") == "glm4_moe":  # as GLM-4.5(-Air) ships (transformers: no head_dim)
         text.update(head_dim=128, partial_rotary_factor=0.5)
     d = root / arch
