@@ -329,8 +329,6 @@ def _rope(cfg: dict) -> dict:
     return cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
 
 
-# (engine, version, class) -> [(use, test(cfg) -> why it fails or None)]: limits that depend on the
-# target's config, measured on this machine kind (../shared/reference/architectures.md section 4)
 def _mla_576(cfg: dict) -> str | None:
     d = int(cfg.get("kv_lora_rank") or 0) + int(cfg.get("qk_rope_head_dim") or 0)
     if d != 576:
@@ -373,12 +371,11 @@ def _chunk_128(cfg: dict) -> str | None:
 
 
 def _kimi_not_run(cfg: dict) -> str | None:
-    return (
-        "it was not run on CPU here (its vision tower and media processor are untested), so its "
-        "capture is not proven"
-    )
+    return "it was not run on CPU here (vision tower, media processor), so its capture is unproven"
 
 
+# (engine, version, class) -> [(use, test(cfg) -> why it fails or None)]: limits that depend on the
+# target's config, measured on this machine kind (../shared/reference/architectures.md section 4)
 CPU_CONFIG_LIMITS = {
     ("vllm", "0.32.0", "DeepseekV3ForCausalLM"): [("capture", _mla_576), ("capture", _amx_mla)],
     ("vllm", "0.32.0", "Kimi_K25ForConditionalGeneration"): [("capture", _kimi_not_run)],
