@@ -6,7 +6,7 @@ target/             the target model: model folders, layer-id conventions, HF ca
     models          find (explicit path, $EAGLE3NB_MODEL_PATH, ../shared/models), load, hash
     conventions     each engine's and trainer's layer ids <-> physical boundaries
     engine_rules    the id rule per (engine, engine version, architecture class), refusals
-    twin            a tiny random-weight twin's config from a target's config.json (rule proofs)
+    twin            a tiny random-weight twin of a target, from its config.json; slots named on it
     capture         residual stream at boundaries behind one CaptureEngine interface (HF)
     head            the target's embedding, final norm and lm_head alone, read by tensor name
     alignment       which boundary an engine really captured, measured against HF
@@ -48,6 +48,7 @@ engines/            real engines (vLLM, SGLang) behind one interface, across a p
     client          notebook side: EngineClient starts, talks to and stops the worker
     versions        the version of an engine installed for a python, read without starting it
     adapter         notebook side: an EngineClient as a CaptureEngine for the dataset writer
+    twin_check      notebook side: an engine's id rule measured on a twin, against engine_rules
     vllm_helpers    notebook side: vLLM parameters, start, speed, served acceptance
     sglang_helpers  notebook side: 02b's SGLang path, boundary N from HF checked against SGLang
 viz/                figures and interactive views
@@ -61,6 +62,7 @@ steps/              one module per notebook, called from its cells and from eagl
     extract         02's shared plumbing: disk plan, sharded extraction over N worker processes
     extract_vllm    02a_extract_vllm
     extract_sglang  02b_extract_sglang
+    twin_check      02a/02b: the twin proof before extraction (twin_check: enforce, warn, off)
     drift           02b's drift figure data: the same probe tokens from other engines and dtypes
     train           03_train, also from the command line and on every torchrun rank
     heldout         03's held-out slice (01's held-out prompts) for evaluation during training

@@ -80,7 +80,7 @@ def check_against_model(p: RunParams) -> dict:
     from eagle3nb.engines.vllm_helpers import check_vllm_params
 
     check_vllm_params(p, cfg)  # vLLM venv present, options known, head_dim it accepts
-    engines = check_engine_rules(p, models.target_arch(cfg, p.model), n, b)
+    engines = check_engine_rules(p, models.target_arch(cfg, p.model), n, b, cfg)
     return {
         "path": str(path),
         "n_layers": n,
@@ -91,7 +91,9 @@ def check_against_model(p: RunParams) -> dict:
     }
 
 
-def check_engine_rules(p: RunParams, arch: str, n: int, boundaries: list[int]) -> dict:
+def check_engine_rules(
+    p: RunParams, arch: str, n: int, boundaries: list[int], cfg: dict | None = None
+) -> dict:
     """Each engine the run captures with or serves a drafter through, checked against its layer-id
     rule for the target's class (:func:`eagle3nb.target.engine_rules.engine_rule`): SGLang when
     ``extract_engine: sglang`` (02b), vLLM when ``vllm_extract`` (02a) or ``vllm_eval`` (04). The
@@ -110,14 +112,16 @@ def check_engine_rules(p: RunParams, arch: str, n: int, boundaries: list[int]) -
             than 2).
             Also, on ``device: cpu``, a class the engine is measured not to run there
             (:data:`eagle3nb.target.engine_rules.CPU_LIMITS`: e.g. SGLang's DeepSeek MLA, silently
-            wrong).
+            wrong), or a config it is measured not to run there (``cfg``, the text config:
+            :data:`~eagle3nb.target.engine_rules.CPU_CONFIG_LIMITS`, e.g. vLLM MLA without a
+            576-wide latent head or YaRN).
         RuntimeError: the engine is not installed for its python.
     """
     from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
     from eagle3nb.engines.versions import installed_engine_version
     from eagle3nb.engines.vllm_helpers import vllm_python
     from eagle3nb.target.conventions import get_convention
-    from eagle3nb.target.engine_rules import cpu_limit, engine_rule
+    from eagle3nb.target.engine_rules import cpu_config_limit, engine_rule
 
     uses = []
     if p.extract_engine == "sglang":
@@ -152,7 +156,7 @@ def check_engine_rules(p: RunParams, arch: str, n: int, boundaries: list[int]) -
                 f"DeepSeek/Kimi: a first boundary of 2, as the default [2, N//2, N-3]), or {fix}"
             )
         for use in kinds if on_cpu else []:
-            why = cpu_limit(engine, version, arch, use)
+            why = cpu_config_limit(engine, version, arch, cfg or {}, use)
             if why:
                 raise ValueError(
                     f"{head}: {engine} {version} cannot {use} {arch} on CPU: {why}; {fix}, or "

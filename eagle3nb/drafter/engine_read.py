@@ -31,7 +31,13 @@ from __future__ import annotations
 
 from eagle3nb.target.conventions import get_convention
 
-__all__ = ["ENGINE_READS", "read_as_engine", "engine_report", "vllm_serve_drafter"]
+__all__ = [
+    "ENGINE_READS",
+    "read_as_engine",
+    "engine_report",
+    "rule_readings",
+    "vllm_serve_drafter",
+]
 
 # flag -> engines that read it (flags the trainer sets that change the computed function)
 ENGINE_READS = {
@@ -92,8 +98,11 @@ def _vllm_ids(cfg: dict) -> tuple[list[int] | None, str]:
     return None, "engine default"
 
 
-def read_as_engine(cfg: dict, engine: str, target_n_layers: int) -> dict:
-    """What ``engine`` will use from a drafter ``config.json`` dict.
+def read_as_engine(cfg: dict, engine: str, target_n_layers: int, rule=None) -> dict:
+    """What ``engine`` will use from a drafter ``config.json`` dict; ``rule`` (an
+    :class:`eagle3nb.target.engine_rules.EngineRule` of the engine's version and the target's class)
+    reads explicit ids by that rule instead of the engine's generic convention (SGLang 0.5.23
+    DeepSeek/Kimi: +1 only when the first id is 1).
 
     Returns:
         ``{"boundaries": [...], "ids_source": "config"|"engine default"|"config (...)",
@@ -112,9 +121,43 @@ def read_as_engine(cfg: dict, engine: str, target_n_layers: int) -> dict:
     if ids is None:
         b, src = conv.default_boundaries(target_n_layers), "engine default"
     else:
-        b = conv.ids_to_boundaries(ids, target_n_layers)
+        b = (rule or conv).ids_to_boundaries(ids, target_n_layers)
     flags = {k: cfg.get(k, ENGINE_ASSUMES.get(k)) for k in sorted(spec["flags"])}
     return {"boundaries": b, "ids_source": src, "flags": flags}
+
+
+def rule_readings(
+    trained: list[int], served: list[int], n_layers: int, arch: str, versions: dict
+) -> dict:
+    """What each engine version really captures for the ids eagle3nb exports for ``served``
+    boundaries (``eagle3nb.drafter.export`` writes each engine's ids in its generic convention:
+    SGLang boundary - 1, vLLM boundary), read by that version's rule for the target's class
+    (:mod:`eagle3nb.target.engine_rules`), against the ``trained`` boundaries.
+
+    Args:
+        versions: ``{engine: installed version}`` (engines not installed are left out).
+
+    Returns:
+        ``{engine: {"version", "ids", "reads", "matches"}}``, or ``{"version", "error",
+        "matches": None}`` where the ids cannot be written or the table refuses or lacks the key.
+    """
+    from eagle3nb.target.engine_rules import engine_rule
+
+    out = {}
+    for engine, version in versions.items():
+        try:
+            ids = get_convention(engine).boundaries_to_ids(list(served), n_layers)
+            reads = engine_rule(engine, version, arch).ids_to_boundaries(ids, n_layers)
+        except ValueError as e:
+            out[engine] = {"version": version, "error": str(e), "matches": None}
+            continue
+        out[engine] = {
+            "version": version,
+            "ids": ids,
+            "reads": reads,
+            "matches": reads == list(trained),
+        }
+    return out
 
 
 def engine_report(

@@ -317,12 +317,31 @@ class EngineClient:
     def capture(self, samples, layer_ids, **extra) -> list[dict]:
         """Per sample ``{"aux": [T, n_ids*H], "final": [T, H] (if the engine gives it)}`` torch tensors
         (plus what a backend's own keyword ``extra`` adds, e.g. SGLang's ``logprobs=True``)."""
-        res = self._call(
-            "capture",
-            samples=[list(map(int, s)) for s in samples],
-            layer_ids=[int(i) for i in layer_ids],
-            **extra,
+        return self._tensors(
+            self._call(
+                "capture",
+                samples=[list(map(int, s)) for s in samples],
+                layer_ids=[int(i) for i in layer_ids],
+                **extra,
+            )
         )
+
+    def capture_model(
+        self, model_path, samples, layer_ids, options: dict | None = None
+    ) -> list[dict]:
+        """:meth:`capture` on another model folder (a tiny twin of the target) by the same engine
+        in the running worker (no new process); ``options`` override the backend's."""
+        return self._tensors(
+            self._call(
+                "capture_model",
+                model_path=str(model_path),
+                samples=[list(map(int, s)) for s in samples],
+                layer_ids=[int(i) for i in layer_ids],
+                options=dict(options or {}),
+            )
+        )
+
+    def _tensors(self, res):
         if self._backend is not None:
             return res
         from safetensors.torch import load_file

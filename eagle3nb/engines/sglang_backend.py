@@ -34,7 +34,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from eagle3nb.engines.worker import check_aux_width, text_hidden_size
+from eagle3nb.engines.worker import OtherModelCapture, check_aux_width, text_hidden_size
 
 __all__ = [
     "ENGINE_NAME",
@@ -144,7 +144,7 @@ def loopback_prefix() -> list[str]:
     )
 
 
-class Backend:
+class Backend(OtherModelCapture):
     """One SGLang ``Engine`` at a time: plain for :meth:`generate`, capture-only for :meth:`capture`.
 
     SGLang fixes the captured layers and the dtype when the engine starts, so switching to other
@@ -238,6 +238,7 @@ class Backend:
         self._mode = mode
 
     def _stop(self) -> None:
+        self._close_other()  # a twin's engine (capture_model)
         if self._engine is not None:
             self._engine.shutdown()
         self._engine, self._mode = None, None

@@ -50,6 +50,8 @@ for _k, _v in _ENV.items():
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
+from eagle3nb.engines.worker import OtherModelCapture  # noqa: E402
+
 __all__ = ["Backend", "ENGINE_NAME", "CONVENTION"]
 
 ENGINE_NAME = "vllm"
@@ -63,7 +65,7 @@ def _read_config(model_path: str) -> dict:
         return json.load(f)
 
 
-class Backend:
+class Backend(OtherModelCapture):
     """vLLM behind the engine contract (see :mod:`eagle3nb.engines.worker`).
 
     Args:
@@ -101,6 +103,7 @@ class Backend:
         if self._key == key and self._llm is not None:
             return self._llm
         self._shutdown()
+        self._close_other()  # a twin's engine (capture_model)
         from vllm import LLM
 
         kw = dict(
@@ -137,7 +140,8 @@ class Backend:
             pass
 
     def close(self) -> None:
-        """Stop the live vLLM engine (if any)."""
+        """Stop the live vLLM engine (if any), and a twin's (``capture_model``)."""
+        self._close_other()
         self._shutdown()
 
     def info(self) -> dict:

@@ -35,6 +35,9 @@ Backend contract (every module in :data:`REGISTRY` defines ``Backend`` with thes
 - ``capture(samples: list[list[int]], layer_ids: list[int]) -> list[dict]``: per sample ``aux``
   float tensor ``[T, n_ids*H]`` (ids' states concatenated in the order given = boundary order) and
   ``final`` ``[T, H]`` (boundary N) when the engine can capture it, else the key is absent.
+- ``capture_model(model_path, samples, layer_ids, options=None) -> list[dict]``: the same capture
+  on another model folder (a tiny twin of the target, :mod:`eagle3nb.engines.twin_check`) by this
+  engine and version, in this process (no new worker start); ``options`` override the backend's.
 - ``close()``.
 - vLLM also: ``serve_acceptance(drafter_dir, prompts, k, max_new_tokens, stop_token_ids) ->
   dict`` (outputs and vLLM's counters; see :mod:`eagle3nb.engines.vllm_backend`).
@@ -48,7 +51,15 @@ import os
 import sys
 import traceback
 
-__all__ = ["REGISTRY", "REPORTED_ENV", "backend_module", "size_threads", "serve", "main"]
+__all__ = [
+    "REGISTRY",
+    "REPORTED_ENV",
+    "OtherModelCapture",
+    "backend_module",
+    "size_threads",
+    "serve",
+    "main",
+]
 
 # engine name -> module defining ``Backend``; "module:<dotted.path>" selects any other module
 # (used by the unit tests' fake engine, which is named as a fake)
@@ -92,6 +103,30 @@ def check_aux_width(sample: int, width: int, layer_ids, hidden_size: int, engine
             "captured another number of states than asked (check the ids against its rule, "
             "eagle3nb.target.engine_rules)"
         )
+
+
+class OtherModelCapture:
+    """Backend mixin: ``capture_model`` (the contract above) builds a second backend of the same
+    class for another model folder (a tiny twin of the target) with this one's dtype and options
+    (``options`` override them), after closing this one's engine (one engine at a time); that
+    backend is kept for the next call on the same folder and options and closed by ``close()`` or
+    by this backend's next engine start (which call :meth:`_close_other`)."""
+
+    _other = None
+    _other_key = None
+
+    def capture_model(self, model_path, samples, layer_ids, options=None) -> list:
+        opts = dict(self.options, **dict(options or {}))
+        key = (str(model_path), repr(sorted(opts.items())))
+        if self._other_key != key:
+            self.close()
+            self._other, self._other_key = type(self)(str(model_path), self.dtype, opts), key
+        return self._other.capture(samples, layer_ids)
+
+    def _close_other(self) -> None:
+        other, self._other, self._other_key = self._other, None, None
+        if other is not None:
+            other.close()
 
 
 def backend_module(engine: str) -> str:
@@ -179,8 +214,8 @@ def serve(spec: dict, inp=None, out=None) -> None:
             try:
                 if method == "info":
                     res = backend.info()
-                elif method == "capture":
-                    res = _save_tensors(workdir, rid, backend.capture(**args))
+                elif method in ("capture", "capture_model"):
+                    res = _save_tensors(workdir, rid, getattr(backend, method)(**args))
                 elif method in ("generate", "serve_acceptance"):
                     res = getattr(backend, method)(**args)
                 else:

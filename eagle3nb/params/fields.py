@@ -53,7 +53,8 @@ class InputFields(BaseModel):
     outputs_dir: str = _p("outputs", "parent folder of runs (relative to the repo root)", ALL)
     model: str = _p(
         "stories260K-hd32",
-        "target model folder name or path (searched in $EAGLE3NB_MODEL_PATH, ../shared/models)",
+        "target model folder name or path (searched in $EAGLE3NB_MODEL_PATH, ../shared/models), "
+        "or twin:CONFIG.json for a tiny random-weight twin of that config built here",
         ALL,
     )
     dtype: Literal["float32", "bfloat16"] = _p(
@@ -185,6 +186,13 @@ class InputFields(BaseModel):
     allow_boundary_mismatch: bool = _p(
         False,
         "write the dataset although measured and declared boundaries differ",
+        [EXTRACT_VLLM, EXTRACT_SGLANG],
+    )
+    twin_check: Literal["enforce", "warn", "off"] = _p(
+        "enforce",
+        "engine capture of a tiny random twin of the target at the run ids, slots named by HF "
+        "boundaries and compared with engine_rules: enforce stops on a disagreement, warn records "
+        "it, off skips it",
         [EXTRACT_VLLM, EXTRACT_SGLANG],
     )
     measure_engine_speed: bool = _p(

@@ -269,3 +269,56 @@ def extraction_check_lines(
         ),
         f"{len(m['shards'])} shards written atomically with sha256",
     ]
+
+
+def engine_versions(p: RunParams) -> dict:
+    """``{engine: version}`` of the SGLang and vLLM installed for this run's pythons (read from
+    their packages, never assumed); engines not installed are left out."""
+    from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
+    from eagle3nb.engines.versions import installed_engine_version
+    from eagle3nb.engines.vllm_helpers import vllm_python
+
+    pys = {"sglang": p.sglang_python, "vllm": vllm_python(p)}
+    out = {}
+    for engine, py in pys.items():
+        try:
+            out[engine] = installed_engine_version(
+                engine, DEFAULT_ENGINE_PYTHONS[engine] if py is None else py
+            )
+        except RuntimeError:
+            continue
+    return out
+
+
+def export_rule_check(
+    p: RunParams, rd: RunDir, arch: str, n: int, trained: list[int], served: list[int]
+) -> dict:
+    """Before training: what each installed engine version captures, by its rule for the target's
+    class, for the ids the export will write (:func:`eagle3nb.drafter.engine_read.rule_readings`;
+    SGLang 0.5.23 reads DeepSeek/Kimi ids unshifted unless the first is 1). Recorded in
+    ``metrics.json["export_rules"]``; a reading other than ``trained`` is flagged (a warning).
+
+    Raises:
+        ValueError: an engine reads other boundaries than ``trained`` (names class, engine,
+            version, ids and both boundary lists), unless ``allow_manifest_mismatch``.
+    """
+    import warnings
+
+    from eagle3nb.drafter.engine_read import rule_readings
+
+    got = rule_readings(trained, served, n, arch, engine_versions(p))
+    update_metrics(rd.metrics, "export_rules", {"trained": list(trained), "engines": got})
+    for engine, r in got.items():
+        if r["matches"] is False:
+            msg = (
+                f"{engine} {r['version']} reads the exported {engine} ids {r['ids']} of this "
+                f"{arch} target as boundaries {r['reads']}, the drafter is trained on {trained} "
+                "(eagle3nb.target.engine_rules)"
+            )
+            if not p.allow_manifest_mismatch:
+                raise ValueError(
+                    f"{msg}; pick boundaries whose ids it reads as meant (SGLang DeepSeek/Kimi: a "
+                    "first boundary of 2), or set allow_manifest_mismatch=True to reproduce it"
+                )
+            warnings.warn(f"FLAGGED before training: {msg}", stacklevel=2)
+    return got

@@ -93,11 +93,9 @@ def eval_step(p: RunParams, progress=True) -> dict:
     prompts, turns, template_block = eval_chat.heldout_prompts(p, rd, tok)
     eos = models.stop_token_ids(model, tok)
     bar = (lambda xs: progress_bar()(xs, desc="speculative decoding")) if progress else None
-    # what SGLang/vLLM capture when they read the exported ids (differs only in the mismatch
-    # reproduction)
-    served = {
-        e: engine_read.read_as_engine(cfg, e, n)["boundaries"] for e in engine_read.ENGINE_READS
-    }
+    # what SGLang/vLLM capture when they read the exported ids, by each installed version's rule
+    # for this class (differs in the mismatch reproductions: params/mismatch.yaml, kimi_case.yaml)
+    served = _served(p, cfg, n, dman.get("target", {}).get("architecture"))
     runs = _runs(p, model, drafter, dman, bnds, n, served)
     results, t0 = {}, time.time()
     for label, (d, b) in runs.items():
@@ -184,6 +182,29 @@ def check_drafter_matches(dman: dict, mode: str, template: str, target_sha: str,
     }
     keys = ["template", "target.sha256"]
     check_compatible(dman, want, keys, f"drafter {where}", "allow_template_mismatch")
+
+
+def _served(p: RunParams, cfg: dict, n: int, arch: str | None) -> dict:
+    """``{engine: boundaries}`` each engine captures from the exported config, read by the
+    installed version's rule for ``arch`` (:mod:`eagle3nb.target.engine_rules`) where the table
+    holds it, else by the engine's generic convention."""
+    from eagle3nb.steps.common import engine_versions
+    from eagle3nb.target.engine_rules import engine_rule
+
+    versions = engine_versions(p) if arch else {}
+    out = {}
+    for e in engine_read.ENGINE_READS:
+        rule = None
+        if e in versions:
+            try:
+                rule = engine_rule(e, versions[e], arch)
+                out[e] = engine_read.read_as_engine(cfg, e, n, None if rule.refused else rule)
+            except ValueError:  # no rule for this key, or ids outside its range
+                rule = None
+        if rule is None:
+            out[e] = engine_read.read_as_engine(cfg, e, n)
+        out[e] = out[e]["boundaries"]
+    return out
 
 
 def _runs(p: RunParams, model, drafter, dman: dict, bnds, n: int, served: dict) -> dict:

@@ -12,6 +12,7 @@ from eagle3nb.manifest import provenance
 from eagle3nb.params import RunParams
 from eagle3nb.rundir import RunDir, update_metrics
 from eagle3nb.steps import extract
+from eagle3nb.steps.twin_check import run_twin_check, twin_summary
 from eagle3nb.steps.common import (
     check_alignment,
     check_engine_boundaries,
@@ -86,9 +87,11 @@ def extract_sglang_step(p: RunParams, progress=True) -> dict:
             ctx = model.config.max_position_embeddings
             client = start_sglang(path, p.dtype, device, p.seed, p.sglang_python, rd.root, ctx)
             record_engine_threads(rd, client)
+            sg_ids = conventions.get_convention("sglang").boundaries_to_ids(bnds, n)
+            twin = run_twin_check(p, rd, client, sg_ids, bnds, path)  # SGLang's rule, on a twin
             cap = _sglang_capture(p, client, model, n, bnds, probes)
         else:
-            cap = _hf_capture(p, model, ids, probes)
+            twin, cap = None, _hf_capture(p, model, ids, probes)
         engine = cap.engine
         check_engine_boundaries(engine.engine_name, engine, cap.ids, bnds)
         # measure, before writing anything, which boundaries the engine really captured
@@ -96,7 +99,7 @@ def extract_sglang_step(p: RunParams, progress=True) -> dict:
         align, err, ref_b = check_alignment(
             p, engine.engine_name, conv, cap.ids, bnds, cap.probe_aux[0], model, probes[0]
         )
-        man = _manifest(p, gman, tinfo, cap, ids, bnds)
+        man = _manifest(p, gman, tinfo, cap, ids, bnds, twin)
         t0 = time.time()
         bar = progress_bar() if progress else None
         m = extract.write(p, rd, samples, engine, cap.ids, man, bar)
@@ -129,6 +132,7 @@ def extract_sglang_step(p: RunParams, progress=True) -> dict:
         "drift": drift,
         "drift_reference": DRIFT_REFERENCE,
         "speed": extra.get("speed"),
+        "twin": twin,
     }
 
 
@@ -233,7 +237,7 @@ def _check_final_logprobs(p: RunParams, model, sample, sglang_logprobs) -> dict:
     return lp
 
 
-def _manifest(p: RunParams, gman: dict, tinfo: dict, cap: _Capture, ids, bnds) -> dict:
+def _manifest(p: RunParams, gman: dict, tinfo: dict, cap: _Capture, ids, bnds, twin) -> dict:
     """Provenance of dataset/: the capture engine for the aux slots, HF for boundary N."""
     import transformers
 
@@ -257,6 +261,7 @@ def _manifest(p: RunParams, gman: dict, tinfo: dict, cap: _Capture, ids, bnds) -
         dtype=p.dtype,
         template=gman["template"],
         generation_sha256=gman["file_sha256"],
+        twin_check=twin_summary(twin) if twin else None,
     )
 
 

@@ -11,6 +11,7 @@ from eagle3nb.manifest import provenance
 from eagle3nb.params import RunParams
 from eagle3nb.rundir import update_metrics
 from eagle3nb.steps import extract
+from eagle3nb.steps.twin_check import run_twin_check, twin_summary
 from eagle3nb.steps.common import (
     record_engine_threads,
     check_alignment,
@@ -58,12 +59,14 @@ def extract_vllm_step(p: RunParams, progress=True) -> dict:
         timed = TimedCapture(client)
         engine = EngineCaptureEngine(timed, n, p.capture_batch_size)
         check_engine_boundaries("vLLM", engine, vids, bnds)
+        # vLLM's rule measured on a tiny twin of the target, in this worker, before the target
+        twin = run_twin_check(p, rd, client, vids, bnds, path)
         # measure, before writing anything, which boundaries vLLM really captured on one sample
         probe = samples[0][1]
         client.capture([probe], vids)  # starts vLLM's capture engine (not timed)
         captured = engine.capture([probe], vids)[0].aux
         align, err, ref_b = check_alignment(p, "vllm", "vllm", vids, bnds, captured, model, probe)
-        man = _manifest(p, info, gman, tinfo, vids, bnds)
+        man = _manifest(p, info, gman, tinfo, vids, bnds, twin)
         timed.seconds, timed.tokens = 0.0, 0  # the extraction's capture calls only
         t0 = time.time()
         m = write_dataset(
@@ -99,11 +102,12 @@ def extract_vllm_step(p: RunParams, progress=True) -> dict:
         "alignment": align,
         "alignment_error": err,
         "reference_boundaries": ref_b,
+        "twin": twin,
     }
 
 
 def _manifest(
-    p: RunParams, info: dict, gman: dict, tinfo: dict, vids: list[int], bnds: list[int]
+    p: RunParams, info: dict, gman: dict, tinfo: dict, vids: list[int], bnds: list[int], twin=None
 ) -> dict:
     """Provenance of dataset_vllm/: vLLM gives the aux slots and boundary N (its id N)."""
     n = tinfo["n_layers"]
@@ -135,6 +139,7 @@ def _manifest(
         dtype=p.dtype,
         template=gman["template"],
         generation_sha256=gman["file_sha256"],
+        twin_check=twin_summary(twin) if twin else None,
     )
 
 

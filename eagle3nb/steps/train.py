@@ -33,6 +33,7 @@ from eagle3nb.steps.heldout import heldout_eval, heldout_stats
 from eagle3nb.steps.common import (
     check_alignment,
     checked_generation,
+    export_rule_check,
     progress_bar,
     record_alignment,
     record_checks,
@@ -84,6 +85,9 @@ def train_step(p: RunParams, progress=True) -> dict:
     if not p.allow_manifest_mismatch:
         _check_dataset(p, rd, ds.manifest, ds_dir, model, tok, path)
     serve_b = _served_boundaries(p, ds.manifest, ds_dir, n_layers_of(model))
+    arch, trained = ds.manifest["target"].get("architecture"), ds.manifest["aux_boundaries"]
+    if ctx.is_main and arch:  # each engine version's rule for this class reads the export's ids
+        export_rule_check(p, rd, arch, n_layers_of(model), trained, serve_b)
     vocab = model.config.get_text_config().vocab_size  # wrappers: the text model's
     if p.draft_vocab_size > vocab:
         raise ValueError(

@@ -86,3 +86,17 @@ def alignment_verdict(
         "ok": all(s["verdict"] == "matches" for s in slots),
         "tolerance": tol,
     }
+
+
+def boundary_separation(reference: dict[int, torch.Tensor]) -> float:
+    """Smallest relative difference between adjacent reference boundaries,
+    min_b ||ref_{b+1} - ref_b||_F / ||ref_b||_F: how far apart the states a slot could be named
+    by lie (a naming is sound only when this is far above the tolerance)."""
+    bnds = sorted(reference)
+    return min(
+        float(
+            (reference[b1].double() - reference[b0].double()).norm()
+            / reference[b0].double().norm().clamp_min(1e-12)
+        )
+        for b0, b1 in zip(bnds, bnds[1:])
+    )

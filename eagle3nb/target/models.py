@@ -85,7 +85,10 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
     """Resolve a model name or path to a local HF folder holding ``config.json``.
 
     Args:
-        name_or_path: an existing folder, or a folder name looked up in :func:`model_search_dirs`.
+        name_or_path: an existing folder, or a folder name looked up in :func:`model_search_dirs`,
+            or ``twin:<config.json>``: a tiny random-weight twin of that config (no download),
+            built once into ``$EAGLE3NB_TWINS`` (default ``~/.cache/eagle3nb/twins``) with the
+            default target's tokenizer (:func:`eagle3nb.target.twin.build_twin`).
 
     Returns:
         Absolute path of the model folder.
@@ -93,6 +96,8 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
     Raises:
         FileNotFoundError: nothing found; the message lists every place looked at and how to add one.
     """
+    if str(name_or_path).startswith(TWIN_PREFIX):
+        return _twin_model(str(name_or_path)[len(TWIN_PREFIX) :])
     looked = []
     p = Path(name_or_path).expanduser()
     candidates = [p] if p.is_absolute() or p.exists() else []
@@ -105,6 +110,37 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
         f"model={str(name_or_path)!r} not found; looked in: {looked}. Pass an existing folder with "
         f"config.json, or add its parent folder to ${ENV_VAR} (no downloads are made)."
     )
+
+
+TWIN_PREFIX = "twin:"
+
+
+def _twin_model(config_file: str) -> Path:
+    """The folder of a tiny twin of ``config_file`` (relative paths: the working directory, then
+    the repository root), built on first use; its layers: the config's up to 12."""
+    from eagle3nb.target.twin import build_twin, twin_layers
+
+    f = Path(config_file).expanduser()
+    if not f.is_file():
+        f = Path(__file__).resolve().parents[2] / config_file
+    if not f.is_file():
+        raise FileNotFoundError(
+            f"model='{TWIN_PREFIX}{config_file}': no such config file; give a config.json path "
+            "(relative to the working directory or the repository root)"
+        )
+    cfg = json.loads(f.read_text())
+    text = text_config(cfg)
+
+    tag = hashlib.sha256(f.read_bytes()).hexdigest()[:12]
+    home = Path(os.environ.get("EAGLE3NB_TWINS", "~/.cache/eagle3nb/twins")).expanduser()
+    stem = f.name.split(".")[0]
+    src = home / "configs" / f"{stem}-{tag}"
+    src.mkdir(parents=True, exist_ok=True)
+    (src / "config.json").write_text(f.read_text())
+    out = home / f"{stem}-{tag}"
+    n = twin_layers(int(text["num_hidden_layers"]))
+    tok = resolve_model("stories260K-hd32")
+    return build_twin(src, out, n, 0, target_arch(cfg), MODEL_TYPE_ALIASES, tok).resolve()
 
 
 _HASH_MEMO: dict = {}  # (folder, stat signature) -> sha256, for this process

@@ -12,13 +12,33 @@ width: hidden = heads x head_dim), MLA ranks (``kv_lora_rank``, ``q_lora_rank``,
 per-layer pattern (``layer_types``, ``no_rope_layers`` cut to the twin's layers), and the vocabulary
 (so the target's tokenizer fits; ``vocab_size`` may be overridden). Dropped: ``quantization_config``
 (the twin's weights are random float tensors) and ``auto_map`` (no remote code).
+
+:func:`build_twin` writes such a twin as a model folder (random float32 weights, the target's
+tokenizer files); :func:`twin_ids` maps a run's ids onto a twin with fewer layers; :func:`name_slots`
+names each slot an engine captured on the twin by the HF boundary it equals.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Sequence
 
-__all__ = ["twin_config"]
+__all__ = ["twin_config", "build_twin", "twin_ids", "twin_layers", "name_slots", "probe_samples"]
+
+MAX_TWIN_LAYERS = 12  # a deeper target's ids are mapped onto this many layers (twin_ids)
+TWIN_VOCAB = 512  # a twin's vocabulary (the target's when smaller)
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+)
 
 _EXPERTS = ("n_routed_experts", "num_experts", "num_local_experts")
 _PER_LAYER = ("layer_types", "no_rope_layers")  # one entry per layer: cut to the twin's
@@ -102,3 +122,145 @@ def twin_config(
     if vocab_size is not None:
         c["vocab_size"] = int(vocab_size)
     return c
+
+
+def twin_layers(n_target: int) -> int:
+    """Decoder layers of the twin of an ``n_target``-layer target: the target's own count up to
+    :data:`MAX_TWIN_LAYERS` (so ids are captured as given), at least 4."""
+    return max(4, min(int(n_target), MAX_TWIN_LAYERS))
+
+
+def twin_ids(ids: Sequence[int], n_target: int, n_twin: int) -> list[int]:
+    """The run's engine ids, as asked of the twin: unchanged when both have the same layer count;
+    otherwise 0, 1, N-1 and N (what every rule in :mod:`eagle3nb.target.engine_rules` depends on:
+    a first id of 1, an id N, id 0) map to 0, 1, n-1, n, and the ids between keep their order on
+    2..n-2 (spread in proportion).
+
+    Raises:
+        ValueError: more distinct ids between 2 and N-2 than the twin has layers for.
+    """
+    ids = [int(i) for i in ids]
+    if n_target == n_twin:
+        return ids
+    fixed = {0: 0, 1: 1, n_target - 1: n_twin - 1, n_target: n_twin}
+    mid = sorted({i for i in ids if i not in fixed})
+    if len(mid) > n_twin - 3:
+        raise ValueError(
+            f"ids={ids}: {len(mid)} ids between 2 and {n_target - 2} do not fit the twin's "
+            f"{n_twin} layers; build the twin with more layers (n_layers)"
+        )
+    span = max(1, n_target - 4)
+    want = [2 + round((i - 2) * (n_twin - 4) / span) for i in mid]
+    if len(set(want)) != len(want):  # collisions: consecutive places instead
+        want = list(range(2, 2 + len(mid)))
+    m = dict(zip(mid, want))
+    return [fixed.get(i, m.get(i)) for i in ids]
+
+
+def _source_hash(cfg: dict, n_layers: int, seed: int, vocab: int) -> str:
+    blob = json.dumps([cfg, n_layers, seed, vocab, 1], sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()
+
+
+def build_twin(
+    target_path: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    n_layers: int,
+    seed: int = 0,
+    arch: str | None = None,
+    model_type_aliases: dict | None = None,
+    tokenizer_from: str | os.PathLike | None = None,
+) -> Path:
+    """Write a tiny random-weight twin of the target in ``target_path`` to ``out_dir``.
+
+    The config is :func:`twin_config` of the target's config.json (vocabulary cut to
+    :data:`TWIN_VOCAB` when larger), the weights transformers' random init in float32 with router
+    weights drawn at std 1 (top-k choices not near ties), seeded; the target's tokenizer files are
+    copied. Nothing is downloaded. The folder is written under a temp name and renamed; an existing
+    twin of the same config, layers and seed is reused (``twin.json`` holds the hash).
+
+    Args:
+        target_path: folder with the target's config.json (weights are not read).
+        arch: the transformers class to build (default: config.json's first ``architectures``).
+        model_type_aliases: model_type -> the transformers model_type to build it as (Kimi-K2's
+            ``kimi_k2`` -> ``deepseek_v3``); config.json keeps the target's own.
+        tokenizer_from: folder whose tokenizer files are copied (default ``target_path``).
+
+    Returns:
+        ``out_dir`` as a Path.
+
+    Raises:
+        ValueError: see :func:`twin_config`; FileNotFoundError: no config.json in ``target_path``.
+        AttributeError: ``arch`` is not a class of the installed transformers.
+    """
+    import torch
+    import transformers
+    from transformers import AutoConfig
+
+    src, out = Path(target_path), Path(out_dir)
+    aliases = dict(model_type_aliases or {})
+    cfg = json.loads((src / "config.json").read_text())
+    text = cfg.get("text_config") if "num_hidden_layers" not in cfg else cfg
+    vocab = min(int((text or cfg).get("vocab_size") or TWIN_VOCAB), TWIN_VOCAB)
+    digest = _source_hash(cfg, n_layers, seed, vocab)
+    stamp = out / "twin.json"
+    if stamp.is_file() and json.loads(stamp.read_text()).get("sha256") == digest:
+        return out
+    arch = arch or (cfg.get("architectures") or [None])[0]
+    tcfg = twin_config(cfg, n_layers=n_layers, vocab_size=vocab)
+    mt = tcfg.get("model_type")
+    kw = {k: v for k, v in tcfg.items() if k not in ("model_type", "transformers_version")}
+    hf_cfg = AutoConfig.for_model(aliases.get(mt, mt), **kw)
+    torch.manual_seed(seed)
+    model = getattr(transformers, arch)(hf_cfg).float().eval()
+    with torch.no_grad():  # router weights std 1: top-k choices are not near-ties
+        for name, p in model.named_parameters():
+            if name.endswith(("gate.weight", "router.weight")) and p.dim() == 2:
+                p.normal_(0.0, 1.0)
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    saved = json.loads((tmp / "config.json").read_text())
+    if mt in aliases:  # the target's own model_type (e.g. kimi_k2), as the engines read it
+        saved["model_type"] = mt
+    saved["architectures"] = cfg.get("architectures") or [arch]
+    (tmp / "config.json").write_text(json.dumps(saved, indent=2))
+    tok = Path(tokenizer_from) if tokenizer_from else src
+    for f in _TOKENIZER_FILES:
+        if (tok / f).is_file():
+            shutil.copy(tok / f, tmp / f)
+    (tmp / "twin.json").write_text(
+        json.dumps({"sha256": digest, "of": str(src), "n_layers": n_layers, "seed": seed})
+    )
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
+def probe_samples(vocab: int, seed: int = 0, lengths: Sequence[int] = (16, 9)) -> list[list[int]]:
+    """Token ids the twin is captured on: seeded random ids in ``2..vocab-1`` (BOS 1 first)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return [[1] + torch.randint(2, vocab, (t - 1,), generator=g).tolist() for t in lengths]
+
+
+def name_slots(err, boundaries: Sequence[int], tol: float) -> list[dict]:
+    """Name each captured slot by the HF boundary it equals.
+
+    Args:
+        err: ``[n_slots, len(boundaries)]`` relative errors
+            (:func:`eagle3nb.target.alignment.alignment_matrix`, summed over the probe samples).
+        tol: relative error under which a slot *is* a boundary.
+
+    Returns:
+        Per slot ``{"boundary" (None when no boundary is within tol), "error", "next_error"}``
+        (``next_error``: the second-best boundary's error, the margin of the naming).
+    """
+    out = []
+    for row in err:
+        order = sorted(range(len(boundaries)), key=lambda j: float(row[j]))
+        j, e = order[0], float(row[order[0]])
+        nxt = float(row[order[1]]) if len(order) > 1 else float("inf")
+        out.append({"boundary": boundaries[j] if e <= tol else None, "error": e, "next_error": nxt})
+    return out

@@ -320,22 +320,65 @@ def save_html(fig: go.Figure, path: str | os.PathLike) -> Path:
 
 
 def alignment_figure(
-    err: torch.Tensor, boundaries: list[int], declared: Sequence[int], engine: str
+    err: torch.Tensor,
+    boundaries: list[int],
+    declared: Sequence[int],
+    engine: str,
+    twin: dict | None = None,
+    served: Mapping[str, Sequence[int]] | None = None,
 ) -> go.Figure:
-    """Heatmap of log10 relative error, slots (rows) x reference boundaries (columns)."""
-    z = torch.log10(err.clamp_min(1e-12)).tolist()
-    fig = go.Figure(
-        go.Heatmap(
-            z=z,
-            x=[f"b={b}" for b in boundaries],
-            y=[f"slot {i} (declared b={d})" for i, d in enumerate(declared)],
+    """Heatmap of log10 relative error, slots (rows) x reference boundaries (columns); with
+    ``twin`` (:func:`eagle3nb.engines.twin_check.twin_proof`'s record) a second panel: the same
+    engine's slots on the target's tiny twin against the twin's HF boundaries, titled with the
+    measured rule and the verdict against engine_rules. ``served`` (``{label: boundaries}``, one
+    per slot) marks on the target panel the boundary each engine version reads from the exported
+    ids (a marker off the trained diagonal is the mismatch the drafter would be served)."""
+    from plotly.subplots import make_subplots
+
+    def heat(e, bnds, labels, show):
+        return go.Heatmap(
+            z=torch.log10(torch.as_tensor(e).clamp_min(1e-12)).tolist(),
+            x=[f"b={b}" for b in bnds],
+            y=labels,
             colorscale="Viridis_r",
+            zmin=-8,
+            zmax=0.5,
+            showscale=show,
             colorbar={"title": "log10 rel. error"},
         )
+
+    rows = [f"slot {i} (declared b={d})" for i, d in enumerate(declared)]
+    title = f"Which boundary did {engine} capture? (relative error vs HF reference)"
+    marks = [
+        go.Scatter(
+            x=[f"b={b}" for b in bs],
+            y=rows[: len(bs)],
+            mode="markers",
+            marker={"symbol": ["x", "circle-open", "diamond-open"][i % 3], "size": 14},
+            name=label,
+        )
+        for i, (label, bs) in enumerate((served or {}).items())
+    ]
+    if twin is None:
+        fig = go.Figure([heat(err, boundaries, rows, True), *marks])
+        fig.update_layout(title=title, template="plotly_white", xaxis_title="HF reference boundary")
+        return fig
+    verdict = twin["verdict"].split(":")[0]
+    sub = (
+        f"twin ({twin['twin']['n_layers']} layers, random weights): ids {twin['twin_ids']} -> "
+        f"measured {twin['measured']}, engine_rules {twin['table']}: {verdict}"
     )
-    fig.update_layout(
-        title=f"Which boundary did {engine} capture? (relative error vs HF reference)",
-        template="plotly_white",
-        xaxis_title="HF reference boundary",
+    fig = make_subplots(rows=2, cols=1, subplot_titles=("target (direct check)", sub))
+    fig.add_trace(heat(err, boundaries, rows, True), row=1, col=1)
+    for m in marks:
+        fig.add_trace(m, row=1, col=1)
+    trows = [
+        f"twin id {s['id']} (table b={t})"
+        for s, t in zip(twin["slots"], twin["table"] or [None] * len(twin["slots"]))
+    ]
+    fig.add_trace(
+        heat(twin["error_matrix"], twin["reference_boundaries"], trows, False), row=2, col=1
     )
+    fig.update_layout(title=title, template="plotly_white", height=620)
+    fig.update_xaxes(title_text="HF reference boundary", row=2, col=1)
     return fig

@@ -1,0 +1,91 @@
+"""Every class x engine combination that does not capture on this CPU is refused by preflight
+before any notebook, with a message naming the class, the engine and its installed version, why,
+and what to do (eagle3nb.target.engine_rules CPU_LIMITS and CPU_CONFIG_LIMITS); the configs the
+engine does run pass (vLLM DeepSeek with a 576-wide MLA latent head and YaRN)."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from eagle3nb.params import RunParams
+from eagle3nb.preflight import check_against_model
+from eagle3nb.target.engine_rules import CPU_CONFIG_LIMITS, CPU_LIMITS, RULES
+
+sys.path.insert(0, str(Path(__file__).parent / "target"))
+from tiny_archs import tiny_config  # noqa: E402
+
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512}
+YARN.update(beta_fast=32.0, beta_slow=1.0, mscale=1.0, mscale_all_dim=1.0, rope_theta=10000.0)
+PARAM = {"sglang": dict(extract_engine="sglang"), "vllm": dict(vllm_extract=True)}
+FIX = {"sglang": "set extract_engine: hf", "vllm": "set vllm_extract: false"}
+
+
+def _folder(tmp_path, arch: str, **over) -> str:
+    cfg = tiny_config(arch).to_dict()
+    text = cfg.get("text_config") or cfg
+    text.update(hidden_size=128, head_dim=32, num_hidden_layers=7, **over)
+    d = tmp_path / arch
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(cfg))
+    (d / "tokenizer.json").write_text("{}")
+    return str(d)
+
+
+def _run(m, engine, **kw):
+    base = dict(generate_engine="hf", vllm_eval=False, vllm_extract=False, extract_engine="hf")
+    base.update(draft_vocab_size=64, convention="vllm", layer_ids=[2, 3], device="cpu")
+    base.update(PARAM[engine], **kw)
+    return check_against_model(RunParams(model=m, **base))
+
+
+# class-wide (CPU_LIMITS), and Kimi-K2.5 on vLLM, refused whatever its config (not run here)
+REFUSED = sorted({(e, a) for (e, v, a), uses in CPU_LIMITS.items() if "capture" in uses})
+REFUSED.append(("vllm", "Kimi_K25ForConditionalGeneration"))
+assert ("vllm", "0.32.0", "Kimi_K25ForConditionalGeneration") in CPU_CONFIG_LIMITS
+
+
+@pytest.mark.parametrize("engine,arch", REFUSED)
+def test_capture_refused_on_cpu_names_class_engine_version_and_fix(tmp_path, engine, arch):
+    assert RULES[(engine, {"sglang": "0.5.23", "vllm": "0.32.0"}[engine], arch)].refused is None
+    with pytest.raises(ValueError) as e:
+        _run(_folder(tmp_path, arch), engine)
+    msg = str(e.value)
+    version = {"sglang": r"0\.5\.23", "vllm": r"0\.32\.0"}[engine]
+    assert f"({arch}, 7 layers" in msg
+    assert pytest.importorskip("re").search(
+        rf"{engine} {version} cannot capture {arch} on CPU: .+; {FIX[engine]}, or run on a GPU "
+        r"\(device: cuda\)",
+        msg,
+    ), msg
+
+
+@pytest.mark.parametrize(
+    "over,why",
+    [
+        (dict(kv_lora_rank=32, qk_rope_head_dim=16), r"576 \(this config: 48"),
+        (dict(kv_lora_rank=512, qk_rope_head_dim=64), r"without YaRN rope"),
+    ],
+)
+def test_vllm_deepseek_mla_config_limits(tmp_path, over, why):
+    m = _folder(tmp_path, "DeepseekV3ForCausalLM", **over)
+    with pytest.raises(ValueError, match=why):
+        _run(m, "vllm")
+
+
+def test_vllm_deepseek_with_576_latent_and_yarn_refused_for_amx_mla(tmp_path):
+    over = dict(kv_lora_rank=512, qk_rope_head_dim=64, rope_parameters=YARN, rope_scaling=YARN)
+    with pytest.raises(ValueError, match=r"vllm 0\.32\.0 cannot capture DeepseekV3ForCausalLM on "
+                       r"CPU: on this CPU it picks the AMX MLA backend.*amx_mla\.py:303"):  # fmt: skip
+        _run(_folder(tmp_path, "DeepseekV3ForCausalLM", **over), "vllm")
+
+
+def test_vllm_gpt_oss_and_llama4_config_limits(tmp_path):
+    with pytest.raises(ValueError, match=r"rope_parameters\['factor'\]"):
+        _run(
+            _folder(tmp_path, "GptOssForCausalLM", rope_parameters={"rope_type": "default"}), "vllm"
+        )
+    m = _folder(tmp_path, "Llama4ForCausalLM", attention_chunk_size=64)
+    with pytest.raises(ValueError, match=r"attention_chunk_size 64 is not divisible"):
+        _run(m, "vllm")
