@@ -54,6 +54,7 @@ ARCH_MODULES = {
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",
     "MiniMaxM2ForCausalLM": "minimax_m2",
+    "MixtralForCausalLM": "mixtral",  # Llama attention + MoE MLP (eagle3nb.target.moe_copy)
 }
 SUPPORTED_ARCHS = set(ARCH_MODULES)
 # classes refused by name, with the reason and the fix
@@ -85,7 +86,9 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
     """Resolve a model name or path to a local HF folder holding ``config.json``.
 
     Args:
-        name_or_path: an existing folder, or a folder name looked up in :func:`model_search_dirs`.
+        name_or_path: an existing folder, or a folder name looked up in :func:`model_search_dirs`,
+            or a name of :data:`eagle3nb.target.moe_copy.DERIVED` (written on first use into
+            ``moe_copy.cache_dir()`` from its source model, found the same way).
 
     Returns:
         Absolute path of the model folder.
@@ -101,6 +104,12 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
         looked.append(str(c))
         if (c / "config.json").is_file():
             return c.resolve()
+    from eagle3nb.target import moe_copy
+
+    if str(name_or_path) in moe_copy.DERIVED:  # made by eagle3nb from a model found here
+        src, experts, top_k, seed = moe_copy.DERIVED[str(name_or_path)]
+        dst = moe_copy.cache_dir() / str(name_or_path)
+        return moe_copy.write_moe_copy(resolve_model(src), dst, experts, top_k, seed).resolve()
     raise FileNotFoundError(
         f"model={str(name_or_path)!r} not found; looked in: {looked}. Pass an existing folder with "
         f"config.json, or add its parent folder to ${ENV_VAR} (no downloads are made)."
