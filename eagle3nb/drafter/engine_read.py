@@ -24,12 +24,15 @@ engines' EAGLE-3 model files read (``../shared/reference/conventions.md`` sectio
   applied on top (method and model locked). See :func:`vllm_serve_drafter`. SGLang reads none of
   these keys (0.5.23 has no "speculators" in its source).
 
-Versions change: when an engine is upgraded, re-read its source and update the table.
+Ids are read with the engine version's rule for the drafter's target class when the export recorded
+it (``eagle3nb.engine_ids``, :mod:`eagle3nb.target.engine_rules`), else with the engine's plain
+convention. Versions change: when an engine is upgraded, re-read its source and update the table.
 """
 
 from __future__ import annotations
 
 from eagle3nb.target.conventions import get_convention
+from eagle3nb.target.engine_rules import engine_rule
 
 __all__ = ["ENGINE_READS", "read_as_engine", "engine_report", "vllm_serve_drafter"]
 
@@ -92,6 +95,17 @@ def _vllm_ids(cfg: dict) -> tuple[list[int] | None, str]:
     return None, "engine default"
 
 
+def _id_rule(cfg: dict, engine: str):
+    """The id rule ``engine`` applies to this drafter's target: the engine_rules row the export
+    recorded (``eagle3nb.target_architecture`` + ``eagle3nb.engine_ids[engine]``), else the
+    engine's plain convention (configs without them, refused or unknown classes)."""
+    meta = cfg.get("eagle3nb") or {}
+    rec = (meta.get("engine_ids") or {}).get(engine) or {}
+    if meta.get("target_architecture") and rec.get("rule") and not rec.get("refused"):
+        return engine_rule(engine, rec["version"], meta["target_architecture"])
+    return get_convention(engine)
+
+
 def read_as_engine(cfg: dict, engine: str, target_n_layers: int) -> dict:
     """What ``engine`` will use from a drafter ``config.json`` dict.
 
@@ -105,7 +119,7 @@ def read_as_engine(cfg: dict, engine: str, target_n_layers: int) -> dict:
     if engine not in ENGINE_READS:
         raise ValueError(f"engine={engine!r}: known engines are {sorted(ENGINE_READS)}")
     spec = ENGINE_READS[engine]
-    conv = get_convention(engine)
+    conv = _id_rule(cfg, engine)
     ids, src = _get(cfg, spec["ids_key"]), "config"
     if engine == "vllm":
         ids, src = _vllm_ids(cfg)

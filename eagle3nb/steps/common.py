@@ -269,3 +269,27 @@ def extraction_check_lines(
         ),
         f"{len(m['shards'])} shards written atomically with sha256",
     ]
+
+
+def engine_versions(p: RunParams) -> dict:
+    """``{engine: version}`` of SGLang and vLLM as installed for this run's pythons (read without
+    starting them, :func:`eagle3nb.engines.versions.installed_engine_version`); an engine not
+    installed is left out (the export then uses the newest version its rule table holds, and says
+    so in the drafter's config)."""
+    import subprocess
+
+    from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
+    from eagle3nb.engines.versions import installed_engine_version
+    from eagle3nb.engines.vllm_helpers import vllm_python
+
+    pys = {
+        "sglang": DEFAULT_ENGINE_PYTHONS["sglang"] if p.sglang_python is None else p.sglang_python,
+        "vllm": vllm_python(p),
+    }
+    out = {}
+    for engine, py in pys.items():
+        try:
+            out[engine] = installed_engine_version(engine, py)
+        except (RuntimeError, OSError, subprocess.SubprocessError):  # not installed: left out
+            continue
+    return out
