@@ -195,6 +195,12 @@ def _rules() -> dict[tuple[str, str, str], EngineRule]:
         "(sglang/srt/model_executor/model_runner_components/attention_backend_setup.py:55-61); "
         "set extract_engine: hf (plain generation through SGLang is not affected)"
     )
+    mixtral_vl = (
+        "MixtralForCausalLM does not implement SupportsEagle3, so capture and EAGLE-3 serving "
+        "raise 'Model does not support EAGLE3 interface' (vllm/v1/worker/gpu_model_runner.py:"
+        "5234-5238); turn vllm_extract and vllm_eval off (SGLang 0.5.23 refuses Mixtral too: "
+        "extract_engine: hf; plain generation through vLLM is not affected)"
+    )
     no_n = "the final norm captures nothing, so boundary N never comes back"
     moe_n = "boundary N (layer index N) raises IndexError at engine start, qwen2_moe.py:1156"
     ds_n = "ids must lie below N (spec_aux_hidden_state.py:113-130) and layer N has no capture"
@@ -246,7 +252,7 @@ def _rules() -> dict[tuple[str, str, str], EngineRule]:
         "DeepseekV3ForCausalLM": ("same", 1, 0, ds, ds0),
         "Kimi_K25ForConditionalGeneration": ("same", 1, 0, vl + "kimi_k25.py:291 -> " + ds, ds0),
         "Glm4MoeForCausalLM": ("refused", 0, 0, vl + "glm4_moe.py:534", ""),
-        "MixtralForCausalLM": ("refused", 0, 0, vl + "mixtral.py:375", ""),
+        "MixtralForCausalLM": ("refused", 0, 0, vl + "mixtral.py:375", mixtral_vl),
         "Gemma3ForCausalLM": ("refused", 0, 0, vl + "gemma3.py:367", ""),
         "Gemma3ForConditionalGeneration": ("refused", 0, 0, vl + "gemma3_mm.py:500", ""),
     }
