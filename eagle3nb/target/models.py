@@ -327,6 +327,8 @@ def load_target(name_or_path: str | os.PathLike, dtype: str = "float32", device:
     import transformers
 
     cls = getattr(transformers, target_arch(cfg, str(name_or_path)))  # the class config.json names
+    if str(device).startswith("cpu"):  # MoE experts: torch's CPU grouped_mm refuses strides that
+        kw["experts_implementation"] = "eager"  # are not 16-byte multiples (bf16 width 172)
     model = cls.from_pretrained(
         str(path), dtype=DTYPES[dtype], local_files_only=True, attn_implementation="eager", **kw
     ).to(device)
