@@ -193,7 +193,9 @@ def _rules() -> dict[tuple[str, str, str], EngineRule]:
         "models/mixtral.py defines no set_eagle3_layers_to_capture, so capture and EAGLE-3 serving "
         "raise 'Model MixtralForCausalLM does not implement set_eagle3_layers_to_capture' "
         "(sglang/srt/model_executor/model_runner_components/attention_backend_setup.py:55-61); "
-        "set extract_engine: hf (plain generation through SGLang is not affected)"
+        "set extract_engine: hf. Its plain generation also takes head_dim = hidden / heads "
+        "(models/mixtral.py:151), so a Mixtral whose config sets another head_dim (eagle3nb's "
+        "copy of stories260K-hd32: 32, not 8) fails there too: use generate_engine hf or vllm"
     )
     mixtral_vl = (
         "MixtralForCausalLM does not implement SupportsEagle3, so capture and EAGLE-3 serving "
