@@ -7,6 +7,7 @@ target/             the target model: model folders, layer-id conventions, HF ca
     conventions     each engine's and trainer's layer ids <-> physical boundaries
     engine_rules    the id rule per (engine, engine version, architecture class), refusals
     twin            a tiny random-weight twin of a target, from its config.json; slots named on it
+    moe_copy        a dense Llama re-expressed as a Mixtral MoE of the same function (no download)
     capture         residual stream at boundaries behind one CaptureEngine interface (HF)
     head            the target's embedding, final norm and lm_head alone, read by tensor name
     alignment       which boundary an engine really captured, measured against HF

@@ -24,12 +24,15 @@ engines' EAGLE-3 model files read (``../shared/reference/conventions.md`` sectio
   applied on top (method and model locked). See :func:`vllm_serve_drafter`. SGLang reads none of
   these keys (0.5.23 has no "speculators" in its source).
 
-Versions change: when an engine is upgraded, re-read its source and update the table.
+Ids are read with the engine version's rule for the drafter's target class when the export recorded
+it (``eagle3nb.engine_ids``, :mod:`eagle3nb.target.engine_rules`), else with the engine's plain
+convention. Versions change: when an engine is upgraded, re-read its source and update the table.
 """
 
 from __future__ import annotations
 
 from eagle3nb.target.conventions import get_convention
+from eagle3nb.target.engine_rules import engine_rule
 
 __all__ = [
     "ENGINE_READS",
@@ -98,11 +101,23 @@ def _vllm_ids(cfg: dict) -> tuple[list[int] | None, str]:
     return None, "engine default"
 
 
+def _id_rule(cfg: dict, engine: str):
+    """The id rule ``engine`` applies to this drafter's target: the engine_rules row the export
+    recorded (``eagle3nb.target_architecture`` + ``eagle3nb.engine_ids[engine]``), else the
+    engine's plain convention (configs without them, refused or unknown classes)."""
+    meta = cfg.get("eagle3nb") or {}
+    rec = (meta.get("engine_ids") or {}).get(engine) or {}
+    if meta.get("target_architecture") and rec.get("rule") and not rec.get("refused"):
+        return engine_rule(engine, rec["version"], meta["target_architecture"])
+    return get_convention(engine)
+
+
 def read_as_engine(cfg: dict, engine: str, target_n_layers: int, rule=None) -> dict:
-    """What ``engine`` will use from a drafter ``config.json`` dict; ``rule`` (an
-    :class:`eagle3nb.target.engine_rules.EngineRule` of the engine's version and the target's class)
-    reads explicit ids by that rule instead of the engine's generic convention (SGLang 0.5.23
-    DeepSeek/Kimi: +1 only when the first id is 1).
+    """What ``engine`` will use from a drafter ``config.json`` dict. Explicit ids are read by
+    ``rule`` when given (an :class:`eagle3nb.target.engine_rules.EngineRule` of the engine's version
+    and the target's class), else by the rule the export recorded in the config (:func:`_id_rule`),
+    else by the engine's generic convention (SGLang 0.5.23 DeepSeek/Kimi, for one, adds +1 only
+    when the first id is 1).
 
     Returns:
         ``{"boundaries": [...], "ids_source": "config"|"engine default"|"config (...)",
@@ -114,39 +129,46 @@ def read_as_engine(cfg: dict, engine: str, target_n_layers: int, rule=None) -> d
     if engine not in ENGINE_READS:
         raise ValueError(f"engine={engine!r}: known engines are {sorted(ENGINE_READS)}")
     spec = ENGINE_READS[engine]
-    conv = get_convention(engine)
+    conv = rule or _id_rule(cfg, engine)
     ids, src = _get(cfg, spec["ids_key"]), "config"
     if engine == "vllm":
         ids, src = _vllm_ids(cfg)
     if ids is None:
         b, src = conv.default_boundaries(target_n_layers), "engine default"
     else:
-        b = (rule or conv).ids_to_boundaries(ids, target_n_layers)
+        b = conv.ids_to_boundaries(ids, target_n_layers)
     flags = {k: cfg.get(k, ENGINE_ASSUMES.get(k)) for k in sorted(spec["flags"])}
     return {"boundaries": b, "ids_source": src, "flags": flags}
 
 
 def rule_readings(
-    trained: list[int], served: list[int], n_layers: int, arch: str, versions: dict
+    trained: list[int],
+    served: list[int],
+    n_layers: int,
+    arch: str,
+    versions: dict,
+    by_rule: bool = True,
 ) -> dict:
     """What each engine version really captures for the ids eagle3nb exports for ``served``
-    boundaries (``eagle3nb.drafter.export`` writes each engine's ids in its generic convention:
-    SGLang boundary - 1, vLLM boundary), read by that version's rule for the target's class
+    boundaries (:func:`eagle3nb.drafter.export.engine_ids`: by the version's rule for the target's
+    class, or with ``by_rule=False`` by the engine's generic convention, SGLang boundary - 1 and vLLM
+    boundary, as hand-written configs are), read by that version's rule for the class
     (:mod:`eagle3nb.target.engine_rules`), against the ``trained`` boundaries.
 
     Args:
         versions: ``{engine: installed version}`` (engines not installed are left out).
+        by_rule: as the export writes them (``export_layer_ids`` other than ``convention``).
 
     Returns:
         ``{engine: {"version", "ids", "reads", "matches"}}``, or ``{"version", "error",
         "matches": None}`` where the ids cannot be written or the table refuses or lacks the key.
     """
-    from eagle3nb.target.engine_rules import engine_rule
+    from eagle3nb.drafter.export import engine_ids  # export imports this module's neighbours only
 
     out = {}
     for engine, version in versions.items():
         try:
-            ids = get_convention(engine).boundaries_to_ids(list(served), n_layers)
+            ids = engine_ids(engine, list(served), n_layers, arch, version, by_rule)[0]
             reads = engine_rule(engine, version, arch).ids_to_boundaries(ids, n_layers)
         except ValueError as e:
             out[engine] = {"version": version, "error": str(e), "matches": None}

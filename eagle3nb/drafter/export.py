@@ -16,8 +16,19 @@ Config keys (``../shared/reference/conventions.md`` section 2):
   drafter (``vllm serve DRAFTER``): it then serves the verifier with this drafter. Given the target
   with an explicit ``speculative_config`` it ignores them (the draft config is still parsed as
   ``model_type: llama``), and SGLang never reads them (tested: ``tests/engines``).
+Ids per engine follow that engine version's rule for the target's class
+(:func:`eagle3nb.target.engine_rules.engine_rule`: e.g. SGLang 0.5.23 gpt-oss reads ids that include
+N unshifted), recorded with version, rule and source under ``eagle3nb.engine_ids``; a class the
+table lacks, or refuses for that engine, gets the engine's plain convention (recorded as such).
+
 Weights (``model.safetensors``): ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``,
 ``d2t`` (int64 offsets), ``t2d`` (bool). The embedding is omitted: both engines share the target's.
+A full draft vocabulary (``draft_vocab_size == vocab_size``, d2t all zeros) is written **without**
+``d2t``/``t2d``: vLLM 0.32 creates ``draft_id_to_target_id`` only when the sizes differ
+(``model_executor/models/llama_eagle3.py:338-344``, else None), and its loader maps a stored ``d2t``
+to that parameter (``llama_eagle3.py:428-430``), so a full-size ``d2t`` fails the load ("There is no
+module or parameter named 'draft_id_to_target_id'"); SGLang without ``d2t`` keeps
+``hot_token_id`` None (``srt/models/llama_eagle3.py:323, 350-356``), i.e. the identity.
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eagle3nb.target.conventions import check_boundaries, get_convention
+from eagle3nb.target.engine_rules import engine_rule, known_versions
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3nb.manifest import atomic_write_json, publish_permissions
 from eagle3nb.drafter.vocab import check_draft_vocab
@@ -40,11 +52,14 @@ __all__ = [
     "export_drafter",
     "load_drafter",
     "REQUIRED_TENSORS",
+    "VOCAB_TENSORS",
+    "engine_ids",
     "drafter_config_json",
     "speculators_keys",
 ]
 
 ARCH = "LlamaForCausalLMEagle3"
+VOCAB_TENSORS = ("d2t", "t2d")  # absent exactly when the draft vocab is the full vocab
 REQUIRED_TENSORS = ["fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"] + [
     f"midlayer.{n}.weight"
     for n in [
@@ -62,6 +77,46 @@ REQUIRED_TENSORS = ["fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"] 
 ]
 
 
+def engine_ids(
+    engine: str,
+    boundaries: list[int],
+    n_layers: int,
+    arch: str | None,
+    version: str | None = None,
+    by_rule: bool = True,
+) -> tuple[list[int], dict]:
+    """The ids that make ``engine`` capture ``boundaries`` of a ``n_layers`` target of class ``arch``,
+    by that engine version's rule (:func:`eagle3nb.target.engine_rules.engine_rule`; ``version``
+    None = the newest version the table holds). ``by_rule=False`` writes the engine's generic
+    convention instead (what hand-written configs and other trainers write; ``export_layer_ids:
+    convention`` reproduces the per-class mismatch), the record still naming the rule the engine
+    applies when it reads them (``ids_written_by: convention``).
+
+    Returns:
+        ``(ids, record)``; ``record`` names the version, rule kind and source, or why the plain
+        convention of :mod:`eagle3nb.target.conventions` was used (no class, no rule, refused).
+
+    Raises:
+        ValueError: boundaries the rule (or convention) cannot name for this engine.
+    """
+    conv = get_convention(engine).boundaries_to_ids
+    if not arch:
+        return conv(boundaries, n_layers), {"convention": engine, "why": "target class unknown"}
+    v = version or known_versions(engine)[-1]
+    try:
+        rule = engine_rule(engine, v, arch)
+    except ValueError as e:  # version or class the table lacks
+        return conv(boundaries, n_layers), {"version": v, "convention": engine, "why": str(e)}
+    rec = {"version": v, "rule": rule.kind, "source": rule.source}
+    if rule.refused:
+        rec.update(convention=engine, refused=rule.refused)
+        return conv(boundaries, n_layers), rec
+    if not by_rule:
+        rec["ids_written_by"] = "convention"
+        return conv(boundaries, n_layers), rec
+    return rule.boundaries_to_ids(boundaries, n_layers), rec
+
+
 def drafter_config_json(
     c: DrafterConfig,
     aux_boundaries: list[int],
@@ -71,8 +126,14 @@ def drafter_config_json(
     serve_boundaries: list[int] | None = None,
     verifier: dict | None = None,
     num_speculative_tokens: int = 5,
+    target_arch: str | None = None,
+    engine_versions: dict | None = None,
+    by_rule: bool = True,
 ) -> dict:
-    """The config.json for both engines (ids in each engine's own convention).
+    """The config.json for both engines (ids in each engine's rule for ``target_arch``, see
+    :func:`engine_ids`; ``engine_versions`` ``{engine: version}`` names the versions, None or a
+    missing engine = the newest the table holds; ``by_rule=False``: generic conventions, see
+    :func:`engine_ids`).
 
     ``verifier``: the target (``{"name_or_path", "architectures"}``), written in the speculators
     form vLLM reads for ``vllm serve DRAFTER`` (module docstring) with ``num_speculative_tokens``;
@@ -88,8 +149,10 @@ def drafter_config_json(
         if serve_boundaries is None
         else check_boundaries(serve_boundaries, target_n_layers, "serve_boundaries")
     )
-    sglang_ids = get_convention("sglang").boundaries_to_ids(sb, target_n_layers)
-    vllm_ids = get_convention("vllm").boundaries_to_ids(sb, target_n_layers)
+    vers = engine_versions or {}
+    n, arch = target_n_layers, target_arch
+    sglang_ids, sg_rec = engine_ids("sglang", sb, n, arch, vers.get("sglang"), by_rule)
+    vllm_ids, vl_rec = engine_ids("vllm", sb, n, arch, vers.get("vllm"), by_rule)
     cfg = {
         "architectures": [ARCH],
         "model_type": "llama",
@@ -121,6 +184,11 @@ def drafter_config_json(
             "aux_boundaries": b,
             "target_num_hidden_layers": target_n_layers,
             "n_aux": c.n_aux,
+            "target_architecture": target_arch,
+            "engine_ids": {
+                "sglang": {"ids": sglang_ids, **sg_rec},
+                "vllm": {"ids": vllm_ids, **vl_rec},
+            },
         },
     }
     if verifier is not None:
@@ -164,8 +232,19 @@ def export_drafter(
     eos: int | None = None,
     serve_boundaries: list[int] | None = None,
     num_speculative_tokens: int = 5,
+    engine_versions: dict | None = None,
+    by_rule: bool = True,
 ) -> Path:
     """Write ``config.json``, ``model.safetensors`` and ``manifest.json`` into ``out_dir``.
+
+    Each engine's ids follow its rule for the target's class ``manifest["target"]["architecture"]``
+    at ``engine_versions`` (see :func:`drafter_config_json`; ``by_rule=False``: each engine's generic
+    convention). A full draft vocabulary is written
+    without ``d2t``/``t2d`` (module docstring).
+
+    Raises:
+        ValueError: boundaries an engine's rule cannot name; a full-size draft vocab whose d2t is
+            not the identity (no engine could load it).
 
     ``serve_boundaries``: see :func:`drafter_config_json` (None = the trained boundaries). The
     target named in config.json (speculators form) is ``manifest["target"]["path"]`` when the
@@ -183,6 +262,15 @@ def export_drafter(
             for k, v in drafter.state_dict().items()
             if not k.startswith("embed_tokens")
         }
+        if drafter.config.draft_vocab_size == drafter.config.vocab_size:
+            if bool(sd["d2t"].any()):
+                raise ValueError(
+                    f"draft_vocab_size={drafter.config.draft_vocab_size} is the full vocab but d2t "
+                    "is not all zeros (a permutation no engine loads at full size); rebuild it with "
+                    "build_draft_vocab"
+                )
+            for k in VOCAB_TENSORS:
+                del sd[k]
         save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         t = manifest.get("target") or {}
         verifier = (
@@ -199,6 +287,9 @@ def export_drafter(
             serve_boundaries,
             verifier,
             num_speculative_tokens,
+            t.get("architecture"),
+            engine_versions,
+            by_rule,
         )
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         atomic_write_json(tmp / "manifest.json", manifest)
@@ -238,6 +329,10 @@ def load_drafter(
             f"{path}/config.json architectures={cfg.get('architectures')}; expected {ARCH!r}"
         )
     sd = load_file(str(path / "model.safetensors"))
+    full = cfg.get("draft_vocab_size", cfg["vocab_size"]) == cfg["vocab_size"]
+    if full and not any(k in sd for k in VOCAB_TENSORS):  # full vocab: identity (module docstring)
+        sd["d2t"] = torch.zeros(cfg["vocab_size"], dtype=torch.long)
+        sd["t2d"] = torch.ones(cfg["vocab_size"], dtype=torch.bool)
     missing = [k for k in REQUIRED_TENSORS if k not in sd]
     if missing:
         raise ValueError(

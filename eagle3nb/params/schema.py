@@ -101,9 +101,9 @@ class RunParams(InputFields):
         "dataset to train on: sglang (02b's dataset/, at SGLang's capture point) or vllm (02a's dataset_vllm/, captured by vLLM)",
         [TRAIN],
     )
-    export_layer_ids: Literal["trained", "engine_default"] = _p(
+    export_layer_ids: Literal["trained", "engine_default", "convention"] = _p(
         "trained",
-        "ids written for SGLang/vLLM: the trained boundaries, or engine_default (reproduces the layer-id mismatch)",
+        "ids written for SGLang/vLLM: the trained boundaries by each engine rule for the target class; engine_default (reproduces the layer-id mismatch); convention (generic engine conventions, as hand-written configs: reproduces per-class mismatches)",
         [TRAIN],
     )
     bucket_by_length: bool = _p(

@@ -272,20 +272,25 @@ def extraction_check_lines(
 
 
 def engine_versions(p: RunParams) -> dict:
-    """``{engine: version}`` of the SGLang and vLLM installed for this run's pythons (read from
-    their packages, never assumed); engines not installed are left out."""
+    """``{engine: version}`` of SGLang and vLLM as installed for this run's pythons (read without
+    starting them, :func:`eagle3nb.engines.versions.installed_engine_version`); an engine not
+    installed is left out (the export then uses the newest version its rule table holds, and says
+    so in the drafter's config)."""
+    import subprocess
+
     from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
     from eagle3nb.engines.versions import installed_engine_version
     from eagle3nb.engines.vllm_helpers import vllm_python
 
-    pys = {"sglang": p.sglang_python, "vllm": vllm_python(p)}
+    pys = {
+        "sglang": DEFAULT_ENGINE_PYTHONS["sglang"] if p.sglang_python is None else p.sglang_python,
+        "vllm": vllm_python(p),
+    }
     out = {}
     for engine, py in pys.items():
         try:
-            out[engine] = installed_engine_version(
-                engine, DEFAULT_ENGINE_PYTHONS[engine] if py is None else py
-            )
-        except RuntimeError:
+            out[engine] = installed_engine_version(engine, py)
+        except (RuntimeError, OSError, subprocess.SubprocessError):  # not installed: left out
             continue
     return out
 
@@ -306,7 +311,8 @@ def export_rule_check(
 
     from eagle3nb.drafter.engine_read import rule_readings
 
-    got = rule_readings(trained, served, n, arch, engine_versions(p))
+    by_rule = p.export_layer_ids != "convention"
+    got = rule_readings(trained, served, n, arch, engine_versions(p), by_rule)
     update_metrics(rd.metrics, "export_rules", {"trained": list(trained), "engines": got})
     for engine, r in got.items():
         if r["matches"] is False:

@@ -33,6 +33,7 @@ from eagle3nb.steps.heldout import heldout_eval, heldout_stats
 from eagle3nb.steps.common import (
     check_alignment,
     checked_generation,
+    engine_versions,
     export_rule_check,
     progress_bar,
     record_alignment,
@@ -269,7 +270,9 @@ def _export(p: RunParams, rd: RunDir, man: dict, drafter, rep, cfg, tok, serve_b
         vocab=rep["vocab"],
     )
     bos, eos = tok.bos_token_id, tok.eos_token_id
-    export_drafter(drafter, rd.drafter, bnds, n, dman, bos, eos, serve_b, p.k)
+    by_rule = p.export_layer_ids != "convention"  # convention: the per-class mismatch, reproduced
+    vers = engine_versions(p)
+    export_drafter(drafter, rd.drafter, bnds, n, dman, bos, eos, serve_b, p.k, vers, by_rule)
     _, cfg_json = load_drafter(rd.drafter)  # refuses a folder missing a tensor or contradicting
     nbr = {"norm_before_residual": drafter.config.norm_before_residual}
     engines = engine_report(cfg_json, bnds, n, nbr)

@@ -74,7 +74,8 @@ def export_readings(p: RunParams, manifest: dict) -> dict:
     from eagle3nb.steps.common import engine_versions
 
     t, b = manifest["target"], list(manifest["aux_boundaries"])
-    got = rule_readings(b, b, t["n_layers"], t["architecture"], engine_versions(p))
+    by_rule = p.export_layer_ids != "convention"
+    got = rule_readings(b, b, t["n_layers"], t["architecture"], engine_versions(p), by_rule)
     return {
         f"{e} {r['version']} reads exported ids {r['ids']}": r["reads"]
         for e, r in got.items()

@@ -28,6 +28,9 @@ and negative or duplicate ids (``arg_groups/validation_hook.py``):
   captures at ``end_layer`` (``gpt_oss.py:722-739``), so id N-1 (or N) gives boundary N.
 - ``gemma3_causal.py:634-672`` (rule ``917-926``; wrapper ``gemma3_mm.py:543-545``) appends the
   previous layer's MLP-branch output without the residual: refused (sglang PR #39286).
+- ``mixtral.py:341`` (``MixtralForCausalLM``, also eagle3nb's MoE copy of a Llama) has no
+  ``set_eagle3_layers_to_capture``: ``model_runner_components/attention_backend_setup.py:55-61``
+  raises, so capture and EAGLE-3 serving are refused (plain generation runs).
 
 vLLM 0.32.0 (``vllm/...``): ``model_executor/models/interfaces.py:1601-1611``
 ``_maybe_add_hidden_state`` appends ``hidden_states + residual`` before the loop (index
@@ -37,7 +40,8 @@ also Mistral and ``Llama4ForCausalLM`` ``llama4.py:708``; ``qwen2.py:422-433``, 
 (``deepseek_v2.py:1545-1568``, end ``1586-1587``; Kimi-K2.5 ``kimi_k25.py:291``) adds
 ``hidden_states + residual`` before layer idx with ``residual = None`` at layer 0 (``1525``): id 0
 raises ``TypeError``. GLM-4.5 (``glm4_moe.py:534``) and Gemma-3 (``gemma3.py:367``,
-``gemma3_mm.py:500``) lack ``SupportsEagle3``: ``v1/worker/gpu_model_runner.py:5234-5238`` raises.
+``gemma3_mm.py:500``) and Mixtral (``mixtral.py:375``) lack ``SupportsEagle3``:
+``v1/worker/gpu_model_runner.py:5234-5238`` raises (plain generation runs).
 """
 
 from __future__ import annotations
@@ -187,6 +191,20 @@ def _rules() -> dict[tuple[str, str, str], EngineRule]:
         "'Model does not support EAGLE3 interface' (vllm/v1/worker/gpu_model_runner.py:5234-5238); "
         "turn vllm_extract and vllm_eval off, or serve with SGLang"
     )
+    mixtral_sg = (
+        "models/mixtral.py defines no set_eagle3_layers_to_capture, so capture and EAGLE-3 serving "
+        "raise 'Model MixtralForCausalLM does not implement set_eagle3_layers_to_capture' "
+        "(sglang/srt/model_executor/model_runner_components/attention_backend_setup.py:55-61); "
+        "set extract_engine: hf. Its plain generation also takes head_dim = hidden / heads "
+        "(models/mixtral.py:151), so a Mixtral whose config sets another head_dim (eagle3nb's "
+        "copy of stories260K-hd32: 32, not 8) fails there too: use generate_engine hf or vllm"
+    )
+    mixtral_vl = (
+        "MixtralForCausalLM does not implement SupportsEagle3, so capture and EAGLE-3 serving "
+        "raise 'Model does not support EAGLE3 interface' (vllm/v1/worker/gpu_model_runner.py:"
+        "5234-5238); turn vllm_extract and vllm_eval off (SGLang 0.5.23 refuses Mixtral too: "
+        "extract_engine: hf; plain generation through vLLM is not affected)"
+    )
     no_n = "the final norm captures nothing, so boundary N never comes back"
     moe_n = "boundary N (layer index N) raises IndexError at engine start, qwen2_moe.py:1156"
     ds_n = "ids must lie below N (spec_aux_hidden_state.py:113-130) and layer N has no capture"
@@ -215,6 +233,7 @@ def _rules() -> dict[tuple[str, str, str], EngineRule]:
             ds_n,
         ),
         "GptOssForCausalLM": ("unless_n", 0, 0, sg + "gpt_oss.py:1337-1352, 722-739", ""),
+        "MixtralForCausalLM": ("refused", 0, 0, sg + "mixtral.py:341", mixtral_sg),
         "Gemma3ForCausalLM": ("refused", 0, 0, sg + "gemma3_causal.py:634-672, 917-926", ""),
         "Gemma3ForConditionalGeneration": (
             "refused",
@@ -237,6 +256,7 @@ def _rules() -> dict[tuple[str, str, str], EngineRule]:
         "DeepseekV3ForCausalLM": ("same", 1, 0, ds, ds0),
         "Kimi_K25ForConditionalGeneration": ("same", 1, 0, vl + "kimi_k25.py:291 -> " + ds, ds0),
         "Glm4MoeForCausalLM": ("refused", 0, 0, vl + "glm4_moe.py:534", ""),
+        "MixtralForCausalLM": ("refused", 0, 0, vl + "mixtral.py:375", mixtral_vl),
         "Gemma3ForCausalLM": ("refused", 0, 0, vl + "gemma3.py:367", ""),
         "Gemma3ForConditionalGeneration": ("refused", 0, 0, vl + "gemma3_mm.py:500", ""),
     }
@@ -244,8 +264,9 @@ def _rules() -> dict[tuple[str, str, str], EngineRule]:
     for engine, version, table in (("sglang", "0.5.23", sglang), ("vllm", "0.32.0", vllm)):
         for arch, (kind, lo, hi_below, src, limit) in table.items():
             why = None
-            if kind == "refused":
-                why = gemma_sg if engine == "sglang" else no_eagle3
+            if kind == "refused":  # a refused row's last field, when set, is its own reason
+                why = limit or (gemma_sg if engine == "sglang" else no_eagle3)
+                limit = ""
             key = (engine, version, arch)
             out[key] = EngineRule(engine, version, arch, kind, lo, hi_below, src, why, limit)
     return out

@@ -54,6 +54,7 @@ ARCH_MODULES = {
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",
     "MiniMaxM2ForCausalLM": "minimax_m2",
+    "MixtralForCausalLM": "mixtral",  # Llama attention + MoE MLP (eagle3nb.target.moe_copy)
 }
 SUPPORTED_ARCHS = set(ARCH_MODULES)
 # classes refused by name, with the reason and the fix
@@ -88,7 +89,9 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
         name_or_path: an existing folder, or a folder name looked up in :func:`model_search_dirs`,
             or ``twin:<config.json>``: a tiny random-weight twin of that config (no download),
             built once into ``$EAGLE3NB_TWINS`` (default ``~/.cache/eagle3nb/twins``) with the
-            default target's tokenizer (:func:`eagle3nb.target.twin.build_twin`).
+            default target's tokenizer (:func:`eagle3nb.target.twin.build_twin`);
+            or a name of :data:`eagle3nb.target.moe_copy.DERIVED` (written on first use into
+            ``moe_copy.cache_dir()`` from its source model, found the same way).
 
     Returns:
         Absolute path of the model folder.
@@ -106,6 +109,12 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
         looked.append(str(c))
         if (c / "config.json").is_file():
             return c.resolve()
+    from eagle3nb.target import moe_copy
+
+    if str(name_or_path) in moe_copy.DERIVED:  # made by eagle3nb from a model found here
+        src, experts, top_k, seed = moe_copy.DERIVED[str(name_or_path)]
+        dst = moe_copy.cache_dir() / str(name_or_path)
+        return moe_copy.write_moe_copy(resolve_model(src), dst, experts, top_k, seed).resolve()
     raise FileNotFoundError(
         f"model={str(name_or_path)!r} not found; looked in: {looked}. Pass an existing folder with "
         f"config.json, or add its parent folder to ${ENV_VAR} (no downloads are made)."
@@ -354,6 +363,8 @@ def load_target(name_or_path: str | os.PathLike, dtype: str = "float32", device:
     import transformers
 
     cls = getattr(transformers, target_arch(cfg, str(name_or_path)))  # the class config.json names
+    if str(device).startswith("cpu"):  # MoE experts: torch's CPU grouped_mm refuses strides that
+        kw["experts_implementation"] = "eager"  # are not 16-byte multiples (bf16 width 172)
     model = cls.from_pretrained(
         str(path), dtype=DTYPES[dtype], local_files_only=True, attn_implementation="eager", **kw
     ).to(device)

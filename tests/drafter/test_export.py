@@ -105,3 +105,72 @@ def test_artefacts_readable_by_other_users(target, tmp_path):
     assert stat.S_IMODE(out.stat().st_mode) == 0o755
     for f in [*out.iterdir(), tmp_path / "m.json"]:
         assert stat.S_IMODE(f.stat().st_mode) == 0o644, f
+
+
+def test_full_vocab_is_written_without_d2t_t2d(target, tmp_path):
+    """draft_vocab_size == vocab_size: vLLM 0.32 has no draft_id_to_target_id at that size
+    (llama_eagle3.py:338-344), so the export leaves d2t/t2d out; load_drafter reads the identity."""
+    model, _, _ = target
+    d = make_drafter(model, dv=512)
+    assert not d.d2t.any() and bool(d.t2d.all())
+    out = export_drafter(d, tmp_path / "d", [1, 2, 4], 5, {}, 1, 2)
+    sd = load_file(str(out / "model.safetensors"))
+    assert "d2t" not in sd and "t2d" not in sd and sd["lm_head.weight"].shape[0] == 512
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["draft_vocab_size"] == cfg["vocab_size"] == 512
+    d2, _ = load_drafter(out, model.get_input_embeddings().weight.detach())
+    assert torch.equal(d2.d2t, torch.zeros(512, dtype=torch.long)) and bool(d2.t2d.all())
+    ids, aux, idx = torch.randint(0, 512, (1, 7)), torch.randn(1, 7, 192), torch.arange(7)
+    a = d.step(ids, aux, idx[None], [], idx)[1]
+    assert torch.equal(a, d2.step(ids, aux, idx[None], [], idx)[1])
+    d.d2t[3] = 1  # a permutation at full size: no engine loads it
+    with pytest.raises(ValueError, match="full vocab but d2t is not all zeros"):
+        export_drafter(d, tmp_path / "e", [1, 2, 4], 5, {}, 1, 2)
+
+
+@pytest.mark.parametrize(
+    "arch,bnds,sglang_ids,vllm_ids,kinds",
+    [
+        ("LlamaForCausalLM", [1, 2, 4], [0, 1, 3], [1, 2, 4], ("plus1", "same")),
+        ("GptOssForCausalLM", [1, 3, 6], [0, 2, 5], [1, 3, 6], ("unless_n", "same")),
+        ("GptOssForCausalLM", [0, 3, 6], [0, 3, 6], [0, 3, 6], ("unless_n", "same")),
+        ("GptOssForCausalLM", [1, 3, 5], [0, 2, 4], [1, 3, 5], ("unless_n", "same")),
+        ("DeepseekV3ForCausalLM", [2, 3, 5], [2, 3, 5], [2, 3, 5], ("first_id_1", "same")),
+        ("Qwen3MoeForCausalLM", [1, 3, 5], [0, 2, 4], [1, 3, 5], ("plus1", "same")),
+        ("Llama4ForCausalLM", [0, 3, 5], None, [0, 3, 5], (None, "same")),
+    ],
+)
+def test_ids_follow_each_engines_rule_for_the_target_class(
+    target, tmp_path, arch, bnds, sglang_ids, vllm_ids, kinds
+):
+    """Ids in config.json are what engine_rules says each engine reads as the trained boundaries
+    (a 6-layer target), and the engine readers read them back as those boundaries."""
+    from eagle3nb.drafter.engine_read import engine_report
+
+    model, _, _ = target
+    man = {"target": {"path": "/t", "architecture": arch}}
+    if sglang_ids is None:  # SGLang cannot capture boundary 0 of a plus1 class: refused
+        with pytest.raises(ValueError, match=r"sglang 0\.5\.23 on Llama4ForCausalLM captures"):
+            export_drafter(make_drafter(model), tmp_path / "d", bnds, 6, man, 1, 2)
+        return
+    out = export_drafter(make_drafter(model), tmp_path / "d", bnds, 6, man, 1, 2)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == sglang_ids
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == vllm_ids
+    rec = cfg["eagle3nb"]["engine_ids"]
+    assert (rec["sglang"]["rule"], rec["vllm"]["rule"]) == kinds
+    assert (rec["sglang"]["version"], rec["vllm"]["version"]) == ("0.5.23", "0.32.0")
+    rep = engine_report(cfg, bnds, 6, {})
+    assert rep["sglang"]["boundaries"] == rep["vllm"]["boundaries"] == bnds
+
+
+def test_refused_class_gets_the_convention_and_the_reason(target, tmp_path):
+    model, _, _ = target
+    man = {"target": {"path": "/t", "architecture": "MixtralForCausalLM"}}
+    out = export_drafter(make_drafter(model), tmp_path / "d", [1, 2, 4], 5, man, 1, 2)
+    cfg = json.loads((out / "config.json").read_text())
+    rec = cfg["eagle3nb"]["engine_ids"]
+    assert "set_eagle3_layers_to_capture" in rec["sglang"]["refused"]
+    assert "SupportsEagle3" in rec["vllm"]["refused"]
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 3]
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 4]

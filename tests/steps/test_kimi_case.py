@@ -155,3 +155,18 @@ def test_run_flags_and_measures_the_sglang_reading(kimi_run):
     print(f"\nkimi case: tau trained {st['tau']['trained']:.3f}, as SGLang 0.5.23 serves it "
           f"{st['tau'][served]:.3f}; per position {st['per_position_acceptance']}")  # fmt: skip
     assert st["tau"]["trained"] > st["tau"][served]
+
+
+def test_default_export_writes_ids_sglang_reads_as_meant(kimi, tmp_path):
+    """eagle3nb's own export (export_layer_ids: trained) writes SGLang 0.5.23's ids by its DeepSeek
+    rule: [3, 7, 10] unshifted (first id not 1), read back as the trained boundaries; the generic
+    convention's [2, 6, 9] (export_layer_ids: convention) is what the flagged run reproduces."""
+    from eagle3nb.drafter.export import engine_ids
+
+    p, _ = kimi
+    p = p.model_copy(update={"outputs_dir": str(tmp_path), "export_layer_ids": "trained"})
+    RunDir(p).root.mkdir(parents=True)
+    got = export_rule_check(p, RunDir(p), "DeepseekV3ForCausalLM", 12, [3, 7, 10], [3, 7, 10])
+    assert got["sglang"]["ids"] == [3, 7, 10] and got["sglang"]["matches"] is True
+    ids, rec = engine_ids("sglang", [3, 7, 10], 12, "DeepseekV3ForCausalLM", "0.5.23", False)
+    assert ids == [2, 6, 9] and rec["ids_written_by"] == "convention"

@@ -98,7 +98,9 @@ def test_same_id_names_different_boundaries_by_first_id():
     "engine,arch,msg",
     [(SG, a, r"MLP-branch output without the residual.*PR #39286") for a in GEMMA]
     + [(VL, a, r"SupportsEagle3.*gpu_model_runner\.py:5234") for a in GEMMA]
-    + [(VL, "Glm4MoeForCausalLM", r"SupportsEagle3")],
+    + [(VL, "Glm4MoeForCausalLM", r"SupportsEagle3")]
+    + [(VL, "MixtralForCausalLM", r"SupportsEagle3.*gpu_model_runner\.py:5234")]
+    + [(SG, "MixtralForCausalLM", r"no set_eagle3_layers_to_capture.*extract_engine: hf")],
 )
 def test_refused_combinations_name_engine_version_class_and_reason(engine, arch, msg):
     rule = engine_rule(*engine, arch)

@@ -52,6 +52,7 @@ TINY = {
     "Llama4ForCausalLM": ("llama4_text", dict(_LOCAL, intermediate_size_mlp=96)),
     "Gemma3ForCausalLM": ("gemma3_text", dict(_BASE, sliding_window=8)),
     "MiniMaxM2ForCausalLM": ("minimax_m2", _LOCAL),
+    "MixtralForCausalLM": ("mixtral", _LOCAL),
     "Gemma3ForConditionalGeneration": (
         "gemma3",
         dict(
