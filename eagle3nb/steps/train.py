@@ -287,13 +287,6 @@ def _export(p: RunParams, rd: RunDir, man: dict, drafter, rep, cfg, tok, serve_b
     return engines
 
 
-def _wait_share(rep: dict):
-    """Sum of batch waits / sum of step seconds over the steps after the first (the first holds
-    set-up and compiles); None with fewer than two steps."""
-    w, s = rep["step_wait_seconds"][1:], rep["step_seconds"][1:]
-    return round(sum(w) / sum(s), 4) if s and sum(s) > 0 else None
-
-
 def _train_stats(p: RunParams, ds, rep: dict) -> dict:
     """metrics.json["train"]: steps, speed, last losses, vocab, padding, parallelism."""
     last = rep["history"][-1]
@@ -319,7 +312,9 @@ def _train_stats(p: RunParams, ds, rep: dict) -> dict:
         "padding_fraction_is": "share of padded positions in the per-rank batches of one epoch: "
         "this run's plan (bucketed by length unless bucket_by_length is false) vs a plain shuffle",
         "training_mode": p.training_mode,
-        "batch_wait_share": _wait_share(rep),
+        "batch_wait_share": round(
+            sum(rep["step_wait_seconds"][1:]) / max(sum(rep["step_seconds"][1:]), 1e-9), 4
+        ),
         "batch_wait_share_is": "share of the step time spent waiting for the batch, steps after "
         "the first (loader offline, target capture online; the issue-12 margin is <= 0.5)",
     }

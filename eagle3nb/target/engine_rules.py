@@ -49,6 +49,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from eagle3nb.target.cpu_limits import (  # re-exported: the CPU refusals preflight reads
+    CPU_CONFIG_LIMITS,
+    CPU_LIMITS,
+    cpu_config_limit,
+    cpu_limit,
+)
+
 __all__ = [
     "EngineRule",
     "RULES",
@@ -191,19 +198,14 @@ def _rules() -> dict[tuple[str, str, str], EngineRule]:
         "'Model does not support EAGLE3 interface' (vllm/v1/worker/gpu_model_runner.py:5234-5238); "
         "turn vllm_extract and vllm_eval off, or serve with SGLang"
     )
-    mixtral_sg = (
-        "models/mixtral.py defines no set_eagle3_layers_to_capture, so capture and EAGLE-3 serving "
-        "raise 'Model MixtralForCausalLM does not implement set_eagle3_layers_to_capture' "
-        "(sglang/srt/model_executor/model_runner_components/attention_backend_setup.py:55-61); "
-        "set extract_engine: hf. Its plain generation also takes head_dim = hidden / heads "
-        "(models/mixtral.py:151), so a Mixtral whose config sets another head_dim (eagle3nb's "
-        "copy of stories260K-hd32: 32, not 8) fails there too: use generate_engine hf or vllm"
+    mixtral_sg = (  # its plain generation also takes head_dim = hidden / heads (mixtral.py:151)
+        "no set_eagle3_layers_to_capture in models/mixtral.py: capture and EAGLE-3 serving raise "
+        "(model_runner_components/attention_backend_setup.py:55-61); set extract_engine: hf, and "
+        "generate_engine hf or vllm when the config sets its own head_dim (eagle3nb's MoE copy)"
     )
     mixtral_vl = (
-        "MixtralForCausalLM does not implement SupportsEagle3, so capture and EAGLE-3 serving "
-        "raise 'Model does not support EAGLE3 interface' (vllm/v1/worker/gpu_model_runner.py:"
-        "5234-5238); turn vllm_extract and vllm_eval off (SGLang 0.5.23 refuses Mixtral too: "
-        "extract_engine: hf; plain generation through vLLM is not affected)"
+        "no SupportsEagle3: capture and EAGLE-3 serving raise 'Model does not support EAGLE3 "
+        "interface' (v1/worker/gpu_model_runner.py:5234-5238); turn vllm_extract and vllm_eval off"
     )
     no_n = "the final norm captures nothing, so boundary N never comes back"
     moe_n = "boundary N (layer index N) raises IndexError at engine start, qwen2_moe.py:1156"
@@ -304,116 +306,3 @@ def engine_rule(engine: str, version: str, arch: str) -> EngineRule:
         )
         raise ValueError(f"{what}; the layer-id rule is never assumed, {MEASURE_HOWTO}")
     return rule
-
-
-_DS_CPU_SG = (
-    "its CPU MLA path runs silently wrong at small sizes (next-token log-probs 2.9 from HF) and "
-    "crashes at real ones (layers/attention/torch_native_backend.py:160)"
-)
-# (engine, version, class) -> {use: why it fails on CPU}; use "capture" (02a/02b) or "serve" (04).
-# Measured on this machine kind (../shared/reference/architectures.md sections 3 and 4).
-CPU_LIMITS: dict[tuple[str, str, str], dict[str, str]] = {
-    ("sglang", "0.5.23", "DeepseekV3ForCausalLM"): {"capture": _DS_CPU_SG},
-    ("sglang", "0.5.23", "Kimi_K25ForConditionalGeneration"): {"capture": _DS_CPU_SG},
-    ("sglang", "0.5.23", "GptOssForCausalLM"): {
-        "capture": "it fails at weight load (layers/moe/fused_moe_triton/layer.py:879 _load_w13)"
-    },
-    ("sglang", "0.5.23", "Llama4ForCausalLM"): {
-        "capture": "float32 fails at o_proj (models/llama4.py:369, BFloat16 != float), bfloat16 in "
-        "the native MoE (layers/moe/fused_moe_native.py:69 NotImplementedError)"
-    },
-    ("sglang", "0.5.23", "MiniMaxM2ForCausalLM"): {
-        "capture": "its qk-norm kernel is CUDA-only (models/minimax_m2.py:205)"
-    },
-    ("vllm", "0.32.0", "MiniMaxM2ForCausalLM"): {
-        "capture": "its CPU MoE router takes only softmax scoring, M2 uses sigmoid + bias "
-        "(model_executor/layers/fused_moe/router/cpu_router.py:239)",
-        "serve": "its CPU MoE router takes only softmax scoring (cpu_router.py:239)",
-    },
-    ("vllm", "0.32.0", "DeepseekV3ForCausalLM"): {
-        "serve": "MLA and the drafter share no KV block size ('No common block size for 16', "
-        "v1/worker/utils.py:555)"
-    },
-    ("vllm", "0.32.0", "Kimi_K25ForConditionalGeneration"): {
-        "serve": "MLA and the drafter share no KV block size (v1/worker/utils.py:555)"
-    },
-}
-
-
-def cpu_limit(engine: str, version: str, arch: str, use: str) -> str | None:
-    """Why ``engine`` at ``version`` cannot ``use`` ("capture" or "serve") a target of class
-    ``arch`` on CPU, as measured here; None where nothing is known to fail."""
-    return CPU_LIMITS.get((engine, str(version).split("+")[0], arch), {}).get(use)
-
-
-def _rope(cfg: dict) -> dict:
-    return cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-
-
-def _mla_576(cfg: dict) -> str | None:
-    d = int(cfg.get("kv_lora_rank") or 0) + int(cfg.get("qk_rope_head_dim") or 0)
-    if d != 576:
-        return (
-            f"its CPU MLA takes only a latent head of kv_lora_rank + qk_rope_head_dim = 576 (this "
-            f"config: {d}; 'Head dimension {d} is not supported by MLA', "
-            "layers/attention/mla_attention.py:1717, v1/attention/backends/mla/cpu_mla.py:61-64)"
-        )
-    if _rope(cfg).get("rope_type", _rope(cfg).get("type")) != "yarn":
-        return (
-            "without YaRN rope its CPU MLA matched HF only to 0.12-0.20 relative (with YaRN, as "
-            "DeepSeek-V3/Kimi ship it: 6.5e-7)"
-        )
-    return None
-
-
-def _amx_mla(cfg: dict) -> str | None:
-    return (
-        "on this CPU it picks the AMX MLA backend, whose weight processing takes bfloat16/float16 "
-        "weights only ('expect weight to be bfloat16, float16, int8, fp8_e4m3 or uint8', "
-        "v1/attention/backends/mla/amx_mla.py:303; measured in float32 on a 576 + YaRN twin); "
-        "bfloat16 is not proven here"
-    )
-
-
-def _yarn_factor(cfg: dict) -> str | None:
-    if "factor" not in _rope(cfg):
-        return "it reads rope_parameters['factor'] (KeyError without it, models/gpt_oss.py:117)"
-    return None
-
-
-def _chunk_128(cfg: dict) -> str | None:
-    c = cfg.get("attention_chunk_size")
-    if isinstance(c, int) and c % 128:
-        return (
-            f"attention_chunk_size {c} is not divisible by its CPU KV block size 128 "
-            "(v1/attention/backends/utils.py:588)"
-        )
-    return None
-
-
-def _kimi_not_run(cfg: dict) -> str | None:
-    return "it was not run on CPU here (vision tower, media processor), so its capture is unproven"
-
-
-# (engine, version, class) -> [(use, test(cfg) -> why it fails or None)]: limits that depend on the
-# target's config, measured on this machine kind (../shared/reference/architectures.md section 4)
-CPU_CONFIG_LIMITS = {
-    ("vllm", "0.32.0", "DeepseekV3ForCausalLM"): [("capture", _mla_576), ("capture", _amx_mla)],
-    ("vllm", "0.32.0", "Kimi_K25ForConditionalGeneration"): [("capture", _kimi_not_run)],
-    ("vllm", "0.32.0", "GptOssForCausalLM"): [("capture", _yarn_factor), ("serve", _yarn_factor)],
-    ("vllm", "0.32.0", "Llama4ForCausalLM"): [("capture", _chunk_128), ("serve", _chunk_128)],
-}
-
-
-def cpu_config_limit(engine: str, version: str, arch: str, cfg: dict, use: str) -> str | None:
-    """Why ``engine`` at ``version`` cannot ``use`` a target of class ``arch`` with this text
-    config (``cfg``: config.json's text model) on CPU: :func:`cpu_limit`'s class-wide reason, else
-    a config-dependent one (:data:`CPU_CONFIG_LIMITS`: vLLM MLA latent width and YaRN, gpt-oss
-    YaRN factor, Llama-4 chunk size); None where nothing is known to fail."""
-    why = cpu_limit(engine, version, arch, use)
-    if why:
-        return why
-    for u, test in CPU_CONFIG_LIMITS.get((engine, str(version).split("+")[0], arch), []):
-        if u == use and (why := test(cfg)):
-            return why
-    return None
