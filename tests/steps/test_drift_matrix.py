@@ -71,6 +71,5 @@ def test_matrix_layout_offset_row_and_metrics(run):
     q = [s for s in out["sources"] if s["key"] == W8][0]["quantization"]
     assert q["format"] == "w8a8" and len(q["quantized"]) == 35
     metrics = json.loads((Path(p.outputs_dir) / "drift" / "metrics.json").read_text())
-    )
     assert metrics["drift_matrix"]["matrix"]["tau"] == m["tau"]
     assert metrics["checks"]["05_drift"]
