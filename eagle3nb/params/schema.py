@@ -199,7 +199,7 @@ class RunParams(InputFields):
         [DRIFT],
         default_factory=lambda: [0, 1],
     )
-    drift_train_steps: int = _p(60, "optimizer steps per drafter", [DRIFT], ge=1)
+    drift_train_steps: int = _p(40, "optimizer steps per drafter", [DRIFT], ge=1)
     drift_vllm_serve: bool = _p(
         True,
         "vLLM also serves the reference drafter and the source drafter on each vllm source (its own counters)",

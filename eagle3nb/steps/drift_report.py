@@ -79,7 +79,8 @@ def _diagonal(m: dict) -> dict:
 
 def recommend(m: dict, reference: str, offset_row: str) -> dict:
     """What the matrix says, per serve source: the drift drop (reference-trained drafter served
-    there vs on the reference), the offset drop (reference-trained drafter fed the offset
+    there vs on the reference: other greedy outputs too, so read it with care; the within-column
+    numbers compare the same sequences), the offset drop (reference-trained drafter fed the offset
     boundaries vs the right ones, same source), and the gain of training on that source's own
     states; ``lines`` turns them into advice, the noise bar deciding.
 
@@ -112,13 +113,12 @@ def recommend(m: dict, reference: str, offset_row: str) -> dict:
         if gain > noise:
             lines.append(
                 f"serving on {col}: train on its own states: {gain:+.3f} tau over the float32 "
-                f"reference drafter (noise +-{noise:.3f}; drift costs that drafter "
-                f"{rec['drift_drop']:+.3f}){off}"
+                f"reference drafter (noise +-{noise:.3f}){off}"
             )
         else:
             lines.append(
                 f"serving on {col}: the float32 reference drafter serves as well (training on "
-                f"its own states: {gain:+.3f}, within noise +-{noise:.3f}; drift costs "
-                f"{rec['drift_drop']:+.3f}){off}: fix the layer ids first"
+                f"its own states: {gain:+.3f}, within noise +-{noise:.3f}){off}: fix the "
+                "layer ids first"
             )
     return {"per_source": per, "lines": lines}
