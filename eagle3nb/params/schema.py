@@ -186,12 +186,7 @@ class RunParams(InputFields):
         None,
         "targets compared, engine:dtype[:quant] (engine hf or vllm, quant none, w8a8 or w4a16; hf:float32 is the reference, always first; vLLM on CPU runs w8a8 in bfloat16)",
         [DRIFT],
-        default_factory=lambda: [
-            "hf:float32",
-            "hf:bfloat16",
-            "hf:float32:w8a8",
-            "hf:float32:w4a16",
-        ],
+        default_factory=lambda: ["hf:float32", "hf:float32:w8a8", "hf:float32:w4a16"],
     )
     drift_seeds: list[int] = _p(
         None,
