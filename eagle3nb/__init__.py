@@ -12,6 +12,7 @@ target/             the target model: model folders, layer-id conventions, HF ca
     capture         residual stream at boundaries behind one CaptureEngine interface (HF)
     head            the target's embedding, final norm and lm_head alone, read by tensor name
     alignment       which boundary an engine really captured, measured against HF
+    quantize        quantized variants (compressed-tensors w8a8, w4a16) written from the local model
 text/               the text side: prompts, chat samples and loss masks, the target's continuations
     prompts         prompt files and the deterministic train / held-out split
     chat            (input_ids, loss_mask) training samples, chat template or plain text
@@ -55,6 +56,7 @@ engines/            real engines (vLLM, SGLang) behind one interface, across a p
     sglang_helpers  notebook side: 02b's SGLang path, boundary N from HF checked against SGLang
 viz/                figures and interactive views
     plots           Plotly figures, standalone HTML that opens offline
+    drift_plots     05's figures: drift per source and boundary, the train x serve matrix
     views           JupyterLab views (ipywidgets + plotly FigureWidget)
 steps/              one module per notebook, called from its cells and from eagle3nb.run
     common          what the steps share: target info, aux ids, checks, metrics
@@ -71,6 +73,9 @@ steps/              one module per notebook, called from its cells and from eagl
     evaluate        04_eval_acceptance
     eval_chat       04's held-out prompts rendered with its template; acceptance per turn index
     publish         04's serving files: serve_commands.md and the drafter's model card
+    drift_sources   05's sources (engine, dtype, quantization): capture, drift against float32 HF
+    drift_matrix    05_drift: one drafter per source and seed, the train x serve acceptance matrix
+    drift_report    05's reading of the matrix: noise bars, the diagonal, the recommendation
 data/               package data: prompts_tinystories.txt (default prompts), chat_stories.*.jsonl
                     (chat dataset, two forms), chat_template_stories.jinja
 params/             run parameters: one validated model for params/*.yaml and the parameters cells

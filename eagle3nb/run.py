@@ -26,7 +26,7 @@ __all__ = ["NOTEBOOKS", "run_notebooks", "main"]
 
 # NOTEBOOKS (their run order) lives in params, which names the parameters each declares
 # notebooks a run can switch off (the others always run)
-ENABLED_BY = {"02a_extract_vllm": "vllm_extract"}
+ENABLED_BY = {"02a_extract_vllm": "vllm_extract", "05_drift": "drift_matrix"}
 NB_DIR = REPO_ROOT / "notebooks"
 # set for the kernels of a headless run: no progress bars of transformers or huggingface_hub (such
 # as "Loading weights"), which an executed notebook would keep as a frozen 0% widget

@@ -46,7 +46,15 @@ def test_run_leaves_every_artefact(smoke_run):
     assert all(len(s["sha256"]) == 64 for s in man["shards"])
     js = r / "figures" / "plotly.min.js"  # one plotly.js for all figures of the run (offline)
     assert js.read_text() == plotly.offline.get_plotlyjs()
-    for fig in ("hidden_states", "alignment", "engine_drift", "training", "acceptance"):
+    for fig in (
+        "hidden_states",
+        "alignment",
+        "engine_drift",
+        "training",
+        "acceptance",
+        "quant_drift",
+        "drift_matrix",
+    ):
         html = (r / "figures" / f"{fig}.html").read_text()
         assert '<script charset="utf-8" src="plotly.min.js"></script>' in html, fig
     assert sum(f.stat().st_size for f in (r / "figures").iterdir()) < 8e6
@@ -121,6 +129,13 @@ def test_metrics(smoke_run):
         and 1e-3 < max(drift["hf-transformers bfloat16"].values()) < 5e-2
     )
     assert any(k.startswith("vllm float32") for k in drift)  # 02a's dataset is in the run folder
+    dm = m["drift_matrix"]  # 05 with the notebook defaults: HF float32, w8a8, w4a16
+    assert dm["matrix"]["rows"][-1] == "layer offset" and dm["offset_boundaries"] == [0, 1, 3]
+    assert dm["matrix"]["cols"] == ["hf:float32:none", "hf:float32:w8a8", "hf:float32:w4a16"]
+    ref = dm["checks"]["hf:float32:none"]["drafters"]["hf:float32:none"]
+    assert ref["greedy_mismatches_vs_own_plain"] == 0
+    for q in ("hf:float32:w8a8", "hf:float32:w4a16"):
+        assert 1e-4 < dm["drift"][q]["logits"]["relative_error"] < 0.2, q
     eng = m["export"]["engines"]
     assert (
         eng["sglang"]["boundaries"] == eng["vllm"]["boundaries"] == [1, 2, 4]

@@ -30,11 +30,17 @@ from eagle3nb.drafter.model import Eagle3Drafter
 from eagle3nb.target.capture import capture_boundaries
 from eagle3nb.target.models import as_stop_list
 
-__all__ = ["accepted_at_every_position", "sweep_from_positions", "k_sweep"]
+__all__ = [
+    "greedy_unstopped",
+    "accepted_at_every_position",
+    "accepted_from_states",
+    "sweep_from_positions",
+    "k_sweep",
+]
 
 
 @torch.no_grad()
-def _greedy_unstopped(target, prompt_ids: Sequence[int], n: int) -> list[int]:
+def greedy_unstopped(target, prompt_ids: Sequence[int], n: int) -> list[int]:
     """The target's greedy continuation of ``n`` tokens, not stopped at EOS (drafts are compared
     with the tokens after a stop too, as the simulator's verify forward does)."""
     dev = next(target.parameters()).device
@@ -48,6 +54,9 @@ def _greedy_unstopped(target, prompt_ids: Sequence[int], n: int) -> list[int]:
         new.append(int(tok))
         out = target(tok.view(1, 1), use_cache=True, **{name: getattr(out, name)})
     return new
+
+
+_greedy_unstopped = greedy_unstopped  # the name the tests use
 
 
 @torch.no_grad()
@@ -66,7 +75,7 @@ def accepted_at_every_position(
         ``{"m": [m(1) .. m(n_out - 1)] (index 0 = after one token), "n_out": tokens the
         speculative run emits (up to the first stop token or ``max_new_tokens``)}``.
     """
-    g = _greedy_unstopped(target, prompt_ids, max_new_tokens + k)
+    g = greedy_unstopped(target, prompt_ids, max_new_tokens + k)
     stops = set(as_stop_list(eos_token_id))
     n_out = max_new_tokens
     for i, t in enumerate(g[:max_new_tokens]):
@@ -78,17 +87,39 @@ def accepted_at_every_position(
     bnds = list(boundaries)
     st = capture_boundaries(target, full[None], sorted(set(bnds)))
     aux_all = torch.cat([st[b][0] for b in bnds], dim=-1)  # [T, n_aux*Ht]
-    p = len(prompt_ids)
+    return {
+        "m": accepted_from_states(drafter, full, aux_all, len(prompt_ids), k, n_out),
+        "n_out": n_out,
+    }
+
+
+@torch.no_grad()
+def accepted_from_states(
+    drafter: Eagle3Drafter, full: torch.Tensor, aux_all: torch.Tensor, p: int, k: int, n_out: int
+) -> list[int]:
+    """``m(j)`` for j = 1 .. n_out - 1 from states already captured (by any engine).
+
+    Args:
+        full: ``[p + n_gen]`` int64: the prompt (``p`` tokens) and the target's greedy
+            continuation, unstopped, at least ``n_out - 1 + k`` tokens long.
+        aux_all: ``[>= p + n_out - 2, n_aux*Ht]`` the target's aux states over ``full`` (in the
+            order of the boundaries the drafter reads), on the drafter's device.
+
+    Returns:
+        ``[m(1) .. m(n_out - 1)]``: how many of the k drafts made after j emitted tokens equal
+        the continuation (see the module docstring). The states may come from an engine other
+        than HF (eagle3nb.steps.drift_matrix: vLLM's own capture of a quantized target).
+    """
+    g = full[p:].tolist()
     m = []
     for j in range(1, n_out):
-        seq = full[: p + j]
-        drafts = draft_chain(drafter, seq, aux_all[: p + j - 1], k)
+        drafts = draft_chain(drafter, full[: p + j], aux_all[: p + j - 1], k)
         want = g[j : j + k]
         n = 0
-        while n < k and drafts[n] == want[n]:
+        while n < k and n < len(want) and drafts[n] == want[n]:
             n += 1
         m.append(n)
-    return {"m": m, "n_out": n_out}
+    return m
 
 
 def sweep_from_positions(positions: Sequence[dict], k_max: int) -> dict:

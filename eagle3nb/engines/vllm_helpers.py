@@ -42,6 +42,7 @@ def vllm_steps(p) -> list[str]:
             ("01_generate", p.generate_engine == "vllm"),
             ("02a_extract_vllm", p.vllm_extract),
             ("04_eval_acceptance", p.vllm_eval),
+            ("05_drift", p.drift_matrix and any(s.startswith("vllm") for s in p.drift_sources)),
         )
         if on
     ]

@@ -15,10 +15,11 @@ NOTEBOOKS = [
     "02b_extract_sglang",
     "03_train",
     "04_eval_acceptance",
+    "05_drift",
 ]
-GENERATE, EXTRACT_VLLM, EXTRACT_SGLANG, TRAIN, EVAL = NOTEBOOKS
+GENERATE, EXTRACT_VLLM, EXTRACT_SGLANG, TRAIN, EVAL, DRIFT = NOTEBOOKS
 ALL = tuple(NOTEBOOKS)
-VLLM = (GENERATE, EXTRACT_VLLM, EVAL)  # the notebooks that start vLLM
+VLLM = (GENERATE, EXTRACT_VLLM, EVAL, DRIFT)  # the notebooks that start vLLM
 RUN_LEVEL = "run"  # read by eagle3nb.run (which notebooks to execute), declared by no notebook
 
 
@@ -85,8 +86,11 @@ class InputFields(BaseModel):
     chat_template_kwargs: dict = _p(
         {},
         "extra variables for the chat template, e.g. {enable_thinking: false}",
-        [GENERATE, EVAL],
-        {EVAL: "extra variables for the chat template that renders the held-out prompts"},
+        [GENERATE, EVAL, DRIFT],
+        {
+            EVAL: "extra variables for the chat template that renders the held-out prompts",
+            DRIFT: "extra variables for the chat template that renders the held-out prompts",
+        },
         default_factory=dict,
     )
     # 01_generate
@@ -161,16 +165,17 @@ class InputFields(BaseModel):
     convention: str = _p(
         "sglang",
         "layer-id convention of layer_ids (sglang, vllm, speculators_le_0.4, speculators_ge_0.5, specforge, eagle)",
-        [EXTRACT_VLLM, EXTRACT_SGLANG, TRAIN],
+        [EXTRACT_VLLM, EXTRACT_SGLANG, TRAIN, DRIFT],
         {
             EXTRACT_VLLM: "layer-id convention of layer_ids (they name the run's boundaries; vLLM is asked with its own ids for them)",
             TRAIN: "convention of the dataset's layer ids (checked against its manifest)",
+            DRIFT: "convention of layer_ids (names the trained boundaries and the layer-offset row)",
         },
     )
     layer_ids: Optional[list[int]] = _p(
         None,
         "aux layer ids in that convention; None for the default low/mid/high boundaries",
-        [EXTRACT_VLLM, EXTRACT_SGLANG, TRAIN],
+        [EXTRACT_VLLM, EXTRACT_SGLANG, TRAIN, DRIFT],
         {
             TRAIN: "ids the drafter will be served with (None for the default); must name the dataset's boundaries"
         },

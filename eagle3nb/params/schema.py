@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal, Optional
 
 from pydantic import ConfigDict, field_validator, model_validator
 
 from eagle3nb.params.fields import (  # noqa: F401  (re-exported: the notebook groups)
     ALL,
+    DRIFT,
     EVAL,
     EXTRACT_SGLANG,
     EXTRACT_VLLM,
@@ -39,23 +41,28 @@ class RunParams(InputFields):
         [TRAIN],
     )
     draft_vocab_size: int = _p(
-        256, "draft vocabulary size (most frequent loss-bearing tokens)", [TRAIN], ge=1
+        256, "draft vocabulary size (most frequent loss-bearing tokens)", [TRAIN, DRIFT], ge=1
     )
     draft_num_heads: int = _p(
-        2, "drafter attention heads (0 for the target's count)", [TRAIN], ge=0
+        2, "drafter attention heads (0 for the target's count)", [TRAIN, DRIFT], ge=0
     )
     draft_num_kv_heads: int = _p(
-        2, "drafter kv heads (0 for min(heads, target's kv heads))", [TRAIN], ge=0
+        2, "drafter kv heads (0 for min(heads, target's kv heads))", [TRAIN, DRIFT], ge=0
     )
-    draft_intermediate_size: int = _p(0, "drafter MLP width (0 for the target's)", [TRAIN], ge=0)
-    ttt_steps: int = _p(7, "training-time test unroll length k", [TRAIN], ge=1)
+    draft_intermediate_size: int = _p(
+        0, "drafter MLP width (0 for the target's)", [TRAIN, DRIFT], ge=0
+    )
+    ttt_steps: int = _p(7, "training-time test unroll length k", [TRAIN, DRIFT], ge=1)
     loss_decay: float = _p(0.8, "TTT step j is weighted loss_decay**j", [TRAIN], gt=0, le=1)
     batch_size: int = _p(
-        8, "samples per optimizer step, summed over all processes (the global batch)", [TRAIN], ge=1
+        8,
+        "samples per optimizer step, summed over all processes (the global batch)",
+        [TRAIN, DRIFT],
+        ge=1,
     )
     max_steps: int = _p(100, "optimizer steps", [TRAIN], ge=1)
-    lr: float = _p(3e-3, "AdamW peak learning rate", [TRAIN], gt=0)
-    warmup_steps: int = _p(5, "linear warmup steps before cosine decay", [TRAIN], ge=0)
+    lr: float = _p(3e-3, "AdamW peak learning rate", [TRAIN, DRIFT], gt=0)
+    warmup_steps: int = _p(5, "linear warmup steps before cosine decay", [TRAIN, DRIFT], ge=0)
     weight_decay: float = _p(0.0, "AdamW weight decay", [TRAIN], ge=0)
     aux_noise: float = _p(0.0, "Gaussian noise on aux states, relative to their std", [TRAIN], ge=0)
     init_head_from_target: bool = _p(
@@ -151,18 +158,18 @@ class RunParams(InputFields):
     k: int = _p(
         5,
         "draft tokens per cycle",
-        [TRAIN, EVAL],
+        [TRAIN, EVAL, DRIFT],
         {TRAIN: "draft tokens per cycle of the held-out tau measured during training"},
         ge=1,
     )
     eval_max_new_tokens: int = _p(
         32,
         "tokens generated per held-out prompt",
-        [TRAIN, EVAL],
+        [TRAIN, EVAL, DRIFT],
         {TRAIN: "tokens generated per held-out prompt in the evaluations during training"},
         ge=1,
     )
-    max_eval_prompts: int = _p(6, "cap on held-out prompts (0 for all)", [EVAL], ge=0)
+    max_eval_prompts: int = _p(6, "cap on held-out prompts (0 for all)", [EVAL, DRIFT], ge=0)
     baselines: bool = _p(True, "also evaluate an untrained drafter and the layer offset", [EVAL])
     allow_template_mismatch: bool = _p(
         False, "evaluate although the drafter was trained under another template or target", [EVAL]
@@ -177,6 +184,25 @@ class RunParams(InputFields):
         "also draft at every position of the held-out greedy outputs: tau and acceptance rate for every draft length 1..k (exact, one target forward per prompt)",
         [EVAL],
     )
+    # 05_drift
+    drift_sources: list[str] = _p(
+        None,
+        "targets compared, engine:dtype[:quant] (engine hf or vllm, quant none, w8a8 or w4a16; hf:float32 is the reference, always first; vLLM on CPU runs w8a8 in bfloat16)",
+        [DRIFT],
+        default_factory=lambda: ["hf:float32", "hf:float32:w8a8", "hf:float32:w4a16"],
+    )
+    drift_seeds: list[int] = _p(
+        None,
+        "one drafter per seed and source (two give the noise bars)",
+        [DRIFT],
+        default_factory=lambda: [0, 1],
+    )
+    drift_train_steps: int = _p(40, "optimizer steps per drafter", [DRIFT], ge=1)
+    drift_vllm_serve: bool = _p(
+        True,
+        "vLLM also serves the reference drafter and the source drafter on each vllm source (its own counters)",
+        [DRIFT],
+    )
     # vLLM (01 generation, 02a extraction, 04 serving); its venv from `bash .ci/setup_engines.sh`
     vllm_python: Optional[str] = _p(
         None,
@@ -188,6 +214,11 @@ class RunParams(InputFields):
         "for the vLLM backend: max_model_len, kv_cache_gib, enforce_eager, max_num_seqs, llm_kwargs (e.g. tensor_parallel_size)",
         VLLM,
         default_factory=dict,
+    )
+    drift_matrix: bool = _p(
+        True,
+        "run 05_drift (quantized and other-dtype targets, the train x serve acceptance matrix); False skips that notebook (read by eagle3nb.run)",
+        RUN_LEVEL,
     )
     vllm_extract: bool = _p(
         True,
@@ -202,6 +233,27 @@ class RunParams(InputFields):
 
         if v not in CONVENTIONS:
             raise ValueError(f"convention={v!r} is unknown; use one of {sorted(CONVENTIONS)}")
+        return v
+
+    @field_validator("drift_sources")
+    @classmethod
+    def _drift_sources(cls, v):
+        from eagle3nb.target.quantize import FORMATS
+
+        q = "|".join(["none", *sorted(FORMATS)])
+        bad = [s for s in v if not re.fullmatch(rf"(hf|vllm):(float32|bfloat16)(:({q}))?", s)]
+        if bad or len(set(v)) != len(v):
+            raise ValueError(
+                f"drift_sources={v}: each entry engine:dtype[:quant], engine hf or vllm, dtype "
+                f"float32 or bfloat16, quant {q.replace('|', ', ')}, each once (bad: {bad})"
+            )
+        return v
+
+    @field_validator("drift_seeds")
+    @classmethod
+    def _drift_seeds(cls, v):
+        if not v or len(set(v)) != len(v):
+            raise ValueError(f"drift_seeds={v}: give one or more distinct seeds, e.g. [0, 1]")
         return v
 
     @field_validator("fsdp", "torch_compile", mode="before")
