@@ -6,8 +6,16 @@ Config keys (``../shared/reference/conventions.md`` section 2):
 - ids for each engine in its own convention, so both capture the boundaries the drafter was trained
   on: SGLang reads only nested ``eagle_config.eagle_aux_hidden_state_layer_ids`` (id = boundary - 1);
   vLLM reads top-level ``eagle_aux_hidden_state_layer_ids`` (id = boundary).
-- ``draft_vocab_size``, ``target_hidden_size``, ``tie_word_embeddings: false`` when the vocab is
-  reduced, ``norm_before_residual``.
+- ``draft_vocab_size``, ``target_hidden_size``, ``num_aux_hidden_states`` (both engines read it
+  before counting the nested ids: vLLM ``llama_eagle3.py:210-216``, SGLang ``157-161``),
+  ``tie_word_embeddings: false`` when the vocab is reduced, ``norm_before_residual``, and the
+  variants ``norm_before_fc`` / ``norm_output`` at the top level (where every reader finds them,
+  :mod:`eagle3nb.drafter.engine_read`).
+- per engine, ids from that engine's rule for the target's class (:mod:`eagle3nb.target.engine_rules`;
+  without a class, the generic convention). An engine that cannot capture the served boundaries
+  (SGLang on Llama-like classes for boundary N: its final norm captures nothing) is refused by name:
+  its ids are left out, the reason is written to ``eagle3nb.refused_engines``, and the export for
+  the other engine goes on. It fails only when every engine is refused.
 - the target, named as vLLM reads it from speculators-format checkpoints: ``speculators_model_type:
   "eagle3"``, ``speculators_config.verifier.name_or_path`` (the target folder) and
   ``proposal_methods[0].speculative_tokens`` (k), plus the ``transformer_layer_config`` vLLM's
@@ -17,7 +25,8 @@ Config keys (``../shared/reference/conventions.md`` section 2):
   with an explicit ``speculative_config`` it ignores them (the draft config is still parsed as
   ``model_type: llama``), and SGLang never reads them (tested: ``tests/engines``).
 Weights (``model.safetensors``): ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``,
-``d2t`` (int64 offsets), ``t2d`` (bool). The embedding is omitted: both engines share the target's.
+``d2t`` (int64 offsets), ``t2d`` (bool), and ``input_norm.weight`` with ``norm_before_fc``. The
+embedding is omitted: both engines share the target's.
 """
 
 from __future__ import annotations
@@ -32,6 +41,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eagle3nb.target.conventions import check_boundaries, get_convention
+from eagle3nb.target.engine_rules import RULES, engine_rule, known_versions
+from eagle3nb.drafter.engine_read import check_config_flags
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3nb.manifest import atomic_write_json, publish_permissions
 from eagle3nb.drafter.vocab import check_draft_vocab
@@ -42,6 +53,7 @@ __all__ = [
     "REQUIRED_TENSORS",
     "drafter_config_json",
     "speculators_keys",
+    "engine_ids",
 ]
 
 ARCH = "LlamaForCausalLMEagle3"
@@ -62,6 +74,31 @@ REQUIRED_TENSORS = ["fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"] 
 ]
 
 
+def engine_ids(
+    boundaries: list[int], n_layers: int, arch: str | None = None
+) -> tuple[dict[str, list[int]], dict[str, str]]:
+    """Each engine's ids for ``boundaries``, by that engine's rule for class ``arch`` at the
+    version whose source the rules table was read from (the installed one); ``arch`` None or a
+    class the table lacks: the generic convention (the Llama rule).
+
+    Returns:
+        ``({engine: ids}, {engine: why refused})``; an engine is in exactly one of the two.
+    """
+    ids, refused = {}, {}
+    for engine in ("sglang", "vllm"):
+        version = known_versions(engine)[-1]
+        try:
+            if arch and (engine, version, arch) in RULES:
+                ids[engine] = engine_rule(engine, version, arch).boundaries_to_ids(
+                    boundaries, n_layers
+                )
+            else:
+                ids[engine] = get_convention(engine).boundaries_to_ids(boundaries, n_layers)
+        except ValueError as e:
+            refused[engine] = f"{engine} {version} refused: {e}"
+    return ids, refused
+
+
 def drafter_config_json(
     c: DrafterConfig,
     aux_boundaries: list[int],
@@ -71,8 +108,11 @@ def drafter_config_json(
     serve_boundaries: list[int] | None = None,
     verifier: dict | None = None,
     num_speculative_tokens: int = 5,
+    arch: str | None = None,
 ) -> dict:
-    """The config.json for both engines (ids in each engine's own convention).
+    """The config.json for both engines (ids in each engine's own convention for class ``arch``,
+    :func:`engine_ids`; an engine that cannot capture them is left out and named in
+    ``eagle3nb.refused_engines``).
 
     ``verifier``: the target (``{"name_or_path", "architectures"}``), written in the speculators
     form vLLM reads for ``vllm serve DRAFTER`` (module docstring) with ``num_speculative_tokens``;
@@ -88,8 +128,11 @@ def drafter_config_json(
         if serve_boundaries is None
         else check_boundaries(serve_boundaries, target_n_layers, "serve_boundaries")
     )
-    sglang_ids = get_convention("sglang").boundaries_to_ids(sb, target_n_layers)
-    vllm_ids = get_convention("vllm").boundaries_to_ids(sb, target_n_layers)
+    ids, refused = engine_ids(sb, target_n_layers, arch)
+    if not ids:
+        raise ValueError(
+            f"serve boundaries {sb}: no engine can capture them ({'; '.join(refused.values())})"
+        )
     cfg = {
         "architectures": [ARCH],
         "model_type": "llama",
@@ -108,21 +151,26 @@ def drafter_config_json(
         "draft_vocab_size": c.draft_vocab_size,
         "target_hidden_size": c.target_hidden_size,
         "tie_word_embeddings": False,
+        "num_aux_hidden_states": c.n_aux,
         "norm_before_residual": c.norm_before_residual,
+        "norm_before_fc": c.norm_before_fc,
+        "norm_output": c.norm_output,
         "bos_token_id": bos,
         "eos_token_id": eos,
         "torch_dtype": "float32",
-        "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": sglang_ids,
-            "use_aux_hidden_state": True,
-        },
-        "eagle_aux_hidden_state_layer_ids": vllm_ids,
+        "eagle_config": {"use_aux_hidden_state": True},
         "eagle3nb": {
             "aux_boundaries": b,
             "target_num_hidden_layers": target_n_layers,
             "n_aux": c.n_aux,
         },
     }
+    if "sglang" in ids:
+        cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ids["sglang"]
+    if "vllm" in ids:
+        cfg["eagle_aux_hidden_state_layer_ids"] = ids["vllm"]
+    if refused:
+        cfg["eagle3nb"]["refused_engines"] = refused
     if verifier is not None:
         cfg.update(speculators_keys(cfg, verifier, num_speculative_tokens))
     return cfg
@@ -136,6 +184,7 @@ def speculators_keys(cfg: dict, verifier: dict, num_speculative_tokens: int) -> 
         "model_type", "num_hidden_layers", "hidden_size", "intermediate_size",
         "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps",
         "rope_theta", "max_position_embeddings", "vocab_size", "tie_word_embeddings",
+        "num_aux_hidden_states",
     ]  # fmt: skip
     return {
         "speculators_model_type": "eagle3",
@@ -169,7 +218,13 @@ def export_drafter(
 
     ``serve_boundaries``: see :func:`drafter_config_json` (None = the trained boundaries). The
     target named in config.json (speculators form) is ``manifest["target"]["path"]`` when the
-    manifest has one, with ``num_speculative_tokens`` as its default k.
+    manifest has one, with ``num_speculative_tokens`` as its default k; each engine's ids follow
+    its rule for ``manifest["target"]["architecture"]`` (:func:`engine_ids`).
+
+    Raises:
+        ValueError: a boundary out of 0..N, or boundaries no engine can capture (an engine that
+            cannot while the other can is named in ``config.json["eagle3nb"]["refused_engines"]``
+            instead).
 
     The folder is built in a temp folder and renamed into place, so a crash never leaves a
     half-written drafter. Returns the folder path.
@@ -199,6 +254,7 @@ def export_drafter(
             serve_boundaries,
             verifier,
             num_speculative_tokens,
+            t.get("architecture"),
         )
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         atomic_write_json(tmp / "manifest.json", manifest)
@@ -226,10 +282,13 @@ def load_drafter(
         ``(drafter, config_json)``.
 
     Raises:
-        ValueError: a required tensor is missing (named), a shape contradicts the config (e.g. fc
-            width vs n_aux x target_hidden_size, lm_head rows vs draft_vocab_size), or ``d2t``/``t2d``
-            are not consistent offsets (absolute ids, targets out of range); the message names the
-            folder.
+        ValueError: a required tensor is missing (named; ``input_norm.weight`` when
+            ``norm_before_fc`` is set), a shape contradicts the config (e.g. fc width vs n_aux x
+            target_hidden_size, lm_head rows vs draft_vocab_size), ``d2t``/``t2d`` are not
+            consistent offsets (absolute ids, targets out of range), or config.json sets a flag
+            this drafter does not implement or a key it does not know
+            (:func:`eagle3nb.drafter.engine_read.check_config_flags`: the key and file named);
+            the message names the folder.
     """
     path = Path(path)
     cfg = json.loads((path / "config.json").read_text())
@@ -237,13 +296,23 @@ def load_drafter(
         raise ValueError(
             f"{path}/config.json architectures={cfg.get('architectures')}; expected {ARCH!r}"
         )
+    n_aux = (
+        cfg.get("num_aux_hidden_states")
+        or cfg.get("eagle3nb", {}).get("n_aux")
+        or len(
+            cfg.get("eagle_aux_hidden_state_layer_ids")
+            or (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+            or [0, 0, 0]  # both engines' default count (vLLM llama_eagle3.py:216, SGLang 161)
+        )
+    )
+    flags = check_config_flags(cfg, f"{path}/config.json", n_aux)
     sd = load_file(str(path / "model.safetensors"))
-    missing = [k for k in REQUIRED_TENSORS if k not in sd]
+    need = REQUIRED_TENSORS + (["input_norm.weight"] if flags["norm_before_fc"] else [])
+    missing = [k for k in need if k not in sd]
     if missing:
         raise ValueError(
             f"drafter {path} lacks required tensors {missing}; re-export it (an engine would silently use random weights or an identity vocab)"
         )
-    n_aux = cfg.get("eagle3nb", {}).get("n_aux") or len(cfg["eagle_aux_hidden_state_layer_ids"])
     c = DrafterConfig(
         hidden_size=cfg["hidden_size"],
         target_hidden_size=cfg.get("target_hidden_size", cfg["hidden_size"]),
@@ -257,7 +326,7 @@ def load_drafter(
         rms_norm_eps=cfg["rms_norm_eps"],
         rope_theta=cfg["rope_theta"],
         max_position_embeddings=cfg["max_position_embeddings"],
-        norm_before_residual=cfg.get("norm_before_residual", False),
+        **flags,
     )
     d = Eagle3Drafter(c, target_embed)
     expect = {
@@ -273,6 +342,11 @@ def load_drafter(
         f"{k}: file {tuple(sd[k].shape)} vs config {s}" + (f" ({why[k]})" if k in why else "")
         for k, s in expect.items()
         if k in sd and tuple(sd[k].shape) != s
+    ]
+    bad += [
+        f"{k}: in the file but not a weight of this drafter (no flag in config.json uses it)"
+        for k in sd
+        if k not in expect and not k.startswith("embed_tokens")
     ]
     if bad:
         raise ValueError(

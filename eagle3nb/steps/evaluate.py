@@ -95,8 +95,10 @@ def eval_step(p: RunParams, progress=True) -> dict:
     bar = (lambda xs: progress_bar()(xs, desc="speculative decoding")) if progress else None
     # what SGLang/vLLM capture when they read the exported ids (differs only in the mismatch
     # reproduction)
-    served = {
-        e: engine_read.read_as_engine(cfg, e, n)["boundaries"] for e in engine_read.ENGINE_READS
+    served = {  # an engine the export refused (e.g. SGLang for boundary N) serves nothing
+        e: engine_read.read_as_engine(cfg, e, n)["boundaries"]
+        for e in engine_read.ENGINE_READS
+        if e not in engine_read.refused_engines(cfg)
     }
     runs = _runs(p, model, drafter, dman, bnds, n, served)
     results, t0 = {}, time.time()
@@ -116,7 +118,7 @@ def eval_step(p: RunParams, progress=True) -> dict:
     secs = time.time() - t0
     engines_of = {label: SIMULATOR for label in results}
     vllm_block = None
-    if p.vllm_eval:
+    if p.vllm_eval and "vllm" in served:  # not when the export refused vLLM
         label, result, vllm_block = _vllm_served(
             p, rd, model, path, prompts, eos, served, bnds, results
         )

@@ -266,8 +266,9 @@ def _export(p: RunParams, rd: RunDir, man: dict, drafter, rep, cfg, tok, serve_b
     bos, eos = tok.bos_token_id, tok.eos_token_id
     export_drafter(drafter, rd.drafter, bnds, n, dman, bos, eos, serve_b, p.k)
     _, cfg_json = load_drafter(rd.drafter)  # refuses a folder missing a tensor or contradicting
-    nbr = {"norm_before_residual": drafter.config.norm_before_residual}
-    engines = engine_report(cfg_json, bnds, n, nbr)
+    c = drafter.config
+    flags = {k: getattr(c, k) for k in ("norm_before_residual", "norm_before_fc", "norm_output")}
+    engines = engine_report(cfg_json, bnds, n, flags)
     export = {
         "engines": engines,
         "export_layer_ids": p.export_layer_ids,
@@ -332,7 +333,8 @@ def _record_checks(p: RunParams, rd: RunDir, man: dict, ds_dir, serve_b, engines
         serve = "SERVE MISMATCH (allowed by allow_manifest_mismatch): trained at boundaries "
         serve += f"{bnds}, exported ids serve {serve_b}"
     reads = ", ".join(
-        f"{e}={'ok' if r['ok'] else 'MISMATCH ' + str(r)}" for e, r in engines.items()
+        f"{e}=" + ("ok" if r["ok"] else r.get("refused") or "MISMATCH " + str(r))
+        for e, r in engines.items()
     )
     lines = [
         data,
