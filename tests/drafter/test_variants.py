@@ -4,6 +4,7 @@ both engines read and back, refusal of flags the drafter does not implement, tra
 on, and export of boundary N for vLLM with SGLang refused by name."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,7 +63,9 @@ def test_norm_before_fc_is_one_rmsnorm_over_the_whole_concat(target):
     idx = torch.arange(7)
     got = d.step(ids, aux, idx[None].expand(2, 7), [], idx)
     by_hand = t.step(ids, rms_by_hand(aux, d.input_norm.weight), idx[None].expand(2, 7), [], idx)
-    assert torch.allclose(got[1], by_hand[1], atol=1e-5) and torch.allclose(got[0], by_hand[0], atol=1e-4)
+    assert torch.allclose(got[1], by_hand[1], atol=1e-5) and torch.allclose(
+        got[0], by_hand[0], atol=1e-4
+    )
     per_chunk = torch.cat([rms_by_hand(a, torch.ones(64)) for a in aux.split(64, -1)], -1)
     other = t.step(ids, per_chunk * d.input_norm.weight, idx[None].expand(2, 7), [], idx)[1]
     assert not torch.allclose(got[1], other, atol=1e-3)  # not fc_norm's per-chunk norms
@@ -275,3 +278,47 @@ def test_export_fails_only_when_every_engine_is_refused(target, tmp_path):
     with pytest.raises(ValueError, match=r"no engine can capture.*sglang 0\.5\.23.*vllm 0\.32\.0"):
         export_drafter(make(model), tmp_path / "d", [1, 2, 4], 5, man, 1, 2)
     assert not (tmp_path / "d").exists() and not list(tmp_path.iterdir())
+
+
+def _engine_file(engine, rel):
+    from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
+
+    venv = Path(DEFAULT_ENGINE_PYTHONS[engine]).parent.parent
+    hits = sorted(venv.glob(f"lib/python3*/site-packages/{rel}"))
+    if not hits:
+        pytest.skip(f"{engine} venv absent ({venv}); create it with `bash .ci/setup_engines.sh`")
+    return hits[0].read_text().splitlines()
+
+
+@pytest.mark.parametrize(
+    "engine,rel,line,text",
+    [
+        ("vllm", "vllm/model_executor/models/llama_eagle3.py", 186,
+         '"norm_before_fc", getattr(self.config, "norm_before_fc", False)'),
+        ("vllm", "vllm/model_executor/models/llama_eagle3.py", 224, "self.input_norm: RMSNorm"),
+        ("vllm", "vllm/model_executor/models/llama_eagle3.py", 226, "eps=self.config.rms_norm_eps"),
+        ("vllm", "vllm/model_executor/models/llama_eagle3.py", 252,
+         'self.norm_output = getattr(self.config, "norm_output", False)'),
+        ("vllm", "vllm/model_executor/models/llama_eagle3.py", 286,
+         "aux_output = hidden_states if self.norm_output else hidden_prenorm"),
+        ("vllm", "vllm/model_executor/models/llama_eagle3.py", 407,
+         "hidden_states = self.model.input_norm(hidden_states)"),
+        ("vllm", "vllm/transformers_utils/configs/speculators/algos.py", 36,
+         'pre_trained_config["norm_before_fc"] = config_dict.get("norm_before_fc", False)'),
+        ("vllm", "vllm/transformers_utils/configs/speculators/algos.py", 38,
+         'pre_trained_config["norm_output"] = config_dict.get("norm_output", False)'),
+        ("sglang", "sglang/srt/models/llama_eagle3.py", 174,
+         'eagle_config.get("norm_before_fc", getattr(config, "norm_before_fc", False))'),
+        ("sglang", "sglang/srt/models/llama_eagle3.py", 177, "self.input_norm = RMSNorm("),
+        ("sglang", "sglang/srt/models/llama_eagle3.py", 207,
+         'self.norm_output = getattr(config, "norm_output", False)'),
+        ("sglang", "sglang/srt/models/llama_eagle3.py", 240,
+         "hidden_states = self.input_norm(hidden_states)"),
+        ("sglang", "sglang/srt/models/llama_eagle3.py", 268,
+         "aux = hidden_states_to_logits if self.norm_output else hidden_states_to_aux"),
+    ],
+)  # fmt: skip
+def test_the_engine_lines_the_variants_mirror_are_installed(engine, rel, line, text):
+    """The source lines model.py and export.py cite (a changed engine version fails here, not
+    silently in serving). SGLang cannot serve EAGLE-3 on CPU, so these lines are its check."""
+    assert text in _engine_file(engine, rel)[line - 1]
