@@ -120,10 +120,12 @@ class TrainConfig:
         """The settings a checkpoint must share to be resumed (all but loader workers, FSDP,
         attention, precision and compilation, which change how, not what, is computed (master
         weights are float32 either way), and the evaluation, rotation and export settings, which
-        change neither)."""
+        change neither). The drafter variant flags count only when set (checkpoints made before
+        they existed resume as the plain drafter they are)."""
         how = ("loader_workers", "fsdp", "attention", "precision", "torch_compile")
         how += ("eval_every", "keep_last", "export_from")
-        return {k: v for k, v in asdict(self).items() if k not in how}
+        d = {k: v for k, v in asdict(self).items() if k not in how}
+        return {k: v for k, v in d.items() if v or k not in ("norm_before_fc", "norm_output")}
 
 
 def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
