@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.dataset.write import write_dataset
 from eagle3nb.drafter.acceptance import draft_chain
+from eagle3nb.drafter.card import serve_commands_markdown
 from eagle3nb.drafter.engine_read import UNIMPLEMENTED_FLAGS, engine_report
 from eagle3nb.drafter.export import export_drafter, load_drafter
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
@@ -229,6 +230,7 @@ def test_short_training_with_the_flag_lowers_the_loss(target, tiny_ds, tmp_path,
     untrained, _ = build_drafter(tiny_ds, model, cfg)  # the same seed, no step taken
     assert getattr(trained.config, flag) and getattr(untrained.config, flag)
     before, after = _loss(untrained, tiny_ds, model), _loss(trained, tiny_ds, model)
+    print(flag, "TTT loss untrained", round(before, 3), "trained", round(after, 3))
     assert after < 0.8 * before, (before, after)
     if flag == "norm_before_fc":  # its weight is trained, not left at ones
         assert not torch.allclose(trained.input_norm.weight, untrained.input_norm.weight)
@@ -251,6 +253,8 @@ def test_boundary_n_exports_for_vllm_with_sglang_refused_by_name(target, tmp_pat
     assert rep["vllm"]["ok"] and rep["vllm"]["boundaries"] == [1, 2, 5]
     assert not rep["sglang"]["ok"] and rep["sglang"]["refused"] == why
     load_drafter(out)  # the vLLM-side file loads
+    md = serve_commands_markdown("r", cfg, "T", str(out), 3)  # what 04 writes for the user
+    assert f"SGLang: NOT servable ({why})" in md and "vLLM ids [1, 2, 5]" in md
 
 
 def test_boundary_n_for_a_class_whose_sglang_rule_captures_it(target, tmp_path):
