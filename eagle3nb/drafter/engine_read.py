@@ -53,6 +53,7 @@ __all__ = [
     "vllm_serve_drafter",
     "check_config_flags",
     "refused_engines",
+    "trainer_flags",
     "IMPLEMENTED_FLAGS",
     "UNIMPLEMENTED_FLAGS",
 ]
@@ -315,3 +316,9 @@ def refused_engines(cfg: dict) -> dict:
     """``{engine: why}`` for the engines an export refused (``eagle3nb.refused_engines`` in
     config.json, e.g. SGLang for boundary N on a class whose SGLang rule cannot capture it)."""
     return dict((cfg.get("eagle3nb") or {}).get("refused_engines") or {})
+
+
+def trainer_flags(drafter_config) -> dict:
+    """``{flag: value}`` of the :data:`IMPLEMENTED_FLAGS` a drafter was trained with (its
+    :class:`eagle3nb.drafter.model.DrafterConfig`), for :func:`engine_report`."""
+    return {k: bool(getattr(drafter_config, k)) for k in IMPLEMENTED_FLAGS}

@@ -23,7 +23,7 @@ import torch
 import typer
 
 from eagle3nb.dataset.read import AuxDataset
-from eagle3nb.drafter.engine_read import engine_report
+from eagle3nb.drafter.engine_read import engine_report, trainer_flags
 from eagle3nb.drafter.export import export_drafter, load_drafter
 from eagle3nb.manifest import atomic_write_json, check_compatible, provenance, read_json
 from eagle3nb.params import RunParams, load_run_params, resolve_device
@@ -266,9 +266,7 @@ def _export(p: RunParams, rd: RunDir, man: dict, drafter, rep, cfg, tok, serve_b
     bos, eos = tok.bos_token_id, tok.eos_token_id
     export_drafter(drafter, rd.drafter, bnds, n, dman, bos, eos, serve_b, p.k)
     _, cfg_json = load_drafter(rd.drafter)  # refuses a folder missing a tensor or contradicting
-    c = drafter.config
-    flags = {k: getattr(c, k) for k in ("norm_before_residual", "norm_before_fc", "norm_output")}
-    engines = engine_report(cfg_json, bnds, n, flags)
+    engines = engine_report(cfg_json, bnds, n, trainer_flags(drafter.config))
     export = {
         "engines": engines,
         "export_layer_ids": p.export_layer_ids,
