@@ -60,12 +60,22 @@ def vllm_command_args(cmd: str) -> dict:
 
 def _ids_line(cfg: dict) -> str:
     b = cfg.get("eagle3nb", {}).get("aux_boundaries")
-    sg = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
-    vl = cfg["eagle_aux_hidden_state_layer_ids"]
+    refused = (cfg.get("eagle3nb") or {}).get("refused_engines") or {}
+    sg = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    vl = cfg.get("eagle_aux_hidden_state_layer_ids")
+    sg_txt = (
+        f"SGLang: NOT servable ({refused['sglang']})"
+        if "sglang" in refused
+        else f"SGLang ids {sg} (`eagle_config.eagle_aux_hidden_state_layer_ids`, id = boundary - 1)"
+    )
+    vl_txt = (
+        f"vLLM: NOT servable ({refused['vllm']})"
+        if "vllm" in refused
+        else f"vLLM ids {vl} (top-level `eagle_aux_hidden_state_layer_ids`, id = boundary)"
+    )
     return (
         f"trained on the target's residual stream at boundaries {b} (boundary L = output of "
-        f"decoder layer L); SGLang ids {sg} (`eagle_config.eagle_aux_hidden_state_layer_ids`, id = "
-        f"boundary - 1), vLLM ids {vl} (top-level `eagle_aux_hidden_state_layer_ids`, id = boundary)"
+        f"decoder layer L); {sg_txt}, {vl_txt}"
     )
 
 

@@ -26,7 +26,24 @@ engines' EAGLE-3 model files read (``../shared/reference/conventions.md`` sectio
 
 Ids are read with the engine version's rule for the drafter's target class when the export recorded
 it (``eagle3nb.engine_ids``, :mod:`eagle3nb.target.engine_rules`), else with the engine's plain
-convention. Versions change: when an engine is upgraded, re-read its source and update the table.
+convention.
+
+Drafter variants (both engines implement them; the flag lookups are the same in both):
+- ``norm_before_fc``: vLLM 0.32.0 ``model_executor/models/llama_eagle3.py:184-188`` and SGLang
+  0.5.23 ``srt/models/llama_eagle3.py:173-175`` read ``eagle_config.norm_before_fc``, else the
+  top-level ``norm_before_fc``; vLLM's speculators reader (``vllm serve DRAFTER``,
+  ``transformers_utils/configs/speculators/algos.py:36``) copies only the top-level key. Export
+  writes the top-level key alone; :func:`check_config_flags` refuses a nested one that disagrees.
+- ``norm_output`` (EAGLE-3.1): top-level only, vLLM ``llama_eagle3.py:252`` (speculators reader
+  ``algos.py:38``), SGLang ``llama_eagle3.py:207``.
+- ``fc_norm`` (per-aux RMSNorms ``fc_norm.{i}.weight``; SGLang also ``use_aux_norm``): both engines
+  implement it (vLLM ``llama_eagle3.py:231-240, 411-416``; SGLang ``185-196, 241-246``), eagle3nb
+  does not: :func:`check_config_flags` refuses a file that sets it.
+- ``norm_before_residual``: vLLM ``llama_eagle3.py:101-104``; SGLang 0.5.23 does not read it
+  (its residual is the un-normed hidden, ``llama_eagle3.py:97-102``). vLLM's speculators reader
+  assumes True when the key is absent (``algos.py:33-35``), its plain reader False.
+
+Versions change: when an engine is upgraded, re-read its source and update the table.
 """
 
 from __future__ import annotations
@@ -40,6 +57,11 @@ __all__ = [
     "engine_report",
     "rule_readings",
     "vllm_serve_drafter",
+    "check_config_flags",
+    "refused_engines",
+    "trainer_flags",
+    "IMPLEMENTED_FLAGS",
+    "UNIMPLEMENTED_FLAGS",
 ]
 
 # flag -> engines that read it (flags the trainer sets that change the computed function)
@@ -56,6 +78,8 @@ ENGINE_READS = {
             "head_dim",
             "rms_norm_eps",
             "rope_theta",
+            "norm_before_fc",
+            "norm_output",
         },
     },
     "vllm": {
@@ -71,11 +95,45 @@ ENGINE_READS = {
             "rms_norm_eps",
             "rope_theta",
             "norm_before_residual",
+            "norm_before_fc",
+            "norm_output",
         },
     },
 }
-# value an engine assumes for a flag it does not read
-ENGINE_ASSUMES = {"norm_before_residual": False}
+# value an engine assumes for a flag it does not read (or when the key is absent)
+ENGINE_ASSUMES = {"norm_before_residual": False, "norm_before_fc": False, "norm_output": False}
+
+# Behavioural flags eagle3nb's drafter implements (trained with, honoured by the simulator).
+IMPLEMENTED_FLAGS = ("norm_before_residual", "norm_before_fc", "norm_output")
+# Flags the engines act on that eagle3nb does not implement -> the value under which they change
+# nothing (vLLM 0.32.0 / SGLang 0.5.23 model_executor|srt/models/llama_eagle3.py lines):
+UNIMPLEMENTED_FLAGS = {
+    "fc_norm": False,  # per-aux RMSNorms before fc: vLLM 231-240, SGLang 185-196
+    "use_aux_norm": False,  # SGLang's legacy name of fc_norm (185-187)
+    "bias": False,  # bias on fc: SGLang 166
+    "attention_bias": False,  # q/k/v bias: vLLM 85; SGLang through llama.py:339
+    "qkv_bias": False,  # vLLM llama.py:268-274, SGLang llama.py:339-341
+    "mlp_bias": False,  # vLLM llama.py:305
+    "logit_scale": 1.0,  # vLLM 328 (logits scaled)
+    "parallel_drafting": False,  # vLLM parallel drafting (mask_hidden)
+    "num_hidden_layers": 1,  # several decoder layers: vLLM 198-208, SGLang 198-204
+    "hidden_act": "silu",
+    "rope_scaling": None,
+    "rope_parameters": None,
+    "tie_word_embeddings": False,  # lm_head = embedding (SGLang 303-304)
+    "num_aux_hidden_states": None,  # checked against the aux count below
+}
+# Keys that change nothing the drafter computes, or that load_drafter reads and checks itself.
+_READ_OR_INERT = {
+    "architectures", "model_type", "hidden_size", "intermediate_size", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "max_position_embeddings",
+    "vocab_size", "draft_vocab_size", "target_hidden_size", "bos_token_id", "eos_token_id",
+    "pad_token_id", "torch_dtype", "dtype", "transformers_version", "_name_or_path",
+    "initializer_range", "use_cache", "attention_dropout", "pretraining_tp", "eagle_config",
+    "eagle_aux_hidden_state_layer_ids", "eagle3nb", "speculators_model_type",
+    "speculators_config", "transformer_layer_config", "speculators_version",
+}  # fmt: skip
+_EAGLE_CONFIG_KEYS = {"eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state", "norm_before_fc"}
 
 
 def _get(cfg: dict, dotted: str):
@@ -190,9 +248,12 @@ def engine_report(
     another function there).
 
     Returns:
-        ``{engine: {"boundaries", "matches_training", "ignored_flags": [...], "ok"}}``.
+        ``{engine: {"boundaries", "matches_training", "ignored_flags": [...], "ok"}}``, plus
+        ``"refused"`` (why) for an engine the export refused (:func:`refused_engines`): its
+        ``boundaries`` are then what it would use from that file (its default ids), ``ok`` False.
     """
     out = {}
+    refused = refused_engines(cfg)
     for engine in ENGINE_READS:
         r = read_as_engine(cfg, engine, target_n_layers)
         ignored = [
@@ -208,8 +269,10 @@ def engine_report(
             "ids_source": r["ids_source"],
             "matches_training": match,
             "ignored_flags": ignored,
-            "ok": match and not ignored,
+            "ok": match and not ignored and engine not in refused,
         }
+        if engine in refused:
+            out[engine]["refused"] = refused[engine]
     return out
 
 
@@ -239,3 +302,85 @@ def vllm_serve_drafter(cfg: dict, drafter_path: str, user_spec: dict | None = No
     spec.update(user_spec or {})
     spec.update(method=method, model=str(drafter_path))
     return {"model": target, "tokenizer": target, "speculative_config": spec}
+
+
+def check_config_flags(cfg: dict, where: str, n_aux: int) -> dict:
+    """The variant flags a drafter ``config.json`` asks the engines for, refusing any this
+    drafter does not implement (rather than loading it as another function than they serve).
+
+    Args:
+        cfg: the config.json dict; where: the file, for messages; n_aux: aux states the file's
+            fc takes (its width / target_hidden_size).
+
+    Returns:
+        ``{"norm_before_residual", "norm_before_fc", "norm_output"}`` as the engines resolve them
+        (``norm_before_fc``: nested ``eagle_config`` first, as both engines do).
+
+    Raises:
+        ValueError: naming the key, its value and ``where``: a flag of :data:`UNIMPLEMENTED_FLAGS`
+            set to a value that changes the function; a key neither implemented, read nor known to
+            be inert; ``eagle_config.use_aux_hidden_state`` false; a nested ``norm_before_fc``
+            that disagrees with the top-level one (vLLM's speculators reader takes the top-level,
+            its plain reader and SGLang the nested); ``norm_before_residual`` absent from a
+            speculators-format file (vLLM assumes True there, False elsewhere).
+    """
+    for key, value in cfg.items():
+        if key in UNIMPLEMENTED_FLAGS:
+            ok = UNIMPLEMENTED_FLAGS[key]
+            if key == "num_aux_hidden_states":
+                ok = n_aux
+            if value != ok and not (value is None and ok in (False, None)):
+                raise ValueError(
+                    f"{where}: {key}={value!r} asks the engines for a drafter variant eagle3nb does "
+                    f"not implement (implemented flags: {list(IMPLEMENTED_FLAGS)}); its simulator "
+                    f"and training would compute another function than the engines serve. Use a "
+                    f"drafter without it ({key}={ok!r})"
+                )
+        elif key not in _READ_OR_INERT and key not in IMPLEMENTED_FLAGS:
+            raise ValueError(
+                f"{where}: unknown config key {key!r} (value {value!r}); eagle3nb does not know "
+                f"whether an engine changes the drafter's function for it. Known flags: "
+                f"implemented {list(IMPLEMENTED_FLAGS)}, refused when set "
+                f"{sorted(UNIMPLEMENTED_FLAGS)}; remove the key if it is metadata"
+            )
+    ec = cfg.get("eagle_config") or {}
+    for key in ec:
+        if key not in _EAGLE_CONFIG_KEYS:
+            raise ValueError(
+                f"{where}: unknown key eagle_config.{key} (value {ec[key]!r}); known nested keys: "
+                f"{sorted(_EAGLE_CONFIG_KEYS)}"
+            )
+    if ec.get("use_aux_hidden_state", True) is not True:
+        raise ValueError(
+            f"{where}: eagle_config.use_aux_hidden_state={ec['use_aux_hidden_state']!r}: a drafter "
+            "without aux states (EAGLE-1/2 style) is not implemented; EAGLE-3 drafters set it true"
+        )
+    top = bool(cfg.get("norm_before_fc", False))
+    if "norm_before_fc" in ec and bool(ec["norm_before_fc"]) != top:
+        raise ValueError(
+            f"{where}: eagle_config.norm_before_fc={ec['norm_before_fc']!r} but top-level "
+            f"norm_before_fc={cfg.get('norm_before_fc')!r}: vLLM's speculators reader takes the "
+            "top-level key, its plain reader and SGLang the nested one; make them agree"
+        )
+    if "speculators_model_type" in cfg and "norm_before_residual" not in cfg:
+        raise ValueError(
+            f"{where}: speculators-format config without norm_before_residual: vLLM's speculators "
+            "reader assumes true (speculators/algos.py:33-35), its plain reader false; write it"
+        )
+    return {
+        "norm_before_residual": bool(cfg.get("norm_before_residual", False)),
+        "norm_before_fc": bool(ec.get("norm_before_fc", top)),
+        "norm_output": bool(cfg.get("norm_output", False)),
+    }
+
+
+def refused_engines(cfg: dict) -> dict:
+    """``{engine: why}`` for the engines an export refused (``eagle3nb.refused_engines`` in
+    config.json, e.g. SGLang for boundary N on a class whose SGLang rule cannot capture it)."""
+    return dict((cfg.get("eagle3nb") or {}).get("refused_engines") or {})
+
+
+def trainer_flags(drafter_config) -> dict:
+    """``{flag: value}`` of the :data:`IMPLEMENTED_FLAGS` a drafter was trained with (its
+    :class:`eagle3nb.drafter.model.DrafterConfig`), for :func:`engine_report`."""
+    return {k: bool(getattr(drafter_config, k)) for k in IMPLEMENTED_FLAGS}

@@ -6,8 +6,16 @@ Config keys (``../shared/reference/conventions.md`` section 2):
 - ids for each engine in its own convention, so both capture the boundaries the drafter was trained
   on: SGLang reads only nested ``eagle_config.eagle_aux_hidden_state_layer_ids`` (id = boundary - 1);
   vLLM reads top-level ``eagle_aux_hidden_state_layer_ids`` (id = boundary).
-- ``draft_vocab_size``, ``target_hidden_size``, ``tie_word_embeddings: false`` when the vocab is
-  reduced, ``norm_before_residual``.
+- ``draft_vocab_size``, ``target_hidden_size``, ``num_aux_hidden_states`` (both engines read it
+  before counting the nested ids: vLLM ``llama_eagle3.py:210-216``, SGLang ``157-161``),
+  ``tie_word_embeddings: false`` when the vocab is reduced, ``norm_before_residual``, and the
+  variants ``norm_before_fc`` / ``norm_output`` at the top level (where every reader finds them,
+  :mod:`eagle3nb.drafter.engine_read`).
+- per engine, ids from that engine's rule for the target's class (:mod:`eagle3nb.target.engine_rules`;
+  without a class, the generic convention). An engine that cannot capture the served boundaries
+  (SGLang on Llama-like classes for boundary N: its final norm captures nothing) is refused by name:
+  its ids are left out, the reason is written to ``eagle3nb.refused_engines``, and the export for
+  the other engine goes on. It fails only when every engine is refused.
 - the target, named as vLLM reads it from speculators-format checkpoints: ``speculators_model_type:
   "eagle3"``, ``speculators_config.verifier.name_or_path`` (the target folder) and
   ``proposal_methods[0].speculative_tokens`` (k), plus the ``transformer_layer_config`` vLLM's
@@ -22,7 +30,7 @@ N unshifted), recorded with version, rule and source under ``eagle3nb.engine_ids
 table lacks, or refuses for that engine, gets the engine's plain convention (recorded as such).
 
 Weights (``model.safetensors``): ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``,
-``d2t`` (int64 offsets), ``t2d`` (bool). The embedding is omitted: both engines share the target's.
+``d2t`` (int64 offsets), ``t2d`` (bool), and ``input_norm.weight`` with ``norm_before_fc``. The embedding is omitted: both engines share the target's.
 A full draft vocabulary (``draft_vocab_size == vocab_size``, d2t all zeros) is written **without**
 ``d2t``/``t2d``: vLLM 0.32 creates ``draft_id_to_target_id`` only when the sizes differ
 (``model_executor/models/llama_eagle3.py:338-344``, else None), and its loader maps a stored ``d2t``
@@ -44,6 +52,7 @@ from safetensors.torch import load_file, save_file
 
 from eagle3nb.target.conventions import check_boundaries, get_convention
 from eagle3nb.target.engine_rules import engine_rule, known_versions
+from eagle3nb.drafter.engine_read import check_config_flags
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3nb.manifest import atomic_write_json, publish_permissions
 from eagle3nb.drafter.vocab import check_draft_vocab
@@ -133,7 +142,8 @@ def drafter_config_json(
     """The config.json for both engines (ids in each engine's rule for ``target_arch``, see
     :func:`engine_ids`; ``engine_versions`` ``{engine: version}`` names the versions, None or a
     missing engine = the newest the table holds; ``by_rule=False``: generic conventions, see
-    :func:`engine_ids`).
+    :func:`engine_ids`). An engine that cannot capture the serve boundaries (e.g. SGLang boundary N
+    on Llama-like classes) is left out and named in ``eagle3nb.refused_engines``.
 
     ``verifier``: the target (``{"name_or_path", "architectures"}``), written in the speculators
     form vLLM reads for ``vllm serve DRAFTER`` (module docstring) with ``num_speculative_tokens``;
@@ -151,8 +161,18 @@ def drafter_config_json(
     )
     vers = engine_versions or {}
     n, arch = target_n_layers, target_arch
-    sglang_ids, sg_rec = engine_ids("sglang", sb, n, arch, vers.get("sglang"), by_rule)
-    vllm_ids, vl_rec = engine_ids("vllm", sb, n, arch, vers.get("vllm"), by_rule)
+    ids, recs, refused = {}, {}, {}
+    for engine in ("sglang", "vllm"):
+        try:
+            ids[engine], recs[engine] = engine_ids(engine, sb, n, arch, vers.get(engine), by_rule)
+        except ValueError as e:  # this engine cannot capture them: refused by name, not the export
+            refused[engine] = (
+                f"{engine} {vers.get(engine) or known_versions(engine)[-1]} refused: {e}"
+            )
+    if not ids:
+        raise ValueError(
+            f"serve boundaries {sb}: no engine can capture them ({'; '.join(refused.values())})"
+        )
     cfg = {
         "architectures": [ARCH],
         "model_type": "llama",
@@ -171,26 +191,28 @@ def drafter_config_json(
         "draft_vocab_size": c.draft_vocab_size,
         "target_hidden_size": c.target_hidden_size,
         "tie_word_embeddings": False,
+        "num_aux_hidden_states": c.n_aux,
         "norm_before_residual": c.norm_before_residual,
+        "norm_before_fc": c.norm_before_fc,
+        "norm_output": c.norm_output,
         "bos_token_id": bos,
         "eos_token_id": eos,
         "torch_dtype": "float32",
-        "eagle_config": {
-            "eagle_aux_hidden_state_layer_ids": sglang_ids,
-            "use_aux_hidden_state": True,
-        },
-        "eagle_aux_hidden_state_layer_ids": vllm_ids,
+        "eagle_config": {"use_aux_hidden_state": True},
         "eagle3nb": {
             "aux_boundaries": b,
             "target_num_hidden_layers": target_n_layers,
             "n_aux": c.n_aux,
             "target_architecture": target_arch,
-            "engine_ids": {
-                "sglang": {"ids": sglang_ids, **sg_rec},
-                "vllm": {"ids": vllm_ids, **vl_rec},
-            },
+            "engine_ids": {e: {"ids": ids[e], **recs[e]} for e in ids},
         },
     }
+    if "sglang" in ids:
+        cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ids["sglang"]
+    if "vllm" in ids:
+        cfg["eagle_aux_hidden_state_layer_ids"] = ids["vllm"]
+    if refused:
+        cfg["eagle3nb"]["refused_engines"] = refused
     if verifier is not None:
         cfg.update(speculators_keys(cfg, verifier, num_speculative_tokens))
     return cfg
@@ -204,6 +226,7 @@ def speculators_keys(cfg: dict, verifier: dict, num_speculative_tokens: int) -> 
         "model_type", "num_hidden_layers", "hidden_size", "intermediate_size",
         "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps",
         "rope_theta", "max_position_embeddings", "vocab_size", "tie_word_embeddings",
+        "num_aux_hidden_states",
     ]  # fmt: skip
     return {
         "speculators_model_type": "eagle3",
@@ -248,7 +271,13 @@ def export_drafter(
 
     ``serve_boundaries``: see :func:`drafter_config_json` (None = the trained boundaries). The
     target named in config.json (speculators form) is ``manifest["target"]["path"]`` when the
-    manifest has one, with ``num_speculative_tokens`` as its default k.
+    manifest has one, with ``num_speculative_tokens`` as its default k; each engine's ids follow
+    its rule for ``manifest["target"]["architecture"]`` (:func:`engine_ids`).
+
+    Raises:
+        ValueError: a boundary out of 0..N, or boundaries no engine can capture (an engine that
+            cannot while the other can is named in ``config.json["eagle3nb"]["refused_engines"]``
+            instead).
 
     The folder is built in a temp folder and renamed into place, so a crash never leaves a
     half-written drafter. Returns the folder path.
@@ -317,10 +346,13 @@ def load_drafter(
         ``(drafter, config_json)``.
 
     Raises:
-        ValueError: a required tensor is missing (named), a shape contradicts the config (e.g. fc
-            width vs n_aux x target_hidden_size, lm_head rows vs draft_vocab_size), or ``d2t``/``t2d``
-            are not consistent offsets (absolute ids, targets out of range); the message names the
-            folder.
+        ValueError: a required tensor is missing (named; ``input_norm.weight`` when
+            ``norm_before_fc`` is set), a shape contradicts the config (e.g. fc width vs n_aux x
+            target_hidden_size, lm_head rows vs draft_vocab_size), ``d2t``/``t2d`` are not
+            consistent offsets (absolute ids, targets out of range), or config.json sets a flag
+            this drafter does not implement or a key it does not know
+            (:func:`eagle3nb.drafter.engine_read.check_config_flags`: the key and file named);
+            the message names the folder.
     """
     path = Path(path)
     cfg = json.loads((path / "config.json").read_text())
@@ -328,17 +360,27 @@ def load_drafter(
         raise ValueError(
             f"{path}/config.json architectures={cfg.get('architectures')}; expected {ARCH!r}"
         )
+    n_aux = (
+        cfg.get("num_aux_hidden_states")
+        or cfg.get("eagle3nb", {}).get("n_aux")
+        or len(
+            cfg.get("eagle_aux_hidden_state_layer_ids")
+            or (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+            or [0, 0, 0]  # both engines' default count (vLLM llama_eagle3.py:216, SGLang 161)
+        )
+    )
+    flags = check_config_flags(cfg, f"{path}/config.json", n_aux)
     sd = load_file(str(path / "model.safetensors"))
     full = cfg.get("draft_vocab_size", cfg["vocab_size"]) == cfg["vocab_size"]
     if full and not any(k in sd for k in VOCAB_TENSORS):  # full vocab: identity (module docstring)
         sd["d2t"] = torch.zeros(cfg["vocab_size"], dtype=torch.long)
         sd["t2d"] = torch.ones(cfg["vocab_size"], dtype=torch.bool)
-    missing = [k for k in REQUIRED_TENSORS if k not in sd]
+    need = REQUIRED_TENSORS + (["input_norm.weight"] if flags["norm_before_fc"] else [])
+    missing = [k for k in need if k not in sd]
     if missing:
         raise ValueError(
             f"drafter {path} lacks required tensors {missing}; re-export it (an engine would silently use random weights or an identity vocab)"
         )
-    n_aux = cfg.get("eagle3nb", {}).get("n_aux") or len(cfg["eagle_aux_hidden_state_layer_ids"])
     c = DrafterConfig(
         hidden_size=cfg["hidden_size"],
         target_hidden_size=cfg.get("target_hidden_size", cfg["hidden_size"]),
@@ -352,7 +394,7 @@ def load_drafter(
         rms_norm_eps=cfg["rms_norm_eps"],
         rope_theta=cfg["rope_theta"],
         max_position_embeddings=cfg["max_position_embeddings"],
-        norm_before_residual=cfg.get("norm_before_residual", False),
+        **flags,
     )
     d = Eagle3Drafter(c, target_embed)
     expect = {
@@ -368,6 +410,11 @@ def load_drafter(
         f"{k}: file {tuple(sd[k].shape)} vs config {s}" + (f" ({why[k]})" if k in why else "")
         for k, s in expect.items()
         if k in sd and tuple(sd[k].shape) != s
+    ]
+    bad += [
+        f"{k}: in the file but not a weight of this drafter (no flag in config.json uses it)"
+        for k in sd
+        if k not in expect and not k.startswith("embed_tokens")
     ]
     if bad:
         raise ValueError(

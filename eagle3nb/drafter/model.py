@@ -6,12 +6,28 @@ both engines; the EAGLE-3 paper (Li et al., 2025) and SafeAILab/EAGLE ``cnets.py
 
 Data flow for one draft step at sequence position t (H = drafter hidden, Ht = target hidden):
 
-    step 0:  hidden = fc(concat(aux states at the low/mid/high boundaries))   [B, T, n_aux*Ht] -> [B, T, H]
-    step j:  hidden = the drafter's own pre-norm output of step j-1           [B, T, H]
+    step 0:  a      = concat(aux states at the low/mid/high boundaries)        [B, T, n_aux*Ht]
+             a      = input_norm(a)            (only with norm_before_fc)      [B, T, n_aux*Ht]
+             hidden = fc(a)                                                    [B, T, H]
+    step j:  hidden = what step j-1 fed forward (below)                        [B, T, H]
     x      = concat(input_layernorm(embed(token)), hidden_norm(hidden))        [B, T, 2H]
     h      = hidden + o_proj(attention(x))          (residual = the un-normed hidden)
-    out    = h + mlp(post_attention_layernorm(h))   -> pre-norm output, fed to step j+1
+    out    = h + mlp(post_attention_layernorm(h))   pre-norm output            [B, T, H]
     logits = lm_head(norm(out))                     [B, T, draft_vocab]; target id = d + d2t[d]
+    fed to step j+1: out (EAGLE-3), or norm(out) with norm_output (EAGLE-3.1)  [B, T, H]
+
+Variants (config.json flags, read the same way by both installed engines):
+- ``norm_before_fc``: one RMSNorm (weight ``input_norm.weight`` [n_aux*Ht], eps ``rms_norm_eps``)
+  over the concatenated aux states before ``fc``. vLLM 0.32.0 ``llama_eagle3.py:184-188`` (flag:
+  ``eagle_config.norm_before_fc``, else top-level), ``223-229`` (the norm), ``405-407`` (applied in
+  ``combine_hidden_states``, the target's states only), ``464-465`` (weight loaded only when set);
+  SGLang 0.5.23 ``llama_eagle3.py:173-182`` (same flag lookup and norm), ``238-247`` (applied when
+  the hidden is n_aux*Ht wide: the target's states only), weight ``input_norm.weight`` -> its
+  ``model.input_norm.weight`` (``371-378``).
+- ``norm_output``: the state fed to the next draft step is the final norm's output (the same tensor
+  ``lm_head`` reads) instead of the pre-norm one. vLLM ``llama_eagle3.py:252, 283-288`` (second
+  return value, used as the next step's hidden by ``v1/spec_decode/llm_base_proposer.py:605, 759``);
+  SGLang ``llama_eagle3.py:207, 263-269``. No extra weight.
 
 Attention in training-time test (TTT): the query of step j at position t sees the step-0 keys of
 positions 0..t (causal) and the keys of steps 1..j at position t only (the draft chain so far). Its
@@ -61,6 +77,8 @@ class DrafterConfig:
     rope_theta: float = 10000.0
     max_position_embeddings: int = 2048
     norm_before_residual: bool = False
+    norm_before_fc: bool = False  # RMSNorm ``input_norm`` over the concatenated aux states
+    norm_output: bool = False  # feed norm(out), not out, to the next draft step (EAGLE-3.1)
 
     @classmethod
     def for_target(
@@ -292,6 +310,8 @@ class Eagle3Drafter(nn.Module):
                 )
             self.embed_tokens.weight.data.copy_(target_embed)
         self.embed_tokens.requires_grad_(False)
+        if c.norm_before_fc:  # [n_aux*Ht] weight, named as both engines load it
+            self.input_norm = RMSNorm(c.n_aux * c.target_hidden_size, c.rms_norm_eps)
         self.fc = nn.Linear(c.n_aux * c.target_hidden_size, c.hidden_size, bias=False)
         self.midlayer = Eagle3DecoderLayer(c)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -346,12 +366,16 @@ class Eagle3Drafter(nn.Module):
                 compiled wrapper of it, see :mod:`eagle3nb.training.fastpath`).
 
         Returns:
-            ``(out [B, Tq, H] pre-norm, logits [B, Tq, draft_vocab], kv)``.
+            ``(fed [B, Tq, H], logits [B, Tq, draft_vocab], kv)``; ``fed`` is the hidden for the
+            next step: the pre-norm output, or its final-norm output with ``norm_output``.
         """
         if not cache:
+            if self.config.norm_before_fc:
+                hidden = self.input_norm(hidden)  # [B, Tq, n_aux*Ht], over the whole concat
             hidden = self.fc(hidden)  # [B, Tq, n_aux*Ht] -> [B, Tq, H]
         embeds = self.embed_tokens(token_ids)  # [B, Tq, H]
         layer = self.midlayer if layer is None else layer
-        out, kv = layer(embeds, hidden, pos, cache, q_index, key_mask)
-        logits = self.lm_head(self.norm(out))  # [B, Tq, draft_vocab]
-        return out, logits, kv
+        out, kv = layer(embeds, hidden, pos, cache, q_index, key_mask)  # out: pre-norm [B, Tq, H]
+        normed = self.norm(out)  # [B, Tq, H]
+        logits = self.lm_head(normed)  # [B, Tq, draft_vocab]
+        return (normed if self.config.norm_output else out), logits, kv

@@ -52,6 +52,12 @@ class RunParams(InputFields):
     draft_intermediate_size: int = _p(
         0, "drafter MLP width (0 for the target's)", [TRAIN, DRIFT], ge=0
     )
+    norm_before_fc: bool = _p(
+        False, "RMSNorm input_norm over the concatenated aux states before fc", [TRAIN]
+    )
+    norm_output: bool = _p(
+        False, "EAGLE-3.1: feed the final-normed state to the next draft step", [TRAIN]
+    )
     ttt_steps: int = _p(7, "training-time test unroll length k", [TRAIN, DRIFT], ge=1)
     loss_decay: float = _p(0.8, "TTT step j is weighted loss_decay**j", [TRAIN], gt=0, le=1)
     batch_size: int = _p(

@@ -114,7 +114,7 @@ def eval_step(p: RunParams, progress=True) -> dict:
     secs = time.time() - t0
     engines_of = {label: SIMULATOR for label in results}
     vllm_block = None
-    if p.vllm_eval:
+    if p.vllm_eval and "vllm" in served:  # not when the export refused vLLM
         label, result, vllm_block = _vllm_served(
             p, rd, model, path, prompts, eos, served, bnds, results
         )
@@ -187,13 +187,16 @@ def check_drafter_matches(dman: dict, mode: str, template: str, target_sha: str,
 def _served(p: RunParams, cfg: dict, n: int, arch: str | None) -> dict:
     """``{engine: boundaries}`` each engine captures from the exported config, read by the
     installed version's rule for ``arch`` (:mod:`eagle3nb.target.engine_rules`) where the table
-    holds it, else by the engine's generic convention."""
+    holds it, else by the engine's generic convention; an engine the export refused is left out."""
     from eagle3nb.steps.common import engine_versions
     from eagle3nb.target.engine_rules import engine_rule
 
     versions = engine_versions(p) if arch else {}
     out = {}
+    refused = engine_read.refused_engines(cfg)  # e.g. SGLang for boundary N: serves nothing
     for e in engine_read.ENGINE_READS:
+        if e in refused:
+            continue
         rule = None
         if e in versions:
             try:

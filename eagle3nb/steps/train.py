@@ -23,7 +23,7 @@ import torch
 import typer
 
 from eagle3nb.dataset.read import AuxDataset
-from eagle3nb.drafter.engine_read import engine_report
+from eagle3nb.drafter.engine_read import engine_report, trainer_flags
 from eagle3nb.drafter.export import export_drafter, load_drafter
 from eagle3nb.manifest import atomic_write_json, check_compatible, provenance, read_json
 from eagle3nb.params import RunParams, load_run_params, resolve_device
@@ -274,8 +274,7 @@ def _export(p: RunParams, rd: RunDir, man: dict, drafter, rep, cfg, tok, serve_b
     vers = engine_versions(p)
     export_drafter(drafter, rd.drafter, bnds, n, dman, bos, eos, serve_b, p.k, vers, by_rule)
     _, cfg_json = load_drafter(rd.drafter)  # refuses a folder missing a tensor or contradicting
-    nbr = {"norm_before_residual": drafter.config.norm_before_residual}
-    engines = engine_report(cfg_json, bnds, n, nbr)
+    engines = engine_report(cfg_json, bnds, n, trainer_flags(drafter.config))
     export = {
         "engines": engines,
         "export_layer_ids": p.export_layer_ids,
@@ -345,7 +344,8 @@ def _record_checks(p: RunParams, rd: RunDir, man: dict, ds_dir, serve_b, engines
         serve = "SERVE MISMATCH (allowed by allow_manifest_mismatch): trained at boundaries "
         serve += f"{bnds}, exported ids serve {serve_b}"
     reads = ", ".join(
-        f"{e}={'ok' if r['ok'] else 'MISMATCH ' + str(r)}" for e, r in engines.items()
+        f"{e}=" + ("ok" if r["ok"] else r.get("refused") or "MISMATCH " + str(r))
+        for e, r in engines.items()
     )
     lines = [
         data,

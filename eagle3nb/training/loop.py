@@ -19,12 +19,13 @@ Command line (one process, or one per GPU under torchrun)::
 
 from __future__ import annotations
 
+
 import math
 import os
 import signal
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -54,6 +55,8 @@ class TrainConfig:
     draft_num_heads: int = 2  # 0 = the target's head count
     draft_num_kv_heads: int = 2  # 0 = min(heads, target's kv heads)
     draft_intermediate_size: int = 0  # 0 = the target's MLP width
+    norm_before_fc: bool = False  # drafter variant: RMSNorm over the aux concat before fc
+    norm_output: bool = False  # drafter variant (EAGLE-3.1): next step reads the normed state
     ttt_steps: int = 7
     loss_decay: float = 0.8
     batch_size: int = 8
@@ -121,10 +124,12 @@ class TrainConfig:
         """The settings a checkpoint must share to be resumed (all but loader workers, FSDP,
         attention, precision and compilation, which change how, not what, is computed (master
         weights are float32 either way), and the evaluation, rotation and export settings, which
-        change neither)."""
+        change neither). The drafter variant flags count only when set (checkpoints made before
+        they existed resume as the plain drafter they are)."""
         how = ("loader_workers", "fsdp", "attention", "precision", "torch_compile")
         how += ("eval_every", "keep_last", "export_from")
-        return {k: v for k, v in asdict(self).items() if k not in how}
+        d = {k: v for k, v in asdict(self).items() if k not in how}
+        return {k: v for k, v in d.items() if v or k not in ("norm_before_fc", "norm_output")}
 
 
 def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -161,6 +166,7 @@ def build_drafter(ds, target, cfg: TrainConfig) -> tuple[Eagle3Drafter, dict]:
         cfg.draft_num_kv_heads or None,
         cfg.draft_intermediate_size or None,
     )
+    c = replace(c, norm_before_fc=cfg.norm_before_fc, norm_output=cfg.norm_output)
     d = Eagle3Drafter(c, target.get_input_embeddings().weight.detach().float().cpu())
     counts = count_loss_tokens(ds.token_masks(), c.vocab_size)
     d2t, t2d = build_draft_vocab(counts, cfg.draft_vocab_size)

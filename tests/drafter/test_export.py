@@ -53,11 +53,16 @@ def test_config_carries_each_engines_ids(target, tmp_path):
     assert sd["d2t"].dtype == torch.int64 and sd["t2d"].dtype == torch.bool
 
 
-def test_boundary_sglang_cannot_capture_is_refused(target, tmp_path):
+def test_boundary_sglang_cannot_capture_refuses_sglang_alone(target, tmp_path):
+    """No class in the manifest: the generic conventions (SGLang 1..N-1, vLLM 0..N). Boundary N
+    refuses the SGLang side by name; the vLLM side is exported (tests/drafter/test_variants.py
+    has the per-class rules)."""
     model, _, _ = target
-    with pytest.raises(ValueError, match="cannot be captured by 'sglang'"):
-        export_drafter(make_drafter(model), tmp_path / "d", [1, 2, 5], 5, {}, 1, 2)
-    assert not (tmp_path / "d").exists()
+    out = export_drafter(make_drafter(model), tmp_path / "d", [1, 2, 5], 5, {}, 1, 2)
+    cfg = json.loads((out / "config.json").read_text())
+    assert "cannot be captured by 'sglang'" in cfg["eagle3nb"]["refused_engines"]["sglang"]
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 5]
+    assert "eagle_aux_hidden_state_layer_ids" not in cfg["eagle_config"]
 
 
 @pytest.mark.parametrize("drop", ["lm_head.weight", "d2t", "t2d", "midlayer.hidden_norm.weight"])
