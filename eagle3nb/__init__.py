@@ -38,6 +38,7 @@ drafter/            the EAGLE-3 draft model and what is done with it
     flex_attention  the TTT attention through flex attention (fast path; eager is the reference)
     vocab           draft vocabulary: d2t offsets and the t2d mask from token counts
     export          export for SGLang and vLLM, load back (refusing broken folders)
+    export_ids      the ids written per engine: its rule for the target class, or its convention
     engine_read     read an exported config as each serving engine does; what it ignores
     acceptance      greedy chain speculative decoding with the real target (the simulator)
     ksweep          tau and acceptance for every k' <= k from drafts at every position (exact)

@@ -221,7 +221,7 @@ def rule_readings(
         ``{engine: {"version", "ids", "reads", "matches"}}``, or ``{"version", "error",
         "matches": None}`` where the ids cannot be written or the table refuses or lacks the key.
     """
-    from eagle3nb.drafter.export import engine_ids  # export imports this module's neighbours only
+    from eagle3nb.drafter.export_ids import engine_ids
 
     out = {}
     for engine, version in versions.items():

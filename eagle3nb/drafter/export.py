@@ -50,8 +50,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3nb.target.conventions import check_boundaries, get_convention
-from eagle3nb.target.engine_rules import engine_rule, known_versions
+from eagle3nb.target.conventions import check_boundaries
+from eagle3nb.target.engine_rules import known_versions
+from eagle3nb.drafter.export_ids import engine_ids
 from eagle3nb.drafter.engine_read import check_config_flags
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3nb.manifest import atomic_write_json, publish_permissions
@@ -84,46 +85,6 @@ REQUIRED_TENSORS = ["fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d"] 
         "mlp.down_proj",
     ]
 ]
-
-
-def engine_ids(
-    engine: str,
-    boundaries: list[int],
-    n_layers: int,
-    arch: str | None,
-    version: str | None = None,
-    by_rule: bool = True,
-) -> tuple[list[int], dict]:
-    """The ids that make ``engine`` capture ``boundaries`` of a ``n_layers`` target of class ``arch``,
-    by that engine version's rule (:func:`eagle3nb.target.engine_rules.engine_rule`; ``version``
-    None = the newest version the table holds). ``by_rule=False`` writes the engine's generic
-    convention instead (what hand-written configs and other trainers write; ``export_layer_ids:
-    convention`` reproduces the per-class mismatch), the record still naming the rule the engine
-    applies when it reads them (``ids_written_by: convention``).
-
-    Returns:
-        ``(ids, record)``; ``record`` names the version, rule kind and source, or why the plain
-        convention of :mod:`eagle3nb.target.conventions` was used (no class, no rule, refused).
-
-    Raises:
-        ValueError: boundaries the rule (or convention) cannot name for this engine.
-    """
-    conv = get_convention(engine).boundaries_to_ids
-    if not arch:
-        return conv(boundaries, n_layers), {"convention": engine, "why": "target class unknown"}
-    v = version or known_versions(engine)[-1]
-    try:
-        rule = engine_rule(engine, v, arch)
-    except ValueError as e:  # version or class the table lacks
-        return conv(boundaries, n_layers), {"version": v, "convention": engine, "why": str(e)}
-    rec = {"version": v, "rule": rule.kind, "source": rule.source}
-    if rule.refused:
-        rec.update(convention=engine, refused=rule.refused)
-        return conv(boundaries, n_layers), rec
-    if not by_rule:
-        rec["ids_written_by"] = "convention"
-        return conv(boundaries, n_layers), rec
-    return rule.boundaries_to_ids(boundaries, n_layers), rec
 
 
 def drafter_config_json(
