@@ -124,12 +124,14 @@ def drafter_config_json(
     n, arch = target_n_layers, target_arch
     ids, recs, refused = {}, {}, {}
     for engine in ("sglang", "vllm"):
+        v = vers.get(engine) or known_versions(engine)[-1]
         try:
-            ids[engine], recs[engine] = engine_ids(engine, sb, n, arch, vers.get(engine), by_rule)
+            ids[engine], recs[engine] = engine_ids(engine, sb, n, arch, v, by_rule)
         except ValueError as e:  # this engine cannot capture them: refused by name, not the export
-            refused[engine] = (
-                f"{engine} {vers.get(engine) or known_versions(engine)[-1]} refused: {e}"
-            )
+            refused[engine] = f"{engine} {v} refused: {e}"
+            continue
+        if recs[engine].get("refused"):  # a refused class: ids by convention, for the record only
+            refused[engine] = f"{engine} {v} refused for {arch}: {recs[engine]['refused']}"
     if not ids:
         raise ValueError(
             f"serve boundaries {sb}: no engine can capture them ({'; '.join(refused.values())})"

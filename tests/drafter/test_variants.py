@@ -276,12 +276,18 @@ def test_boundary_n_for_a_class_whose_sglang_rule_captures_it(target, tmp_path):
     assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 5]
 
 
-def test_export_fails_only_when_every_engine_is_refused(target, tmp_path):
+def test_export_fails_only_when_no_engine_can_name_the_boundaries(target, tmp_path):
     model, _, _ = target
-    man = {"target": {"architecture": "Gemma3ForCausalLM"}}  # refused by both (engine_rules)
+    # DeepSeek, boundaries [0, 2, 5] of 5 layers: SGLang's ids must lie below N, vLLM's id 0 raises
+    man = {"target": {"architecture": "DeepseekV3ForCausalLM"}}
     with pytest.raises(ValueError, match=r"no engine can capture.*sglang 0\.5\.23.*vllm 0\.32\.0"):
-        export_drafter(make(model), tmp_path / "d", [1, 2, 4], 5, man, 1, 2)
+        export_drafter(make(model), tmp_path / "d", [0, 2, 5], 5, man, 1, 2)
     assert not (tmp_path / "d").exists() and not list(tmp_path.iterdir())
+    # a class both engines refuse (Gemma-3) still exports, each engine refused by name
+    man = {"target": {"architecture": "Gemma3ForCausalLM"}}
+    export_drafter(make(model), tmp_path / "g", [1, 2, 4], 5, man, 1, 2)
+    cfg = json.loads((tmp_path / "g" / "config.json").read_text())
+    assert set(cfg["eagle3nb"]["refused_engines"]) == {"sglang", "vllm"}
 
 
 def _engine_file(engine, rel):
