@@ -27,19 +27,47 @@ __all__ = [
 ]
 
 
-def _short(x: torch.Tensor) -> list[float]:
-    """``x`` as a list of floats at 4 significant digits (plenty for a histogram; keeps the HTML
-    small: the values are stored in the file)."""
-    return [float(f"{v:.4g}") for v in x.flatten().tolist()]
+def _bars(
+    groups: Mapping[str, torch.Tensor], nbins: int, density: bool
+) -> dict[str, tuple[list[float], list[float], float]]:
+    """Histograms of every value of each group over one shared set of ``nbins`` equal bins.
+
+    Binned here, not in the browser: a figure stores ``nbins`` numbers per trace instead of every
+    value (an 8B target's [tokens, 4096] states would not fit an HTML file; sampling them hid the
+    tails), and all groups share edges so overlaid bars line up.
+
+    Returns:
+        ``{label: (bin centres, heights, bin width)}``; heights are probability densities
+        (integrate to 1) with ``density``, else counts. All values equal (to 1e-5 relative, i.e.
+        float32 rounding): one bin of width 1 centred on them.
+    """
+    vals = {k: v.detach().float().flatten() for k, v in groups.items()}
+    vals = {k: v[torch.isfinite(v)] for k, v in vals.items() if v.numel()}
+    if not vals:
+        return {}
+    lo = min(float(v.min()) for v in vals.values() if v.numel())
+    hi = max(float(v.max()) for v in vals.values() if v.numel())
+    if hi - lo <= 1e-5 * max(1.0, abs(lo), abs(hi)):  # equal up to float32 rounding
+        mid = (lo + hi) / 2
+        lo, hi, nbins = mid - 0.5, mid + 0.5, 1
+    w = (hi - lo) / nbins
+    centres = [float(f"{lo + (i + 0.5) * w:.5g}") for i in range(nbins)]
+    out = {}
+    for k, v in vals.items():
+        h = torch.histc(v, bins=nbins, min=lo, max=hi).double()
+        if density:
+            h = h / max(v.numel(), 1) / w
+        out[k] = (centres, [float(f"{y:.4g}") for y in h.tolist()], w)
+    return out
 
 
 def hidden_state_figure(
     states: Mapping[int, torch.Tensor],
     engine: str | Mapping[int, str],
-    max_values: int = 20000,
-    seed: int = 0,
+    nbins: int = 80,
 ) -> go.Figure:
-    """Distribution per boundary: histogram of values (left) and of per-token L2 norms (right).
+    """Distribution per boundary: histogram of values (left) and of per-token L2 norms (right),
+    binned over every value (:func:`_bars`), as probability densities.
 
     Args:
         states: ``{boundary: [N_tokens, H]}`` float tensors.
@@ -47,7 +75,7 @@ def hidden_state_figure(
             ``{boundary: name}`` (e.g. SGLang's aux boundaries and HF's boundary N, as
             ``eagle3nb.dataset.read.boundary_engines`` reads them from a manifest); shown in the
             title and in each boundary's legend entry.
-        max_values: values sampled per boundary for the value histogram (seeded).
+        nbins: bins of the value panel (the norm panel uses 3/4 as many).
 
     Raises:
         ValueError: ``engine`` is a mapping that names no engine for one of the boundaries.
@@ -56,48 +84,37 @@ def hidden_state_figure(
     if missing := sorted(set(states) - set(engines)):
         raise ValueError(f"no engine named for boundaries {missing}")
     fig = make_subplots(rows=1, cols=2, subplot_titles=("values", "per-token L2 norm"))
-    g = torch.Generator().manual_seed(seed)
     palette = plotly.colors.qualitative.Plotly  # one colour per boundary in both panels
-    for i, b in enumerate(sorted(states)):
+    bnds = sorted(states)
+    vals = _bars({b: states[b] for b in bnds}, nbins, density=True)
+    norms = _bars({b: states[b].float().norm(dim=-1) for b in bnds}, max(nbins * 3 // 4, 1), True)
+    for i, b in enumerate(bnds):
         color = palette[i % len(palette)]
-        x = states[b].float()
-        vals = x.flatten()
-        if vals.numel() > max_values:
-            vals = vals[torch.randperm(vals.numel(), generator=g)[:max_values]]
         name = f"{engines[b]} b={b}"
-        fig.add_trace(
-            go.Histogram(
-                x=_short(vals),
-                name=name,
-                legendgroup=name,
-                marker_color=color,
-                opacity=0.6,
-                nbinsx=80,
-                histnorm="probability density",
-            ),
-            1,
-            1,
-        )
-        fig.add_trace(
-            go.Histogram(
-                x=_short(x.norm(dim=-1)),
-                name=name,
-                legendgroup=name,
-                showlegend=False,
-                marker_color=color,
-                opacity=0.6,
-                nbinsx=60,
-                histnorm="probability density",
-            ),
-            1,
-            2,
-        )
+        for col, (x, y, w) in ((1, vals[b]), (2, norms[b])):
+            fig.add_trace(
+                go.Bar(
+                    x=x,
+                    y=y,
+                    width=w,
+                    name=name,
+                    legendgroup=name,
+                    showlegend=col == 1,
+                    marker_color=color,
+                    opacity=0.6,
+                ),
+                1,
+                col,
+            )
     by_engine: dict[str, list[int]] = {}
-    for b in sorted(states):
+    for b in bnds:
         by_engine.setdefault(engines[b], []).append(b)
     who = "; ".join(f"{e}: b={','.join(map(str, bs))}" for e, bs in by_engine.items())
     fig.update_layout(
-        barmode="overlay", title=f"Hidden states per boundary ({who})", template="plotly_white"
+        barmode="overlay",
+        bargap=0,
+        title=f"Hidden states per boundary ({who})",
+        template="plotly_white",
     )
     return fig
 
@@ -105,19 +122,20 @@ def hidden_state_figure(
 def engine_drift_figure(
     sources: Mapping[str, Mapping[int, torch.Tensor]],
     reference: str,
-    max_values: int = 20000,
-    seed: int = 0,
+    nbins: int = 80,
 ) -> go.Figure:
     """Hidden states of several engines/dtypes at the *same* boundaries and tokens, per boundary:
-    value distributions (left) and each token's relative deviation from the reference (right,
-    log10 of ||x - x_ref|| / ||x_ref||). Comparing at equal boundaries takes layer-id offsets out,
-    so what remains is numerical drift (kernels, dtype): ~1e-7 for float32 kernels, ~1e-2 for
-    bf16; an offset by one layer would show as ~1e-1..1e0.
+    value distributions (left, probability density over every value) and a count of tokens by
+    relative deviation from the reference (right, log10 of ||x - x_ref|| / ||x_ref||). Comparing
+    at equal boundaries takes layer-id offsets out, so what remains is numerical drift (kernels,
+    dtype): ~1e-7 for float32 kernels, ~1e-2 for bf16; an offset by one layer would show as
+    ~1e-1..1e0. Binned here (:func:`_bars`), so the file size does not grow with the tokens.
 
     Args:
         sources: ``{label: {boundary: [n_tokens, H]}}``, the same tokens in the same order in each
             (labels name the engine that really produced them and its dtype).
         reference: the label of the reference source (HF float32).
+        nbins: bins of the value panels (the deviation panels use 3/4 as many).
 
     Raises:
         ValueError: ``reference`` missing, or a source's rows differ from the reference's.
@@ -133,62 +151,50 @@ def engine_drift_figure(
             for b in bnds
             for t in (
                 f"b={b}: values",
-                f"b={b}: per-token log10 relative deviation from {reference}",
+                f"b={b}: tokens by log10 relative deviation from {reference}",
             )
         ],
         vertical_spacing=0.08,
     )
-    g = torch.Generator().manual_seed(seed)
     palette = ["#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692"]
+    colour = {lab: palette[i % len(palette)] for i, lab in enumerate(sources)}
     for r, b in enumerate(bnds, start=1):
         ref = sources[reference][b].float()
-        for i, (lab, st) in enumerate(sources.items()):
-            if b not in st:
-                continue
-            x = st[b].float()
+        here = {lab: st[b].float() for lab, st in sources.items() if b in st}
+        for lab, x in here.items():
             if x.shape != ref.shape:
                 raise ValueError(
                     f"source {lab!r} has {tuple(x.shape)} at b={b}, the reference {tuple(ref.shape)}: not the same tokens"
                 )
-            vals = x.flatten()
-            if vals.numel() > max_values:
-                vals = vals[torch.randperm(vals.numel(), generator=g)[:max_values]]
-            col = palette[i % len(palette)]
-            fig.add_trace(
-                go.Histogram(
-                    x=_short(vals),
-                    name=lab,
-                    legendgroup=lab,
-                    showlegend=(r == 1),
-                    marker_color=col,
-                    opacity=0.5,
-                    nbinsx=80,
-                    histnorm="probability density",
-                ),
-                r,
-                1,
-            )
-            if lab != reference:
-                dev = (
-                    ((x - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-12))
-                    .clamp_min(1e-12)
-                    .log10()
-                )
+        devs = {
+            lab: ((x - ref).norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-12))
+            .clamp_min(1e-12)
+            .log10()
+            for lab, x in here.items()
+            if lab != reference
+        }
+        for col, bars in (
+            (1, _bars(here, nbins, True)),
+            (2, _bars(devs, max(nbins * 3 // 4, 1), False)),
+        ):
+            for lab, (x, y, w) in bars.items():
                 fig.add_trace(
-                    go.Histogram(
-                        x=_short(dev),
+                    go.Bar(
+                        x=x,
+                        y=y,
+                        width=w,
                         name=lab,
                         legendgroup=lab,
-                        showlegend=False,
-                        marker_color=col,
-                        opacity=0.6,
-                        nbinsx=60,
+                        showlegend=(r == 1 and col == 1),
+                        marker_color=colour[lab],
+                        opacity=0.5 if col == 1 else 0.6,
                     ),
                     r,
-                    2,
+                    col,
                 )
     fig.update_layout(
         barmode="overlay",
+        bargap=0,
         title="Hidden-state drift across engines and dtypes, per boundary (same tokens, same boundaries)",
         template="plotly_white",
         height=320 * len(bnds),

@@ -67,7 +67,12 @@ def test_drift_figure_deviation_is_per_token_relative_error():
     devs = [t for t in fig.data if t.xaxis in ("x2", "x4")]
     assert len(devs) == 2  # one deviation histogram per boundary, none for the reference itself
     for t in devs:
-        assert all(abs(v - (-2.0)) < 1e-5 for v in t.x)  # log10(0.01)
+        # all 6 tokens in the one bin that holds log10(0.01) = -2
+        hit = [(x, y, t.width) for x, y in zip(t.x, t.y) if y > 0]
+        assert len(hit) == 1 and hit[0][1] == 6, hit
+        assert abs(hit[0][0] - (-2.0)) <= hit[0][2] / 2 + 1e-6, hit
+    vals = [t for t in fig.data if t.xaxis == "x" and t.name == "engine-x bfloat16"][0]
+    assert abs(sum(vals.y) * vals.width - 1) < 1e-3  # a probability density over every value
     with pytest.raises(ValueError, match="same tokens"):
         engine_drift_figure({"r": ref, "y": {1: torch.zeros(5, 4)}}, "r")
     with pytest.raises(ValueError, match="reference"):

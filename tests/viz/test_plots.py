@@ -111,3 +111,22 @@ def test_figures_share_one_offline_plotlyjs(tmp_path):
         assert f'id="{f[0]}"' in html  # deterministic div id
     total = sum(f.stat().st_size for f in figs.iterdir())
     assert total < js.stat().st_size + 600_000
+
+
+def test_value_bars_are_numpy_histograms_of_every_value():
+    """The figure is binned in Python over all values (not sampled, not binned by plotly.js), so
+    a run's HTML does not grow with its tokens; checked against numpy.histogram on shared edges."""
+    import numpy as np
+
+    g = torch.Generator().manual_seed(1)
+    states = {1: torch.randn(3000, 16, generator=g), 2: 3 * torch.randn(3000, 16, generator=g)}
+    fig = plots.hidden_state_figure(states, "hf-transformers", nbins=40)
+    allv = torch.cat([x.flatten() for x in states.values()]).numpy()
+    edges = np.linspace(allv.min(), allv.max(), 41)
+    for b, x in states.items():
+        t = next(t for t in fig.data if t.name == f"hf-transformers b={b}" and t.xaxis == "x")
+        want, _ = np.histogram(x.numpy().ravel(), bins=edges, density=True)
+        assert len(t.y) == 40 and np.allclose(t.y, want, rtol=2e-3, atol=1e-6)
+        assert np.allclose(t.x, (edges[:-1] + edges[1:]) / 2, rtol=1e-4, atol=1e-4)
+    small = plots.hidden_state_figure({1: states[1][:5]}, "hf-transformers", nbins=40)
+    assert len(small.data[0].y) == len(fig.data[0].y)  # size independent of the token count
