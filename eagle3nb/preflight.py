@@ -28,7 +28,8 @@ def check_against_model(p: RunParams) -> dict:
             ``layer_ids: null`` on a target too small for the default picker; ``draft_num_heads``
             not a multiple of ``draft_num_kv_heads``; ``threads`` above the cores this process may
             use (:func:`eagle3nb.threads.plan`); vLLM parameters (see
-            :func:`eagle3nb.engines.vllm_helpers.check_vllm_params`); an engine whose layer-id rule
+            :func:`eagle3nb.engines.vllm_helpers.check_vllm_params`), ``sglang_options``
+            (:func:`eagle3nb.engines.sglang_helpers.check_sglang_options`); an engine whose layer-id rule
             for the target's class refuses the run (:func:`check_engine_rules`).
         FileNotFoundError: also when a step uses vLLM and ``vllm_python`` does not exist.
     """
@@ -80,6 +81,9 @@ def check_against_model(p: RunParams) -> dict:
     from eagle3nb.engines.vllm_helpers import check_vllm_params
 
     check_vllm_params(p, cfg)  # vLLM venv present, options known, head_dim it accepts
+    from eagle3nb.engines.sglang_helpers import check_sglang_options
+
+    check_sglang_options(p.sglang_options)
     engines = check_engine_rules(p, models.target_arch(cfg, p.model), n, b, cfg)
     return {
         "path": str(path),

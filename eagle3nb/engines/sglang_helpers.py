@@ -19,6 +19,9 @@ from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient
 
 __all__ = [
     "start_sglang",
+    "SGLANG_OPTION_KEYS",
+    "SGLANG_FIXED_KWARGS",
+    "check_sglang_options",
     "hf_final",
     "final_logprob_check",
     "namespace_report",
@@ -30,6 +33,58 @@ __all__ = [
 FINAL_LOGPROB_TOL = {"float32": 1e-3, "float16": 0.2, "bfloat16": 0.5}
 
 
+# keys of ``sglang_options`` (read by SGLangBackend, eagle3nb/engines/sglang_backend.py)
+SGLANG_OPTION_KEYS = {"max_total_tokens", "engine_kwargs"}
+# sglang.Engine arguments eagle3nb sets for a correct capture (SGLangBackend._start): overriding one
+# would change which tensors come back or drop rows, so engine_kwargs may not name them
+SGLANG_FIXED_KWARGS = {
+    "model_path",
+    "dtype",
+    "device",
+    "random_seed",
+    "disable_radix_cache",
+    "chunked_prefill_size",
+    "enable_return_aux_hidden_states",
+    "speculative_algorithm",
+    "return_aux_hidden_state_layer_ids",
+    "context_length",
+}
+
+
+def check_sglang_options(opts: dict) -> dict:
+    """Validate ``sglang_options`` before any engine starts; returns them as the backend takes them.
+
+    ``max_total_tokens`` (int > 0: SGLang's KV pool in tokens) and ``engine_kwargs`` (a dict passed
+    to ``sglang.Engine`` as is: ``tp_size``, ``ep_size``, ``dp_size``, ``mem_fraction_static``,
+    ``attention_backend``, ... on GPUs). The run's ``seed`` and ``dtype``, and the capture settings
+    of :data:`SGLANG_FIXED_KWARGS`, come from eagle3nb and cannot be overridden here.
+
+    Raises:
+        ValueError: an unknown key, a non-positive ``max_total_tokens``, ``engine_kwargs`` not a
+            mapping, or naming a fixed argument (the message names the key and the fix).
+    """
+    opts = dict(opts or {})
+    if bad := sorted(set(opts) - SGLANG_OPTION_KEYS):
+        raise ValueError(
+            f"sglang_options has unknown keys {bad}; allowed: {sorted(SGLANG_OPTION_KEYS)} (anything else for sglang.Engine goes under engine_kwargs, e.g. {{engine_kwargs: {{tp_size: 8}}}})"
+        )
+    mtt = opts.get("max_total_tokens")
+    if mtt is not None and (not isinstance(mtt, int) or isinstance(mtt, bool) or mtt < 1):
+        raise ValueError(
+            f"sglang_options.max_total_tokens={mtt!r}: give a positive int (tokens in the KV pool)"
+        )
+    kw = opts.get("engine_kwargs", {})
+    if not isinstance(kw, dict):
+        raise ValueError(
+            f"sglang_options.engine_kwargs={kw!r}: give a mapping of sglang.Engine arguments, e.g. {{tp_size: 8}}"
+        )
+    if fixed := sorted(set(kw) & SGLANG_FIXED_KWARGS):
+        raise ValueError(
+            f"sglang_options.engine_kwargs sets {fixed}, which eagle3nb sets for a correct capture (seed and dtype come from the run parameters, context_length from the run); remove them"
+        )
+    return opts
+
+
 def start_sglang(
     model_path,
     dtype: str,
@@ -38,6 +93,7 @@ def start_sglang(
     python: str | None,
     workdir_parent=None,
     context_length: int | None = None,
+    options: dict | None = None,
 ) -> EngineClient:
     """Start the SGLang worker (``eagle3nb.engines.worker`` in SGLang's venv) in a loopback-only
     network namespace, with the CPU switch and shim on CPU and neither on a GPU.
@@ -46,6 +102,8 @@ def start_sglang(
         python: the SGLang venv's python (None: the default cache path; ``""``: in this process,
             for a GPU box where sglang imports here; no namespace then).
         device: ``cpu`` or ``cuda[:N]`` (already resolved).
+        options: ``sglang_options`` (:func:`check_sglang_options`), e.g. ``engine_kwargs:
+            {tp_size: 8}`` to shard a large target over the GPUs of one host.
 
     Raises:
         FileNotFoundError: the venv or the CPU shim is missing (run ``bash .ci/setup_engines.sh``).
@@ -64,7 +122,7 @@ def start_sglang(
         prefix = []
     else:
         prefix = sglang_backend.loopback_prefix()
-    opts = {"device": device, "seed": int(seed)}
+    opts = {"device": device, "seed": int(seed), **check_sglang_options(options)}
     if context_length:
         opts["context_length"] = int(context_length)
     return EngineClient(

@@ -162,6 +162,12 @@ class InputFields(BaseModel):
         "python of the SGLang venv (None for the cache made by .ci/setup_engines.sh; empty string to import sglang here on a GPU box)",
         [GENERATE, EXTRACT_SGLANG],
     )
+    sglang_options: dict = _p(
+        None,
+        "for the SGLang backend: max_total_tokens (KV pool, tokens) and engine_kwargs for sglang.Engine (e.g. tp_size, ep_size, mem_fraction_static on GPUs); capture settings cannot be overridden",
+        [GENERATE, EXTRACT_SGLANG],
+        default_factory=dict,
+    )
     convention: str = _p(
         "sglang",
         "layer-id convention of layer_ids (sglang, vllm, speculators_le_0.4, speculators_ge_0.5, specforge, eagle)",

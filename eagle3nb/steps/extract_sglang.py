@@ -84,8 +84,8 @@ def extract_sglang_step(p: RunParams, progress=True) -> dict:
     client = None
     try:
         if p.extract_engine == "sglang":
-            ctx = model.config.max_position_embeddings
-            client = start_sglang(path, p.dtype, device, p.seed, p.sglang_python, rd.root, ctx)
+            ctx, kw = model.config.max_position_embeddings, p.sglang_options
+            client = start_sglang(path, p.dtype, device, p.seed, p.sglang_python, rd.root, ctx, kw)
             record_engine_threads(rd, client)
             sg_ids = conventions.get_convention("sglang").boundaries_to_ids(bnds, n)
             twin = run_twin_check(p, rd, client, sg_ids, bnds, path)  # SGLang's rule, on a twin

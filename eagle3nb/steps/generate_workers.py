@@ -34,7 +34,16 @@ def start_engine(p: RunParams, rd: RunDir, path, ctx: int):
     if p.generate_engine == "vllm":
         return start_vllm(p, path, p.dtype, rd.root)
     if p.generate_engine == "sglang":
-        return start_sglang(path, p.dtype, resolve_device(p), p.seed, p.sglang_python, rd.root, ctx)
+        return start_sglang(
+            path,
+            p.dtype,
+            resolve_device(p),
+            p.seed,
+            p.sglang_python,
+            rd.root,
+            ctx,
+            p.sglang_options,
+        )
     return None
 
 

@@ -92,3 +92,37 @@ def test_aux_width_must_be_n_ids_times_hidden(tmp_path):
         r"layer ids \[0, 1\], not 2 x hidden_size 96 = 192",
     ):
         check_aux_width(3, 128, [0, 1], 96, "SGLang")
+
+
+def test_sglang_options_reach_sglang_engine_and_fixed_ones_are_refused(tmp_path, monkeypatch):
+    """``sglang_options.engine_kwargs`` (e.g. tp_size on a GPU host) reaches ``sglang.Engine``
+    next to eagle3nb's capture settings; a kwarg that would change the capture is refused."""
+    import sys
+    import types
+
+    from eagle3nb.engines import sglang_helpers as sh
+
+    (tmp_path / "config.json").write_text('{"hidden_size": 64}')
+    seen = {}
+
+    class FakeSglangEngine:  # stands in for sglang.Engine: records its arguments, runs nothing
+        def __init__(self, **kw):
+            seen.update(kw)
+
+    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=FakeSglangEngine))
+    monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path / "cpu-shim"))
+    opts = sh.check_sglang_options({"max_total_tokens": 4096, "engine_kwargs": {"tp_size": 2}})
+    be = sb.Backend(str(tmp_path), "float32", {"device": "cpu", "seed": 3, **opts})
+    be._start(("capture", [0, 1, 3], "float32"))
+    assert seen["tp_size"] == 2 and seen["max_total_tokens"] == 4096 and seen["random_seed"] == 3
+    assert seen["return_aux_hidden_state_layer_ids"] == [0, 1, 3]
+    assert seen["disable_radix_cache"] is True and seen["chunked_prefill_size"] == -1
+    for bad, match in (
+        ({"engine_kwargs": {"disable_radix_cache": False}}, r"sets \['disable_radix_cache'\]"),
+        ({"engine_kwargs": [("tp_size", 2)]}, "give a mapping"),
+        ({"max_total_tokens": 0}, "positive int"),
+        ({"tp_size": 2}, "unknown keys"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            sh.check_sglang_options(bad)
