@@ -139,6 +139,33 @@ def test_rank_killed_mid_epoch_resumes_to_the_uninterrupted_weights(run, one_and
     assert _history(q) == _history(two)
 
 
+def test_resume_on_another_number_of_processes_continues_the_run(run, one_and_two):
+    """Issue 15's resume on fewer ranks (8 -> 4 on GPUs), here 2 -> 1 gloo processes: the step-6
+    checkpoint written by 2 ranks (DCP, one file per rank) is resharded into 1 process, which
+    trains steps 7-9 on the same global batches: the weights and losses of the uninterrupted
+    1-process run, within the 1-vs-2-process tolerance (float32 sums in another order)."""
+    one = one_and_two[0]
+    q = _copy(run, "shrink", nproc_per_node=2)
+    os.environ[FAULT_ENV] = "1:7"  # rank 1 SIGKILLs itself after step 7 (last checkpoint: step 6)
+    try:
+        with pytest.raises(RuntimeError, match="torchrun training failed"):
+            train_step(q, progress=False)
+    finally:
+        del os.environ[FAULT_ENV]
+    ck = RunDir(q).train / "checkpoints"
+    assert json.loads((ck / "latest.json").read_text())["world_size"] == 2
+    q1 = q.model_copy(update={"nproc_per_node": 1})
+    out = train_step(q1, progress=False)  # in this process: resumes the 2-rank checkpoint
+    assert out["stats"]["steps"] == 9 and out["stats"]["world_size"] == 1
+    w_res, w_one = _weights(q1), _weights(one)
+    for k in w_one:
+        torch.testing.assert_close(w_res[k], w_one[k], rtol=0, atol=1e-5, msg=k)
+    h_res, h_one = _history(q1), _history(one)
+    assert [h["step"] for h in h_res] == [h["step"] for h in h_one]
+    for a, b in zip(h_one[6:], h_res[6:]):  # the steps trained after the resume
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-5)
+
+
 def test_cli_refuses_bad_input_before_work(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "eagle3nb.steps.train", str(tmp_path / "nope.yaml")],
