@@ -4,11 +4,14 @@ holds half of its parameters, and trains the drafter weights of a 1-process onli
 
 Tolerances:
 - capture: float32, rtol 1e-5 / atol 1e-5 against plain HF ``output_hidden_states`` of each sample
-  alone (the ranks run padded batches and all-gathered weights; the same matmuls on other batch
-  shapes round differently by a few ulp; measured: <= 1e-6).
-- weights: |w1 - w2| <= 1e-5 absolute after 4 AdamW steps, as tests/training/test_distributed.py
-  (float32 sums in another order: the global batch split over 2 ranks and an all-reduce, and the
-  capture of each rank's slice instead of the whole batch).
+  alone (the ranks capture padded batches: the same matmuls on other batch shapes round differently
+  by a few ulp; measured: aux <= 7.2e-7, normed final <= 1.4e-6 absolute, on states up to ~12).
+- sharded vs whole target on the same 2 ranks: bit for bit (the all-gathered weights are the same
+  tensors, every float operation runs in the same order; measured: 0).
+- 2 ranks vs 1 process: |w1 - w2| <= 1e-5 absolute after 4 AdamW steps at lr 1e-3, as
+  tests/training/test_distributed.py (capture of each rank's slice instead of the whole batch and
+  sums in another order; AdamW turns such noise on near-zero gradients into updates of up to lr;
+  measured: 2.3e-6, the same with the whole target on each rank).
 """
 
 import json
