@@ -6,6 +6,7 @@ Tolerances:
 - capture: float32, rtol 1e-5 / atol 1e-5 against plain HF ``output_hidden_states`` of each sample
   alone (the ranks capture padded batches: the same matmuls on other batch shapes round differently
   by a few ulp; measured: aux <= 7.2e-7, normed final <= 1.4e-6 absolute, on states up to ~12).
+- bfloat16 capture, sharded (bf16 all-gathers over gloo) vs unsharded, same batches: bit for bit.
 - sharded vs whole target on the same 2 ranks: bit for bit (the all-gathered weights are the same
   tensors, every float operation runs in the same order; measured: 0).
 - 2 ranks vs 1 process: |w1 - w2| <= 1e-5 absolute after 4 AdamW steps at lr 1e-3, as
@@ -30,6 +31,7 @@ from eagle3nb.rundir import RunDir
 from eagle3nb.steps.generate import generate_step
 from eagle3nb.steps.train import train_step
 from eagle3nb.target import models
+from eagle3nb.training.online import OnlineSource
 from eagle3nb.training.shard_target import (
     TARGET_SHARD_AUTO_PARAMS,
     resolve_target_shard,
@@ -71,14 +73,15 @@ def ranks(tmp_path_factory, target):
         cmd + [str(WORKER), str(out), str(STEPS)], env=_env(), capture_output=True, text=True
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return [torch.load(out / f"rank-{k}.pt", weights_only=False) for k in (0, 1)], samples
+    load = lambda k, d: torch.load(out / f"rank-{k}-{d}.pt", weights_only=False)  # noqa: E731
+    return [load(k, "float32") for k in (0, 1)], samples, [load(k, "bfloat16") for k in (0, 1)]
 
 
 def test_sharded_capture_equals_unsharded_hf(ranks, target):
     """(a) Each rank's captured aux/final states of its own rows equal plain HF
     ``output_hidden_states`` of the unsharded target, sample by sample."""
     model = target[0]
-    got, samples = ranks
+    got, samples, _ = ranks
     seen = []
     for rank in got:
         assert len(rank["batches"]) == STEPS
@@ -111,7 +114,7 @@ def test_each_rank_holds_half_the_target(ranks, target):
     model = target[0]
     full = dict(model.named_parameters())  # a tied embedding once, as the sharded model
     n_full = sum(p.numel() for p in full.values())
-    got, _ = ranks
+    got, _, _ = ranks
     totals = []
     for r, rank in enumerate(got):
         local = rank["local"]
@@ -128,6 +131,23 @@ def test_each_rank_holds_half_the_target(ranks, target):
     assert all(abs(t / n_full - 0.5) < 0.01 for t in totals), totals
     assert got[0]["report"]["rank_params"] == totals == got[1]["report"]["rank_params"]
     assert got[0]["report"]["rank_bytes"] == [4 * t for t in totals]  # float32
+
+
+def test_sharded_bf16_capture_equals_unsharded_bf16(ranks):
+    """bfloat16 (all-gathered in bf16 over gloo): each rank's batches equal bit for bit the same
+    batches captured by the unsharded bf16 target (OnlineSource, same rows, same padding)."""
+    _, samples, got = ranks
+    model = models.load_target("stories260K-hd32", "bfloat16")[0]
+    whole = OnlineSource(samples, model, [0, 1, 3], "sglang", {})
+    for rank in got:
+        assert {p: v[0] for p, v in rank["local"].items()} == dict.fromkeys(rank["local"], True)
+        for b in rank["batches"]:
+            idx = b["sample_index"].tolist()
+            if idx == [-1]:  # the stand-in row (another sample's states, no loss): see test above
+                continue
+            ref = whole.batch(idx, "cpu")
+            for k in ("input_ids", "attn_mask", "aux", "final"):
+                assert torch.equal(b[k], ref[k]), k
 
 
 RUN = dict(
