@@ -1,6 +1,7 @@
 """Online training with the target sharded over 2 gloo processes on CPU (FSDP2,
 ``online_target_shard: fsdp``): each rank captures the same aux states as the unsharded target,
-holds half of its parameters, and trains the drafter weights of a 1-process online run.
+holds half of its parameters, trains the drafter weights of a 1-process online run (and bit for
+bit those of 2 ranks each holding the whole target), and resumes after a rank is killed.
 
 Tolerances:
 - capture: float32, rtol 1e-5 / atol 1e-5 against plain HF ``output_hidden_states`` of each sample
@@ -31,6 +32,7 @@ from eagle3nb.rundir import RunDir
 from eagle3nb.steps.generate import generate_step
 from eagle3nb.steps.train import train_step
 from eagle3nb.target import models
+from eagle3nb.training.loop import FAULT_ENV
 from eagle3nb.training.online import OnlineSource
 from eagle3nb.training.shard_target import (
     TARGET_SHARD_AUTO_PARAMS,
@@ -157,7 +159,7 @@ RUN = dict(
     max_steps=4,
     warmup_steps=1,
     ttt_steps=2,
-    checkpoint_every=4,
+    checkpoint_every=2,
     interactive=False,
     draft_intermediate_size=64,
     training_mode="online",
@@ -181,7 +183,7 @@ def online_runs(tmp_path_factory):
     2 processes with the whole target on each rank, 2 processes with the target sharded."""
     p = params.RunParams(outputs_dir=str(tmp_path_factory.mktemp("runs")), run_name="base", **RUN)
     generate_step(p, progress=False)
-    runs = {}
+    runs = {"base": {"params": p}}
     for name, kw in [
         ("one", {}),
         ("two_whole", dict(nproc_per_node=2, online_target_shard="none")),
@@ -229,6 +231,27 @@ def test_sharded_target_trains_the_weights_of_one_process(online_runs):
     emb = models.load_target("stories260K-hd32")[0].lm_head.weight.detach()
     head0 = emb[torch.arange(w1["d2t"].numel()) + w1["d2t"]]  # lm_head's initial rows
     assert (w1["lm_head.weight"] - head0).abs().max() > 100 * 1e-5  # training moved the weights
+
+
+def test_sharded_run_killed_resumes_to_the_uninterrupted_weights(online_runs):
+    """A rank SIGKILLed mid-run with the target sharded: the rerun resumes from the last committed
+    checkpoint (the drafter's state only; the target is reloaded and resharded) and ends with the
+    uninterrupted sharded run's weights, bit for bit."""
+    q = _copy(online_runs["base"]["params"], "killed", nproc_per_node=2, online_target_shard="fsdp")
+    os.environ[FAULT_ENV] = "1:3"  # rank 1 kills itself after step 3 (last checkpoint: step 2)
+    try:
+        with pytest.raises(RuntimeError, match="torchrun training failed"):
+            train_step(q, progress=False)
+    finally:
+        del os.environ[FAULT_ENV]
+    ck = RunDir(q).train / "checkpoints"
+    assert json.loads((ck / "latest.json").read_text())["step"] == 2
+    out = train_step(q, progress=False)
+    assert out["stats"]["steps"] == RUN["max_steps"]
+    assert out["stats"]["online"]["target_shard"]["mode"] == "fsdp"
+    w = load_file(str(RunDir(q).drafter / "model.safetensors"))
+    for k, v in online_runs["two_sharded"]["weights"].items():
+        assert torch.equal(w[k], v), k
 
 
 def test_target_param_count_reads_the_headers(target):
