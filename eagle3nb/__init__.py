@@ -30,6 +30,7 @@ training/           training the drafter with training-time test (TTT)
     fastpath        how training runs on its device: bf16-mixed precision, compiled layer, fused AdamW
     distributed     process group, DDP/FSDP wrapping, per-rank checkpoints, torchrun launch
     online          online training: the target captures each batch's aux states in the loop
+    shard_target    online training with the target sharded over the ranks (FSDP2)
     progress        progress lines (stdout, train.log), bar postfix, tensorboard/wandb/mlflow
     monitor         after each step: history entry, progress line, held-out evaluation, best
     heldout         held-out teacher-forced accuracy and simulator tau on a drafter copy

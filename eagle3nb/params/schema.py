@@ -149,6 +149,11 @@ class RunParams(InputFields):
         "under torchrun: on shards the drafter (FSDP), off replicates it (DDP), auto shards large drafters",
         [TRAIN],
     )
+    online_target_shard: Literal["auto", "none", "fsdp"] = _p(
+        "auto",
+        "online under torchrun: fsdp shards the target over the ranks (each holds 1/world; needs eval_every 0), none keeps it whole on every rank, auto shards targets above 2e10 parameters",
+        [TRAIN],
+    )
     attention: Literal["auto", "eager", "flex"] = _p(
         "auto",
         "TTT attention: eager (reference), flex (flex attention, compiled on GPU), auto (flex on CUDA, eager on CPU)",
@@ -282,6 +287,15 @@ class RunParams(InputFields):
             raise ValueError(
                 f"node_rank={self.node_rank} must be below nnodes={self.nnodes}; node ranks count 0..nnodes-1"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _target_shard(self):
+        if self.online_target_shard == "fsdp":  # auto is resolved with the target's size in 03
+            from eagle3nb.training.shard_target import resolve_target_shard
+
+            world = self.nproc_per_node * self.nnodes
+            resolve_target_shard("fsdp", world, self.training_mode, eval_every=self.eval_every)
         return self
 
     @model_validator(mode="after")

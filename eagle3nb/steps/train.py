@@ -1,5 +1,4 @@
-"""03_train: train the drafter and export it; also step 03 from the command line, and the entry
-point torchrun starts on every rank.
+"""03_train: train the drafter and export it; step 03 from the command line; torchrun's entry point.
 
 Command line (one process, or one per GPU under torchrun)::
 
@@ -50,6 +49,7 @@ from eagle3nb.training import distributed
 from eagle3nb.training.fastpath import resolve
 from eagle3nb.training.loop import TrainConfig, train_drafter
 from eagle3nb.training.online import OnlineSource
+from eagle3nb.training.shard_target import choose_target_shard, load_sharded_target, shard_report
 
 
 def train_step(p: RunParams, progress=True) -> dict:
@@ -80,7 +80,7 @@ def train_step(p: RunParams, progress=True) -> dict:
     ds_dir = rd.dataset_vllm if p.train_on == "vllm" else rd.dataset
     ds = AuxDataset(ds_dir, mmap=True) if p.training_mode == "offline" else None
     device = distributed.local_device(resolve_device(p), ctx)
-    model, tok, path = _load_target(p, device)
+    model, tok, path, head = _load_target(p, device, ctx)  # head: beside a sharded target
     if ds is None:
         ds = _online_source(p, rd, model, tok, path)
     if not p.allow_manifest_mismatch:
@@ -97,7 +97,7 @@ def train_step(p: RunParams, progress=True) -> dict:
     cfg = _train_config(p)
     ev = heldout_eval(p, rd, model, tok, ds.manifest["aux_boundaries"])
     bar = progress_bar() if progress else None
-    drafter, rep = train_drafter(ds, model, cfg, rd.train, bar, ev, p.tracking)
+    drafter, rep = train_drafter(ds, head or model, cfg, rd.train, bar, ev, p.tracking)
     if not ctx.is_main:
         return {"history": rep["history"], "stats": None, "export_dir": rd.drafter}
     atomic_write_json(rd.train / "history.json", rep["history"])
@@ -124,18 +124,22 @@ def _train_config(p: RunParams) -> TrainConfig:
     return TrainConfig(**{k: getattr(p, k) for k in names})
 
 
-def _load_target(p: RunParams, device: str):
-    """``(target, tokenizer, path)`` as 03 needs the target: offline without held-out evaluation
-    only its head (embedding, final norm, lm_head read by tensor name: memory independent of its
-    depth; bf16 for bf16-mixed training), else the whole model in float32 (online capture and
-    held-out generation run it)."""
-    if p.training_mode != "offline" or p.eval_every > 0:
-        return models.load_target(p.model, "float32", device)
+def _load_target(p: RunParams, device: str, ctx):
+    """``(target, tokenizer, path, head)`` as 03 needs the target: offline without held-out
+    evaluation its head only (embedding, final norm, lm_head; bf16 for bf16-mixed training);
+    online with ``online_target_shard`` resolved to fsdp the model in ``p.dtype`` sharded over the
+    ranks and its float32 head (:mod:`eagle3nb.training.shard_target`); else the whole model in
+    float32 (head None). Raises ValueError when the sharding cannot apply, before any read."""
     path = models.resolve_model(p.model)
+    how = p.online_target_shard, ctx.world, p.training_mode, p.eval_every
+    if choose_target_shard(*how, path) == "fsdp":
+        return load_sharded_target(p.model, p.dtype, device, ctx)[:4]
+    if p.training_mode != "offline" or p.eval_every > 0:
+        return (*models.load_target(p.model, "float32", device), None)
     models.check_model_folder(path)
     fast = resolve(p.precision, p.torch_compile, torch.device(device))
     dtype = torch.bfloat16 if fast.precision == "bf16-mixed" else torch.float32
-    return load_target_head(path, dtype, device), models.load_tokenizer(path), path
+    return load_target_head(path, dtype, device), models.load_tokenizer(path), path, None
 
 
 def _train_with_torchrun(p: RunParams, rd: RunDir) -> dict:
@@ -182,7 +186,8 @@ def _online_source(p: RunParams, rd: RunDir, model, tok, path) -> OnlineSource:
     batch; the same checks as 02 before training (generation manifest, measured boundaries)."""
     gman, tinfo = checked_generation(p, rd, model, tok, path)
     ids, bnds = resolve_aux(p, tinfo["n_layers"])
-    cap = model if p.dtype == "float32" else models.load_target(p.model, p.dtype, model.device)[0]
+    same = model.dtype == models.DTYPES[p.dtype]  # a sharded target is loaded in p.dtype
+    cap = model if same else models.load_target(p.model, p.dtype, model.device)[0]
     samples = extract.checked_train_samples(rd, "train on")
     man = provenance(
         p.seed,
@@ -197,6 +202,7 @@ def _online_source(p: RunParams, rd: RunDir, model, tok, path) -> OnlineSource:
     captured = src.engine.capture([probe], ids)[0].aux
     align, _, _ = check_alignment(p, name, p.convention, ids, bnds, captured, cap, probe)
     record_alignment(rd, name, align, online=True)
+    src.manifest["engine"]["target_shard"] = shard_report(cap)  # per-rank share of the target
     return src
 
 
@@ -318,13 +324,7 @@ def _train_stats(p: RunParams, ds, rep: dict) -> dict:
         "the first (loader offline, target capture online; the issue-12 margin is <= 0.5)",
     }
     if p.training_mode == "online":  # the target's share of the training time
-        secs = ds.capture_seconds
-        stats["online"] = {
-            "target_capture_seconds": round(secs, 3),
-            "target_capture_tokens_per_s": round(ds.captured_tokens / secs, 1) if secs else None,
-            "nonfinite_rows_masked": ds.nonfinite_rows,
-            "note": "capture times are of this process only (a resumed run counts its last part)",
-        }
+        stats["online"] = ds.stats()
     return stats
 
 

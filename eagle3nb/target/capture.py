@@ -132,6 +132,10 @@ def capture_boundaries(
         boundaries: each in 0..N; N means the last layer's output before the final norm.
         attention_mask: ``[B, T]`` (1 = token, 0 = pad) or None.
 
+    A model sharded by FSDP2 (:func:`eagle3nb.training.shard_target.shard_target`) runs its whole
+    forward (the root's hooks gather the embeddings and final norm) with ``logits_to_keep=1``;
+    every rank must call this the same number of times (the all-gathers are collective).
+
     Returns:
         ``{b: [B, T, H]}`` in the model's dtype, cloned.
 
@@ -152,9 +156,23 @@ def capture_boundaries(
                 f"attention_mask rows {rows[:8]}: capture needs right padding (each row ones, then zeros); got left padding, a gap or an empty row"
             )
     store: dict[int, torch.Tensor] = {}
+    kw = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": False}
     with _boundary_hooks(model, bs, store):
-        decoder_of(model)(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        if _is_fsdp_root(model):  # the root's forward gathers its group (embeddings, norm, head)
+            model(**kw, logits_to_keep=1)  # lm_head on one position per row
+            model.reshard()  # FSDP keeps the root's group whole after forward; free it
+        else:
+            decoder_of(model)(**kw)
     return {b: store[b] for b in bs}
+
+
+def _is_fsdp_root(model) -> bool:
+    """True for a model sharded by FSDP2 at its root (:mod:`eagle3nb.training.shard_target`)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # torch built without distributed
+        return False
+    return isinstance(model, FSDPModule)
 
 
 @dataclass

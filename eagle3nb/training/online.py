@@ -96,6 +96,19 @@ class OnlineSource:
         self.captured_tokens = 0
         self.nonfinite_rows = 0  # rows whose states were not finite: their loss mask is zeroed
 
+    def stats(self) -> dict:
+        """metrics.json["train"]["online"]: target capture seconds and tokens/s of this process,
+        rows masked for non-finite states, and ``target_shard`` (what each rank holds of the
+        target, :func:`eagle3nb.training.shard_target.shard_report`, when recorded)."""
+        secs = self.capture_seconds
+        return {
+            "target_capture_seconds": round(secs, 3),
+            "target_capture_tokens_per_s": round(self.captured_tokens / secs, 1) if secs else None,
+            "nonfinite_rows_masked": self.nonfinite_rows,
+            "target_shard": self.manifest["engine"].get("target_shard"),
+            "note": "capture times are of this process only (a resumed run counts its last part)",
+        }
+
     def fingerprint(self) -> str:
         """sha256 over what determines the batches: sample ids and tokens, target, boundaries, dtype."""
         h = hashlib.sha256(
