@@ -53,6 +53,7 @@ engines/            real engines (vLLM, SGLang) behind one interface, across a p
     versions        the version of an engine installed for a python, read without starting it
     adapter         notebook side: an EngineClient as a CaptureEngine for the dataset writer
     twin_check      notebook side: an engine's id rule measured on a twin, against engine_rules
+    twin_cache      notebook side: the twin proof's measurement cached on disk, keyed by all it depends on
     vllm_helpers    notebook side: vLLM parameters, start, speed, served acceptance
     sglang_helpers  notebook side: 02b's SGLang path, boundary N from HF checked against SGLang
 viz/                figures and interactive views
