@@ -42,6 +42,7 @@ drafter/            the EAGLE-3 draft model and what is done with it
     engine_read     read an exported config as each serving engine does; what it ignores
     acceptance      greedy chain speculative decoding with the real target (the simulator)
     ksweep          tau and acceptance for every k' <= k from drafts at every position (exact)
+    shared_eval     04's simulator: one target forward per prompt shared by every drafter
     card            serving commands for SGLang and vLLM, the Hub-ready model card
     hub             upload an exported drafter through huggingface_hub (dry run by default)
 engines/            real engines (vLLM, SGLang) behind one interface, across a process boundary

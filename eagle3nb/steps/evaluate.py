@@ -33,6 +33,11 @@ from eagle3nb.text import chat
 from eagle3nb.training.loop import init_head_from_target
 
 SIMULATOR = "eagle3nb simulator on hf-transformers target"
+SIMULATOR_METHOD = (
+    "one target forward per prompt over its greedy continuation (the verify forward's argmax at "
+    "every position), every drafter's cycles replayed on its states; equals the per-cycle "
+    "simulator up to floating point (eagle3nb.drafter.shared_eval)"
+)
 # label of the layer-offset baseline in metrics.json["eval"]["tau"] (its boundaries: ["offset"])
 OFFSET = "trained, layer offset"
 
@@ -125,12 +130,7 @@ def eval_step(p: RunParams, progress=True) -> dict:
     stats["template"] = template_block
     if turns:
         stats["per_turn"] = eval_chat.per_turn_acceptance(results["trained"]["traces"], turns, p.k)
-    stats["simulator_method"] = (
-        "one target forward per prompt over its greedy continuation (the verify forward's argmax "
-        "at every position), every drafter's cycles replayed on its states; equals the per-cycle "
-        "simulator up to floating point (eagle3nb.drafter.shared_eval)"
-    )
-    stats["greedy_fixes"] = shared["fixes"]
+    stats.update(simulator_method=SIMULATOR_METHOD, greedy_fixes=shared["fixes"])
     sweep = _k_sweep(p, shared["positions"], stats) if p.k_sweep else None
     update_metrics(rd.metrics, "eval", stats)
     _record_checks(p, rd, len(prompts), stats, vllm_block)
