@@ -64,6 +64,10 @@ def test_same_key_reads_the_cache_without_starting_the_engine(tmp_path):
     assert second["cache"]["measured_commit"] == git_commit()
     when = datetime.datetime.fromisoformat(second["cache"]["measured_at"])
     assert abs((datetime.datetime.now(datetime.timezone.utc) - when).total_seconds()) < 3600
+    # another run's twin (built afresh in its own folder, same bytes) reads the same entry
+    third = _proof(fake, tmp_path / "other_run" / "twin", cache)
+    assert fake.calls == 1 and third["cache"]["hit"] is True
+    assert third["twin"]["path"] == str(tmp_path / "other_run" / "twin")
     # without a cache folder every proof measures
     _proof(fake, tmp_path / "twin", None)
     assert fake.calls == 2
