@@ -43,6 +43,7 @@ drafter/            the EAGLE-3 draft model and what is done with it
     engine_read     read an exported config as each serving engine does; what it ignores
     acceptance      greedy chain speculative decoding with the real target (the simulator)
     ksweep          tau and acceptance for every k' <= k from drafts at every position (exact)
+    shared_eval     04's simulator: one target forward per prompt shared by every drafter
     card            serving commands for SGLang and vLLM, the Hub-ready model card
     hub             upload an exported drafter through huggingface_hub (dry run by default)
 engines/            real engines (vLLM, SGLang) behind one interface, across a process boundary
@@ -54,6 +55,7 @@ engines/            real engines (vLLM, SGLang) behind one interface, across a p
     versions        the version of an engine installed for a python, read without starting it
     adapter         notebook side: an EngineClient as a CaptureEngine for the dataset writer
     twin_check      notebook side: an engine's id rule measured on a twin, against engine_rules
+    twin_cache      notebook side: the twin proof's measurement cached on disk, keyed by all it depends on
     vllm_helpers    notebook side: vLLM parameters, start, speed, served acceptance
     sglang_helpers  notebook side: 02b's SGLang path, boundary N from HF checked against SGLang
 viz/                figures and interactive views

@@ -16,9 +16,11 @@ Imported on the notebook's side (it needs transformers and the rest of ``eagle3n
 from __future__ import annotations
 
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, Sequence
 
+from eagle3nb.engines import twin_cache
 from eagle3nb.target import models
 from eagle3nb.target.alignment import (
     TOLERANCE,
@@ -50,6 +52,8 @@ def twin_proof(
     dtype: str,
     twin_dir: str | Path,
     seed: int = 0,
+    cache: str | Path | None = None,
+    cache_extra: dict | None = None,
 ) -> dict:
     """Measure which boundaries ``engine`` at ``version`` captures for ``engine_ids`` on a twin of
     the target in ``target_path``, and compare with the engine_rules table.
@@ -61,6 +65,12 @@ def twin_proof(
         engine_ids: the ids the run gives this engine (its own ids, in its own convention).
         dtype: the engine's dtype (sets the tolerance, :data:`eagle3nb.target.alignment.TOLERANCE`).
         twin_dir: where the twin folder is built (reused when already built for this config).
+        cache: folder of cached measurements (:mod:`eagle3nb.engines.twin_cache`); None measures
+            without reading or writing one. A cached measurement under the same key
+            (:func:`eagle3nb.engines.twin_cache.key_fields`) is used instead of calling
+            ``capture``; a miss measures and writes it. Only a real engine's measurement belongs
+            there (a fake reporting a real engine's name and version would poison it).
+        cache_extra: the engine's further facts entering the key (torch version, options).
 
     Returns:
         ``{"engine", "version", "arch", "twin": {"path", "n_layers", "hidden_size", "vocab_size"},
@@ -70,7 +80,10 @@ def twin_proof(
         "target_boundaries" (the run's ids + the measured shift), "agrees" (measured == table),
         "verdict" (a sentence), "slots" ([{"id", "boundary", "error", "next_error"}]),
         "separation", "tolerance", "seconds": {"build", "capture", "reference", "total"},
-        "error_matrix" ([n_slots, n+1] nested list), "reference_boundaries"}``.
+        "error_matrix" ([n_slots, n+1] nested list), "reference_boundaries", "cache" (None without
+        ``cache``; else ``{"hit", "path", "key_sha256", "measured_at" (UTC ISO 8601),
+        "measured_commit" (eagle3nb git commit of the measurement)}``)}``; the measurement part is
+        the cached one on a hit (``seconds`` then has capture = reference = 0).
 
     Raises:
         ValueError: a class or version the table lacks (:func:`engine_rule`).
@@ -86,18 +99,38 @@ def twin_proof(
     tids = twin_ids(engine_ids, n, nt)
     tcfg = models.text_config(models.read_model_config(tdir))
     samples = probe_samples(int(tcfg["vocab_size"]), seed)
-    got = capture(str(tdir), samples, tids)
-    t_cap = time.perf_counter()
-    model = models.load_target(tdir, "float32")[0]
-    err, sep, bnds = None, float("inf"), None
-    for s, g in zip(samples, got):
-        ref = reference_states(model, s)
-        e, bnds = alignment_matrix(g["aux"].float(), ref, len(tids))
-        err = e if err is None else err.maximum(e)  # the worst sample per slot and boundary
-        sep = min(sep, boundary_separation(ref))
-    t_ref = time.perf_counter()
     tol = ENGINE_TOLERANCE.get((engine, arch), TOLERANCE.get(dtype, 5e-2))
-    slots = name_slots(err, bnds, tol)
+    fields, entry = None, None
+    if cache is not None:
+        fields = twin_cache.key_fields(
+            engine, version, arch, tdir, tids, engine_ids, samples, dtype, tol, seed, cache_extra
+        )
+        entry = twin_cache.load(cache, fields)
+    t_key = time.perf_counter()
+    hit = entry is not None
+    if hit:
+        meas = entry["measurement"]
+        t_cap = t_ref = t_key
+    else:
+        got = capture(str(tdir), samples, tids)
+        t_cap = time.perf_counter()
+        meas = _measure(got, samples, tdir, len(tids), tol)
+        t_ref = time.perf_counter()
+        if fields is not None:
+            try:
+                entry = twin_cache.store(cache, fields, meas)
+            except OSError as e:  # an unwritable cache costs the next run a measurement, no more
+                warnings.warn(f"twin proof not cached in {cache}: {e}", stacklevel=2)
+    cache_info = None
+    if entry is not None:
+        cache_info = {
+            "hit": hit,
+            "path": entry["path"],
+            "key_sha256": entry["sha256"],
+            "measured_at": entry["measured_at"],
+            "measured_commit": entry["eagle3nb_commit"],
+        }
+    slots, sep = meas["slots"], meas["separation"]
     measured = [s["boundary"] for s in slots]
     table, table_error = None, None
     try:
@@ -147,14 +180,34 @@ def twin_proof(
         "agrees": bool(agrees),
         "verdict": verdict,
         "slots": [dict(s, id=i) for s, i in zip(slots, tids)],
+        "cache": cache_info,
         "separation": sep,
         "tolerance": tol,
         "seconds": {
             "build": round(t_build - t0, 3),
-            "capture": round(t_cap - t_build, 3),
+            "capture": round(t_cap - t_key, 3),
             "reference": round(t_ref - t_cap, 3),
             "total": round(t_ref - t0, 3),
         },
+        "error_matrix": meas["error_matrix"],
+        "reference_boundaries": list(meas["reference_boundaries"]),
+    }
+
+
+def _measure(got: list[dict], samples, tdir, n_slots: int, tol: float) -> dict:
+    """The HF reference of the twin in ``tdir`` at every boundary, each captured slot of ``got``
+    (``[{"aux": [T, n_slots*H]}]`` per sample) named by the boundary it equals: ``{"slots",
+    "separation", "error_matrix" ([n_slots, n+1], the worst sample), "reference_boundaries"}``."""
+    model = models.load_target(tdir, "float32")[0]
+    err, sep, bnds = None, float("inf"), None
+    for s, g in zip(samples, got):
+        ref = reference_states(model, s)
+        e, bnds = alignment_matrix(g["aux"].float(), ref, n_slots)
+        err = e if err is None else err.maximum(e)  # the worst sample per slot and boundary
+        sep = min(sep, boundary_separation(ref))
+    return {
+        "slots": name_slots(err, bnds, tol),
+        "separation": sep,
         "error_matrix": err.tolist(),
-        "reference_boundaries": list(bnds),
+        "reference_boundaries": [int(b) for b in bnds],
     }

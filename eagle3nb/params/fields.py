@@ -203,7 +203,8 @@ class InputFields(BaseModel):
         "enforce",
         "engine capture of a tiny random twin of the target at the run ids, slots named by HF "
         "boundaries and compared with engine_rules: enforce stops on a disagreement, warn records "
-        "it, off skips it",
+        "it, off skips it. A real engine measurement is cached per engine version, twin and ids "
+        "(env EAGLE3NB_TWIN_PROOFS set to off: measured every run)",
         [EXTRACT_VLLM, EXTRACT_SGLANG],
     )
     measure_engine_speed: bool = _p(

@@ -8,12 +8,9 @@ import time
 import torch
 
 from eagle3nb.drafter import engine_read
-from eagle3nb.drafter.acceptance import (
-    conditional_acceptance,
-    evaluate_acceptance,
-    greedy_generate,
-)
-from eagle3nb.drafter.ksweep import k_sweep
+from eagle3nb.drafter.acceptance import conditional_acceptance
+from eagle3nb.drafter.ksweep import sweep_from_positions
+from eagle3nb.drafter.shared_eval import evaluate_shared
 from eagle3nb.drafter.export import load_drafter
 from eagle3nb.drafter.model import Eagle3Drafter
 from eagle3nb.engines.vllm_helpers import served_acceptance, start_vllm
@@ -36,6 +33,11 @@ from eagle3nb.text import chat
 from eagle3nb.training.loop import init_head_from_target
 
 SIMULATOR = "eagle3nb simulator on hf-transformers target"
+SIMULATOR_METHOD = (
+    "one target forward per prompt over its greedy continuation (the verify forward's argmax at "
+    "every position), every drafter's cycles replayed on its states; equals the per-cycle "
+    "simulator up to floating point (eagle3nb.drafter.shared_eval)"
+)
 # label of the layer-offset baseline in metrics.json["eval"]["tau"] (its boundaries: ["offset"])
 OFFSET = "trained, layer offset"
 
@@ -97,26 +99,28 @@ def eval_step(p: RunParams, progress=True) -> dict:
     # for this class (differs in the mismatch reproductions: params/mismatch.yaml, kimi_case.yaml)
     served = _served(p, cfg, n, dman.get("target", {}).get("architecture"))
     runs = _runs(p, model, drafter, dman, bnds, n, served)
-    results, t0 = {}, time.time()
-    for label, (d, b) in runs.items():
-        results[label] = evaluate_acceptance(
-            model,
-            d,
-            prompts,
-            b,
-            p.k,
-            p.eval_max_new_tokens,
-            eos,
-            check_greedy=(label == "trained"),
-            progress=bar,
-            n_traces=len(prompts) if label == "trained" and turns else 3,
-        )
+    t0 = time.time()
+    # one target forward per prompt over its greedy continuation, shared by every drafter and
+    # the k sweep (eagle3nb.drafter.shared_eval; the literal per-cycle simulator is its test)
+    shared = evaluate_shared(
+        model,
+        runs,
+        prompts,
+        p.k,
+        p.eval_max_new_tokens,
+        eos,
+        check_label="trained",
+        n_traces={"trained": len(prompts) if turns else 3},
+        sweep_label="trained" if p.k_sweep else None,
+        progress=bar,
+    )
+    results = shared["results"]
     secs = time.time() - t0
     engines_of = {label: SIMULATOR for label in results}
     vllm_block = None
     if p.vllm_eval and "vllm" in served:  # not when the export refused vLLM
         label, result, vllm_block = _vllm_served(
-            p, rd, model, path, prompts, eos, served, bnds, results
+            p, rd, path, prompts, eos, served, bnds, results, shared["hf_greedy"]
         )
         results[label] = result
         version = vllm_block["engine_version"]
@@ -126,7 +130,8 @@ def eval_step(p: RunParams, progress=True) -> dict:
     stats["template"] = template_block
     if turns:
         stats["per_turn"] = eval_chat.per_turn_acceptance(results["trained"]["traces"], turns, p.k)
-    sweep = _k_sweep(p, model, drafter, prompts, bnds, eos, bar, stats) if p.k_sweep else None
+    stats.update(simulator_method=SIMULATOR_METHOD, greedy_fixes=shared["fixes"])
+    sweep = _k_sweep(p, shared["positions"], stats) if p.k_sweep else None
     update_metrics(rd.metrics, "eval", stats)
     _record_checks(p, rd, len(prompts), stats, vllm_block)
     serving = write_serving_files(p, rd, _card_eval(stats))
@@ -134,11 +139,13 @@ def eval_step(p: RunParams, progress=True) -> dict:
     return dict(out, k_sweep=sweep, serving=serving)
 
 
-def _k_sweep(p: RunParams, model, drafter, prompts, bnds, eos, bar, stats: dict) -> dict:
+def _k_sweep(p: RunParams, positions: list[dict], stats: dict) -> dict:
     """The trained drafter's tau and acceptance rate for every k' = 1..k (exact: drafts at every
-    position, see :mod:`eagle3nb.drafter.ksweep`), into ``stats["k_sweep"]``; returns it by k'."""
+    position, see :mod:`eagle3nb.drafter.ksweep`) from ``positions`` (per prompt ``{"m",
+    "n_out"}``, :func:`eagle3nb.drafter.shared_eval.evaluate_shared`: the same target forward and
+    draft chains as the simulator's), into ``stats["k_sweep"]``; returns it by k'."""
     t0 = time.time()
-    sw = k_sweep(model, drafter, prompts, bnds, p.k, p.eval_max_new_tokens, eos, bar)
+    sw = sweep_from_positions(positions, p.k)
     ks = list(range(1, p.k + 1))
     stats["k_sweep"] = {
         "k": ks,
@@ -147,9 +154,9 @@ def _k_sweep(p: RunParams, model, drafter, prompts, bnds, eos, bar, stats: dict)
         "cycles": [sw[k]["cycles"] for k in ks],
         "tau_at_k_equals_simulator": round(sw[p.k]["tau"], 4) == stats["tau"]["trained"],
         "method": "trained drafter, greedy: k drafts after every emitted token of each held-out "
-        "greedy output (one target forward per prompt); the run with k' drafts per cycle is "
-        "the walk j -> j + min(accepted(j), k') + 1 (exact; truncating one set of k-cycles is "
-        "not: a k'-run visits other states)",
+        "greedy output (on the simulator's shared target forward per prompt, its draft chains "
+        "reused); the run with k' drafts per cycle is the walk j -> j + min(accepted(j), k') "
+        "+ 1 (exact; truncating one set of k-cycles is not: a k'-run visits other states)",
         "seconds": round(time.time() - t0, 2),
     }
     return sw
@@ -234,17 +241,17 @@ def _runs(p: RunParams, model, drafter, dman: dict, bnds, n: int, served: dict) 
 
 
 def _vllm_served(
-    p: RunParams, rd: RunDir, model, path, prompts, eos, served, bnds, results
+    p: RunParams, rd: RunDir, path, prompts, eos, served, bnds, results, hf_greedy
 ) -> tuple[str, dict, dict]:
     """The same drafter files served by vLLM itself: its counters next to the simulator's
     (``results``) for the boundaries vLLM reads from the exported ids (the trained ones unless
     export_layer_ids says otherwise); its speed merged into metrics.json["engines"]["vllm"].
+    ``hf_greedy``: HF generate's greedy output per prompt (the simulator's check computed it).
     Returns ``(label, result, metrics.json["eval"]["vllm_served"])``."""
     if served["vllm"] == list(bnds):
         sim_label = "trained"
     else:
         sim_label = f"trained, as served (ids -> {served['vllm']})"
-    hf_greedy = [greedy_generate(model, q, p.eval_max_new_tokens, eos) for q in prompts]
     with start_vllm(p, path, "float32", rd.root) as client:
         record_engine_threads(rd, client)
         info = client.info()

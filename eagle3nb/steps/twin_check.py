@@ -19,6 +19,13 @@ def run_twin_check(
     engine is the one the run captures with, in the same worker (no new process). The record
     (without the error matrix) goes to ``metrics.json["twin_check"][engine]``.
 
+    A real engine's measurement is cached (:mod:`eagle3nb.engines.twin_cache`,
+    ``$EAGLE3NB_TWIN_PROOFS=off`` bypasses it): a later run with the same key (engine, version,
+    torch version, twin config and weights, ids, dtype) reads it instead of starting the engine on
+    the twin, and the record's ``"cache"`` says so, with when and at which eagle3nb commit it was
+    measured. A client that is not an :class:`~eagle3nb.engines.client.EngineClient` of the engine
+    it names (the unit tests' fakes) is never cached.
+
     Returns:
         The proof's dict, plus ``"run_boundaries"`` (``bnds``), ``"run_boundaries_match"`` (the
         measured rule gives the run's ids ``bnds``; where it does not, eagle3nb's convention and
@@ -31,6 +38,7 @@ def run_twin_check(
             message names class, engine, version, both boundary lists and the parameter. ``warn``
             records the same and continues with a warning.
     """
+    from eagle3nb.engines import twin_cache
     from eagle3nb.engines.twin_check import TWIN_ENGINE_OPTIONS, twin_proof
 
     if p.twin_check == "off":
@@ -41,7 +49,16 @@ def run_twin_check(
     def capture(model_path, samples, ids):
         return client.capture_model(model_path, samples, ids, TWIN_ENGINE_OPTIONS.get(engine))
 
-    rec = twin_proof(capture, engine, version, path, engine_ids, p.dtype, rd.root / "twin", p.seed)
+    cache, extra = None, None
+    if _real_engine(client, engine):
+        cache = twin_cache.cache_dir()
+        extra = {
+            "torch_version": info.get("torch_version"),
+            "options": TWIN_ENGINE_OPTIONS.get(engine),
+        }
+    rec = twin_proof(
+        capture, engine, version, path, engine_ids, p.dtype, rd.root / "twin", p.seed, cache, extra
+    )
     rec.update(run_boundaries=list(bnds), mode=p.twin_check)
     rec["run_boundaries_match"] = rec["target_boundaries"] == list(bnds)
     update_metrics(rd.metrics, "twin_check", {engine: twin_summary(rec)})
@@ -58,6 +75,14 @@ def run_twin_check(
             )
         warnings.warn(msg + " (twin_check: warn, continuing)", stacklevel=2)
     return rec
+
+
+def _real_engine(client, engine: str) -> bool:
+    """True for an EngineClient running the registered engine it reports (not a fake)."""
+    from eagle3nb.engines.client import EngineClient
+    from eagle3nb.engines.worker import REGISTRY
+
+    return isinstance(client, EngineClient) and client.engine == engine and engine in REGISTRY
 
 
 def twin_summary(rec: dict) -> dict:

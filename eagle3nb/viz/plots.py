@@ -336,8 +336,9 @@ def alignment_figure(
     """Heatmap of log10 relative error, slots (rows) x reference boundaries (columns); with
     ``twin`` (:func:`eagle3nb.engines.twin_check.twin_proof`'s record) a second panel: the same
     engine's slots on the target's tiny twin against the twin's HF boundaries, titled with the
-    measured rule and the verdict against engine_rules. ``served`` (``{label: boundaries}``, one
-    per slot) marks on the target panel the boundary each engine version reads from the exported
+    measured rule and the verdict against engine_rules (and, for a proof read from the twin-proof
+    cache, when and at which eagle3nb commit it was measured). ``served`` (``{label:
+    boundaries}``, one per slot) marks on the target panel the boundary each engine version reads from the exported
     ids (a marker off the trained diagonal is the mismatch the drafter would be served)."""
     from plotly.subplots import make_subplots
 
@@ -374,6 +375,9 @@ def alignment_figure(
         f"twin ({twin['twin']['n_layers']} layers, random weights): ids {twin['twin_ids']} -> "
         f"measured {twin['measured']}, engine_rules {twin['table']}: {verdict}"
     )
+    if (c := twin.get("cache")) and c.get("hit"):  # the proof was read, not measured, this run
+        when, commit = c["measured_at"], c["measured_commit"][:12]
+        sub += f"<br>(cached proof, measured {when} at eagle3nb {commit})"
     fig = make_subplots(rows=2, cols=1, subplot_titles=("target (direct check)", sub))
     fig.add_trace(heat(err, boundaries, rows, True), row=1, col=1)
     for m in marks:

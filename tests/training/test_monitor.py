@@ -11,44 +11,11 @@ import re
 import pytest
 import torch
 
-from eagle3nb.dataset.read import AuxDataset
-from eagle3nb.dataset.write import write_dataset
-from eagle3nb.target.capture import HFCaptureEngine
 from eagle3nb.training import distributed
 from eagle3nb.training.heldout import HeldoutEval, isolated_rng
 from eagle3nb.training.loop import TrainConfig, make_source, train_drafter
 
-TEXTS = [
-    "Once upon a time there was a cat. The cat liked to play.",
-    "Tom had a big red ball and a dog.",
-    "The sun was warm and the sky was blue.",
-    "Mia liked to sing songs with her mom.",
-    "Ben ran to the park to see his friend.",
-]
 HELD = ["Lily found a small bird in the garden.", "The dog jumped over the fence and ran."]
-
-
-@pytest.fixture(scope="module")
-def tiny_ds(target, tmp_path_factory):
-    model, tok, _ = target
-    eng = HFCaptureEngine(model, "sglang")
-    s = [
-        (i, tok(t).input_ids, [0] * 3 + [1] * (len(tok(t).input_ids) - 3))
-        for i, t in enumerate(TEXTS)
-    ]
-    man = {
-        "target": {},
-        "engine": {},
-        "convention": "sglang",
-        "layer_ids": [0, 1, 3],
-        "aux_boundaries": [1, 2, 4],
-        "final_boundary": 5,
-        "dtype": "float32",
-        "template": {},
-    }
-    d = tmp_path_factory.mktemp("ds")
-    write_dataset(d, s, lambda xs: eng.capture(xs, [0, 1, 3]), man, shard_size=2)
-    return AuxDataset(d)
 
 
 def heldout(target, ttt_steps):

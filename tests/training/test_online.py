@@ -2,12 +2,13 @@
 
 import pytest
 import torch
+from testkit import TINY_MANIFEST
 
-from eagle3nb.target.capture import HFCaptureEngine
 from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.dataset.write import write_dataset
-from eagle3nb.training.online import OnlineSource
+from eagle3nb.target.capture import HFCaptureEngine
 from eagle3nb.training.loop import TrainConfig, train_drafter
+from eagle3nb.training.online import OnlineSource
 
 TEXTS = [
     "Once upon a time there was a cat. The cat liked to play.",
@@ -19,16 +20,7 @@ TEXTS = [
     "The little dog barked at the big truck.",
     "Hi.",
 ]
-MAN = {
-    "target": {},
-    "engine": {},
-    "convention": "sglang",
-    "layer_ids": [0, 1, 3],
-    "aux_boundaries": [1, 2, 4],
-    "final_boundary": 5,
-    "dtype": "float32",
-    "template": {},
-}
+MAN = TINY_MANIFEST
 CFG = TrainConfig(
     batch_size=3,
     max_steps=30,
@@ -114,8 +106,8 @@ def test_run_online_skips_extraction_and_trains(tmp_path):
     import json
 
     from eagle3nb.params import load_params
-    from eagle3nb.rundir import REPO_ROOT
     from eagle3nb.run import run_notebooks
+    from eagle3nb.rundir import REPO_ROOT
 
     root = run_notebooks(
         REPO_ROOT / "params" / "smoke.yaml",

@@ -1,0 +1,73 @@
+"""Helpers shared by several test folders (importable as ``testkit``: pytest puts ``tests/`` on
+``sys.path`` through ``tests/conftest.py``): the tiny HF-captured dataset and the installed
+engines' source files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import pytest
+
+# five short stories: the tiny dataset's texts (the first 3 tokens of each are prompt, loss mask 0)
+TINY_TEXTS = [
+    "Once upon a time there was a cat. The cat liked to play.",
+    "Tom had a big red ball and a dog.",
+    "The sun was warm and the sky was blue.",
+    "Mia liked to sing songs with her mom.",
+    "Ben ran to the park to see his friend.",
+]
+# the manifest of a dataset captured at SGLang's ids [0, 1, 3] (boundaries [1, 2, 4]) of the
+# embedded 5-layer target
+TINY_MANIFEST = {
+    "target": {},
+    "engine": {},
+    "convention": "sglang",
+    "layer_ids": [0, 1, 3],
+    "aux_boundaries": [1, 2, 4],
+    "final_boundary": 5,
+    "dtype": "float32",
+    "template": {},
+}
+
+
+def write_tiny_dataset(
+    target, folder, texts: Sequence[str] = TINY_TEXTS, n_prompt: int = 3, shard_size: int = 2
+) -> Path:
+    """Write ``texts`` as an aux dataset captured by HF at SGLang's capture point (ids [0, 1, 3])
+    of the ``target`` fixture's model into ``folder``; the first ``n_prompt`` tokens of each text
+    have loss mask 0. Returns ``folder``."""
+    from eagle3nb.dataset.write import write_dataset
+    from eagle3nb.target.capture import HFCaptureEngine
+
+    model, tok, _ = target
+    eng = HFCaptureEngine(model, "sglang")
+    samples = []
+    for i, t in enumerate(texts):
+        ids = tok(t).input_ids
+        samples.append((i, ids, [0] * n_prompt + [1] * (len(ids) - n_prompt)))
+    write_dataset(
+        folder, samples, lambda xs: eng.capture(xs, [0, 1, 3]), TINY_MANIFEST, shard_size=shard_size
+    )
+    return Path(folder)
+
+
+def engine_site_packages(engine: str) -> Path | None:
+    """The site-packages folder of ``engine``'s venv (eagle3nb's default engine python), or None
+    when that venv is absent."""
+    from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
+
+    venv = Path(DEFAULT_ENGINE_PYTHONS[engine]).parent.parent
+    hits = sorted(venv.glob("lib/python3*/site-packages"))
+    return hits[0] if hits else None
+
+
+def engine_file_lines(engine: str, rel: str) -> list[str]:
+    """The lines of ``rel`` (a path inside site-packages) in ``engine``'s venv; skips the test
+    when the venv is absent."""
+    root = engine_site_packages(engine)
+    if root is None or not (root / rel).is_file():
+        pytest.skip(
+            f"{engine} venv absent or without {rel}; create it with `bash .ci/setup_engines.sh`"
+        )
+    return (root / rel).read_text().splitlines()
