@@ -48,6 +48,31 @@ def _weights_sha256(twin_dir: Path) -> dict:
     return {f.name: sha256_file(f) for f in files}
 
 
+# eagle3nb's own code on the measurement's path (engine worker and backends, HF reference capture,
+# twin builder): a change to any of them measures afresh instead of trusting an older proof
+_CODE = (
+    "engines/worker.py",
+    "engines/adapter.py",
+    "engines/sglang_backend.py",
+    "engines/vllm_backend.py",
+    "engines/vllm_connector.py",
+    "engines/twin_check.py",
+    "target/capture.py",
+    "target/twin.py",
+)
+
+
+def _code_sha256() -> str:
+    import hashlib
+
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for rel in _CODE:
+        f = root / rel
+        h.update(rel.encode() + b"\0" + (f.read_bytes() if f.exists() else b"") + b"\0")
+    return h.hexdigest()
+
+
 def key_fields(
     engine: str,
     version: str,
@@ -61,7 +86,8 @@ def key_fields(
     seed: int,
     extra: dict | None = None,
 ) -> dict:
-    """What the twin measurement depends on, as a JSON-able dict (the cache key).
+    """What the twin measurement depends on, as a JSON-able dict (the cache key), including the
+    sha256 of eagle3nb's capture-path sources (``_CODE``), so a code change re-measures.
 
     Args:
         twin_dir: the built twin folder; its config.json (parsed) and weight files' sha256 enter
@@ -91,6 +117,7 @@ def key_fields(
         "dtype": dtype,
         "tolerance": float(tolerance),
         "transformers_version": transformers.__version__,
+        "eagle3nb_capture_code_sha256": _code_sha256(),
         "extra": extra or {},
     }
 
