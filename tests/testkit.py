@@ -17,6 +17,12 @@ TINY_TEXTS = [
     "Mia liked to sing songs with her mom.",
     "Ben ran to the park to see his friend.",
 ]
+# the online-training tests' texts: those five and two more (7 samples leave a 1-sample batch at
+# global batch 3, so a rank captures a stand-in row)
+ONLINE_TEXTS = TINY_TEXTS + [
+    "Lily saw a bird in the tree and she smiled.",
+    "The little dog barked at the big truck.",
+]
 # the manifest of a dataset captured at SGLang's ids [0, 1, 3] (boundaries [1, 2, 4]) of the
 # embedded 5-layer target
 TINY_MANIFEST = {
@@ -71,3 +77,20 @@ def engine_file_lines(engine: str, rel: str) -> list[str]:
             f"{engine} venv absent or without {rel}; create it with `bash .ci/setup_engines.sh`"
         )
     return (root / rel).read_text().splitlines()
+
+
+def train_killed(q, fault: str) -> None:
+    """Run 03 on params ``q`` under torchrun with ``fault`` (``"RANK:STEP"``: that rank SIGKILLs
+    itself after that step, :data:`eagle3nb.training.loop.FAULT_ENV`) and check the run fails as
+    torchrun reports it; the variable is removed again whatever happens."""
+    import os
+
+    from eagle3nb.steps.train import train_step
+    from eagle3nb.training.loop import FAULT_ENV
+
+    os.environ[FAULT_ENV] = fault
+    try:
+        with pytest.raises(RuntimeError, match="torchrun training failed"):
+            train_step(q, progress=False)
+    finally:
+        del os.environ[FAULT_ENV]

@@ -30,6 +30,7 @@ from eagle3nb.target.models import as_stop_list
 __all__ = [
     "AcceptanceStats",
     "draft_chain",
+    "emit_tokens",
     "speculative_generate",
     "greedy_generate",
     "evaluate_acceptance",
@@ -103,6 +104,17 @@ class AcceptanceStats:
 
 
 @torch.no_grad()
+def emit_tokens(new: list[int], emit: Sequence[int], max_new_tokens: int, stops) -> bool:
+    """Append one cycle's emitted tokens to ``new`` up to the budget or a stop token (which is
+    kept); True when generation ends there. The stopping rule of every speculative loop here, so
+    the per-cycle simulator and :mod:`eagle3nb.drafter.shared_eval` stop on the same token."""
+    for t in emit:
+        new.append(t)
+        if len(new) >= max_new_tokens or t in stops:
+            return True
+    return False
+
+
 def draft_chain(
     drafter: Eagle3Drafter, tokens: torch.Tensor, aux: torch.Tensor, k: int
 ) -> list[int]:
@@ -186,13 +198,7 @@ def speculative_generate(
         emit = drafts[:m] + [greedy[m]]
         if trace is not None:
             trace.append((m if drafts else -1, emit[: max_new_tokens - len(new)]))
-        stop = False
-        for t in emit:
-            new.append(t)
-            if len(new) >= max_new_tokens or t in stops:
-                stop = True
-                break
-        if stop:
+        if emit_tokens(new, emit, max_new_tokens, stops):
             break
         seq = torch.cat([seq, torch.tensor(emit, dtype=torch.long, device=dev)])
         aux = torch.cat([st[b][0, : seq.numel() - 1] for b in bnds], dim=-1)  # [n', n_aux*Ht]

@@ -24,7 +24,12 @@ from typing import Callable, Mapping, Sequence
 
 import torch
 
-from eagle3nb.drafter.acceptance import AcceptanceStats, draft_chain, greedy_generate
+from eagle3nb.drafter.acceptance import (
+    AcceptanceStats,
+    draft_chain,
+    emit_tokens,
+    greedy_generate,
+)
 from eagle3nb.drafter.ksweep import greedy_unstopped
 from eagle3nb.target.capture import capture_boundaries, decoder_of, n_layers_of
 from eagle3nb.target.models import as_stop_list
@@ -119,13 +124,7 @@ def walk(
         emit = g[j : j + (m or 0) + 1]
         if trace is not None:
             trace.append((-1 if m is None else m, emit[: max_new_tokens - len(new)]))
-        stop = False
-        for t in emit:
-            new.append(t)
-            if len(new) >= max_new_tokens or t in stops:
-                stop = True
-                break
-        if stop:
+        if emit_tokens(new, emit, max_new_tokens, stops):
             break
         j += len(emit)
         m = accepted_after(drafter, full, aux, p, j, k, memo)

@@ -16,13 +16,13 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
+from testkit import train_killed
 
 from eagle3nb import params
 from eagle3nb.rundir import RunDir
 from eagle3nb.steps.extract_sglang import extract_sglang_step
 from eagle3nb.steps.generate import generate_step
 from eagle3nb.steps.train import train_step
-from eagle3nb.training.loop import FAULT_ENV
 
 BASE = dict(
     max_train_prompts=11,
@@ -114,12 +114,7 @@ def test_fsdp_two_processes_train_the_weights_of_one(run, one_and_two):
 def test_rank_killed_mid_epoch_resumes_to_the_uninterrupted_weights(run, one_and_two):
     two = one_and_two[1]
     q = _copy(run, "killed", nproc_per_node=2)
-    os.environ[FAULT_ENV] = "1:7"  # rank 1 SIGKILLs itself after step 7 (last checkpoint: step 6)
-    try:
-        with pytest.raises(RuntimeError, match="torchrun training failed"):
-            train_step(q, progress=False)
-    finally:
-        del os.environ[FAULT_ENV]
+    train_killed(q, "1:7")  # rank 1 SIGKILLs itself after step 7 (last checkpoint: step 6)
     ck = RunDir(q).train / "checkpoints"
     assert json.loads((ck / "latest.json").read_text())["step"] == 6
     assert sorted(x.name for x in (ck / "step-00000006").glob("rank-*.pt")) == [
@@ -146,12 +141,7 @@ def test_resume_on_another_number_of_processes_continues_the_run(run, one_and_tw
     1-process run, within the 1-vs-2-process tolerance (float32 sums in another order)."""
     one = one_and_two[0]
     q = _copy(run, "shrink", nproc_per_node=2)
-    os.environ[FAULT_ENV] = "1:7"  # rank 1 SIGKILLs itself after step 7 (last checkpoint: step 6)
-    try:
-        with pytest.raises(RuntimeError, match="torchrun training failed"):
-            train_step(q, progress=False)
-    finally:
-        del os.environ[FAULT_ENV]
+    train_killed(q, "1:7")  # rank 1 SIGKILLs itself after step 7 (last checkpoint: step 6)
     ck = RunDir(q).train / "checkpoints"
     assert json.loads((ck / "latest.json").read_text())["world_size"] == 2
     q1 = q.model_copy(update={"nproc_per_node": 1})

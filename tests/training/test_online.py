@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from testkit import TINY_MANIFEST
+from testkit import ONLINE_TEXTS, TINY_MANIFEST
 
 from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.dataset.write import write_dataset
@@ -10,16 +10,7 @@ from eagle3nb.target.capture import HFCaptureEngine
 from eagle3nb.training.loop import TrainConfig, train_drafter
 from eagle3nb.training.online import OnlineSource
 
-TEXTS = [
-    "Once upon a time there was a cat. The cat liked to play.",
-    "Tom had a big red ball and a dog.",
-    "The sun was warm and the sky was blue.",
-    "Mia liked to sing songs with her mom.",
-    "Ben ran to the park to see his friend.",
-    "Lily saw a bird in the tree and she smiled.",
-    "The little dog barked at the big truck.",
-    "Hi.",
-]
+TEXTS = ONLINE_TEXTS + ["Hi."]
 MAN = TINY_MANIFEST
 CFG = TrainConfig(
     batch_size=3,

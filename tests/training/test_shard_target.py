@@ -26,13 +26,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from testkit import ONLINE_TEXTS, train_killed
 
 from eagle3nb import params
 from eagle3nb.rundir import RunDir
 from eagle3nb.steps.generate import generate_step
 from eagle3nb.steps.train import train_step
 from eagle3nb.target import models
-from eagle3nb.training.loop import FAULT_ENV
 from eagle3nb.training.online import OnlineSource
 from eagle3nb.training.shard_target import (
     TARGET_SHARD_AUTO_PARAMS,
@@ -40,15 +40,7 @@ from eagle3nb.training.shard_target import (
     target_param_count,
 )
 
-TEXTS = [
-    "Once upon a time there was a cat. The cat liked to play.",
-    "Tom had a big red ball and a dog.",
-    "The sun was warm and the sky was blue.",
-    "Mia liked to sing songs with her mom.",
-    "Ben ran to the park to see his friend.",
-    "Lily saw a bird in the tree and she smiled.",
-    "The little dog barked at the big truck.",
-]
+TEXTS = ONLINE_TEXTS
 STEPS = 3  # 7 samples in global batches of 3: 3, 3, then 1 (rank 1 captures a stand-in row)
 BOUNDARIES = [1, 2, 4]  # sglang ids [0, 1, 3] of the 5-layer target
 WORKER = Path(__file__).with_name("shard_worker.py")
@@ -238,12 +230,7 @@ def test_sharded_run_killed_resumes_to_the_uninterrupted_weights(online_runs):
     checkpoint (the drafter's state only; the target is reloaded and resharded) and ends with the
     uninterrupted sharded run's weights, bit for bit."""
     q = _copy(online_runs["base"]["params"], "killed", nproc_per_node=2, online_target_shard="fsdp")
-    os.environ[FAULT_ENV] = "1:3"  # rank 1 kills itself after step 3 (last checkpoint: step 2)
-    try:
-        with pytest.raises(RuntimeError, match="torchrun training failed"):
-            train_step(q, progress=False)
-    finally:
-        del os.environ[FAULT_ENV]
+    train_killed(q, "1:3")  # rank 1 kills itself after step 3 (last checkpoint: step 2)
     ck = RunDir(q).train / "checkpoints"
     assert json.loads((ck / "latest.json").read_text())["step"] == 2
     out = train_step(q, progress=False)
