@@ -230,8 +230,8 @@ def k_sweep_figure(sweep: Mapping[int, dict], engine: str = "eagle3nb simulator"
     """tau (left axis) and draft acceptance rate (right axis) against k' drafts per cycle.
 
     Args:
-        sweep: ``{k': summary}`` (``eagle3nb.drafter.ksweep.k_sweep``); engine: who produced it
-            (trace labels).
+        sweep: ``{k': summary}`` (``eagle3nb.drafter.ksweep.sweep_from_positions``, as 04
+            computes it, or ``ksweep.k_sweep``); engine: who produced it (trace labels).
     """
     from plotly.subplots import make_subplots
 
