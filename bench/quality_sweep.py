@@ -32,14 +32,17 @@ sys.path.insert(0, str(ROOT))
 
 # (data setting, train overrides) in order of priority: the sweep stops adding runs near --budget
 RUNS = [
-    (0, {"max_steps": 1000}),  # today's default
+    (0, {"max_steps": 1000}),  # the default until 2026-12-02
+    (0, {"max_steps": 1000, "seed": 1}),  # seed noise
     (3, {"max_steps": 1000}),
     (3, {"max_steps": 3000}),
     (0, {"max_steps": 3000}),
-    (6, {"max_steps": 3000}),
-    (6, {"max_steps": 6000}),
-    (3, {"max_steps": 3000, "draft_intermediate_size": 1376}),
-    (6, {"max_steps": 6000, "lr": 0.002}),
+    (0, {"max_steps": 1000, "ttt_steps": 5}),  # k = 5 reads TTT steps 0-4 only
+    (0, {"max_steps": 2000, "batch_size": 8}),  # the same samples in twice the updates
+    (0, {"max_steps": 2000, "batch_size": 8, "ttt_steps": 5}),
+    (0, {"max_steps": 3000, "batch_size": 8, "ttt_steps": 5}),
+    (0, {"max_steps": 4000, "batch_size": 4, "ttt_steps": 5}),
+    (0, {"max_steps": 6000, "batch_size": 8, "ttt_steps": 5}),
 ]
 BASE = dict(extract_engine="hf", measure_engine_speed=False, drift_samples=0,
     drift_both_dtypes=False, vllm_extract=False, vllm_eval=False, baselines=False, k_sweep=False,
@@ -113,9 +116,23 @@ def sweep(a) -> dict:
     return res
 
 
+def _shape(tr: dict) -> tuple[int, int, int]:
+    """What a training step's CPU time depends on: (MLP width, batch size, TTT steps)."""
+    return (
+        tr.get("draft_intermediate_size", 688),
+        tr.get("batch_size", 16),
+        tr.get("ttt_steps", 7),
+    )
+
+
+def _shape_key(shape: tuple[int, int, int]) -> str:
+    return "w{}_b{}_t{}".format(*shape)
+
+
 def cpu_step_seconds(a) -> dict:
-    """Seconds per training step on this machine's CPU for each drafter shape of RUNS: 20 steps of
-    03's training on the smoke run's dataset (2 threads, after 3 warm-up steps)."""
+    """Seconds per training step on this machine's CPU for each step shape of RUNS (MLP width,
+    batch size, TTT steps): 23 steps of 03's training (``train_step``, the function the notebook
+    calls) on ``--cpu-run``'s dataset, 2 threads, the mean of the last 20."""
     import torch
 
     from eagle3nb.params import load_params
@@ -123,21 +140,43 @@ def cpu_step_seconds(a) -> dict:
     from eagle3nb.steps.train import train_step
 
     torch.set_num_threads(2)
-    shapes = sorted({tr.get("draft_intermediate_size", 688) for _, tr in RUNS})
     out = {}
-    for w in shapes:
+    for shape in sorted({_shape(tr) for _, tr in RUNS}):
+        w, b, t = shape
         kw = dict(BASE, device="cpu", outputs_dir=a.cpu_outputs, run_name=a.cpu_run)
         src = RunDir(load_params(a.params, **kw)).root
-        name = f"cpu_step_w{w}"
+        name = f"cpu_step_{_shape_key(shape)}"
         p = load_params(a.params, **dict(kw, run_name=name), max_steps=23, log_every=1,
-            draft_intermediate_size=w)  # fmt: skip
+            draft_intermediate_size=w, batch_size=b, ttt_steps=t)  # fmt: skip
         shutil.rmtree(RunDir(p).root, ignore_errors=True)
         shutil.copytree(src, RunDir(p).root, ignore=shutil.ignore_patterns("train", "drafter"))
         train_step(p, progress=False)
         secs = json.loads((RunDir(p).train / "step_times.json").read_text())["seconds"][3:]
-        out[w] = sum(secs) / len(secs)
+        out[_shape_key(shape)] = round(sum(secs) / len(secs), 4)
         shutil.rmtree(RunDir(p).root, ignore_errors=True)
     return out
+
+
+def merge(sweeps: list[Path], cpu: Path, out: Path) -> dict:
+    """One reference JSON from device sweep JSONs (later ones win on a name) and a
+    ``--cpu-step-seconds`` JSON: each run gets ``cpu_step_s`` (its shape's measured CPU seconds per
+    step) and ``cpu_seconds_est`` = steps x that (an estimate of 03's training time on this CPU)."""
+    steps = json.loads(cpu.read_text())
+    res = {"runs": {}, "data": {}, "cpu_step_seconds": steps, "sweeps": []}
+    res["cpu_seconds_est_is"] = (
+        "steps x cpu_step_s: the run's step shape (MLP width, batch, TTT steps) timed by "
+        "--cpu-step-seconds on 2 idle cores of this machine kind; an estimate, not a CPU run"
+    )
+    for f in sweeps:
+        r = json.loads(f.read_text())
+        res["sweeps"].append({k: v for k, v in r.items() if k not in ("runs", "data")})
+        res["data"].update(r["data"])
+        res["runs"].update(r["runs"])
+    for v in res["runs"].values():
+        v["cpu_step_s"] = steps[_shape_key(_shape(v["train"]))]
+        v["cpu_seconds_est"] = round(v["steps"] * v["cpu_step_s"])
+    out.write_text(json.dumps(res, indent=1))
+    return res
 
 
 def figure(ref: Path, out_dir: Path) -> Path:
@@ -147,16 +186,20 @@ def figure(ref: Path, out_dir: Path) -> Path:
 
     r = json.loads(ref.read_text())
     fig = go.Figure()
-    by_data: dict[str, list] = {}
-    for name, v in r["runs"].items():
-        by_data.setdefault(v["data"], []).append((v["cpu_seconds_est"], v["tau"], name))
-    for d, pts in sorted(by_data.items()):
+    by_recipe: dict[str, list] = {}
+    for name, v in r["runs"].items():  # one line per recipe, its points = training budgets
+        n = r["data"][v["data"]]["sampled_continuations"]
+        rest = {k: x for k, x in v["train"].items() if k != "max_steps"}
+        label = (f"+{n} sampled/prompt" if n else "greedy") + "".join(
+            f", {k.replace('_size', '').replace('_steps', '')} {x}" for k, x in rest.items()
+        )
+        by_recipe.setdefault(label, []).append((v["cpu_seconds_est"], v["tau"], v["steps"]))
+    for label, pts in sorted(by_recipe.items()):
         pts.sort()
-        n = r["data"][d]["sampled_continuations"]
-        label = f"{n} sampled continuations per prompt" if n else "greedy only (today)"
         fig.add_trace(go.Scatter(x=[x for x, _, _ in pts], y=[y for _, y, _ in pts],
-            mode="lines+markers+text", name=label, text=[f"{y:.3f}" for _, y, _ in pts],
-            textposition="bottom right"))  # fmt: skip
+            mode="lines+markers+text", name=label,
+            text=[f"{y:.3f} ({st} steps)" for _, y, st in pts], textposition="bottom right",
+            hovertemplate="%{x} s: tau %{y:.4f}<extra>" + label + "</extra>"))  # fmt: skip
     fig.add_hline(
         y=3.9,
         line_dash="dot",
@@ -164,10 +207,11 @@ def figure(ref: Path, out_dir: Path) -> Path:
         annotation_position="top left",
     )
     fig.update_layout(
-        title="Default job: held-out tau (k=5) vs 03 training time on 2 CPU cores (estimated: steps x 0.323 s)",
-        xaxis_title="training seconds on 2 CPU cores (1000 and 3000 steps)",
+        title="Default job: held-out tau (k=5) vs 03 training time on 2 CPU cores "
+        "(estimated: steps x measured seconds per step of that shape)",
+        xaxis_title="03 training seconds on 2 idle CPU cores (estimated)",
         yaxis_title="tau (simulator, held-out prompts)",
-        width=1000, height=480,
+        width=1100, height=560, margin=dict(b=70),
     )  # fmt: skip
     out_dir.mkdir(parents=True, exist_ok=True)
     f = out_dir / "quality_sweep.html"
@@ -187,6 +231,8 @@ def main():
     ap.add_argument("--cpu-run", default="default", help="run whose dataset the CPU timing reads")
     ap.add_argument("--tiny", action="store_true", help="plumbing check: few prompts and steps")
     ap.add_argument("--figure", nargs=2, metavar=("SWEEP_JSON", "OUT_DIR"), help="plot a sweep")
+    ap.add_argument("--merge", nargs="+", metavar="JSON",
+        help="OUT CPU_STEPS_JSON SWEEP_JSON...: one reference JSON with CPU-second estimates")  # fmt: skip
     ap.add_argument(
         "--runs", default="", help="instead of RUNS, e.g. '0:max_steps=3000;6:max_steps=3000'"
     )
@@ -206,6 +252,9 @@ def main():
         a.extra = dict(max_train_prompts=6, max_new_tokens=8, eval_max_new_tokens=8)
         a.extra["max_eval_prompts"] = 2
         RUNS = [(0, {"max_steps": 3}), (1, {"max_steps": 3})]
+    if a.merge:
+        merge([Path(x) for x in a.merge[2:]], Path(a.merge[1]), Path(a.merge[0]))
+        return
     if a.figure:
         print(figure(Path(a.figure[0]), Path(a.figure[1])))
         return

@@ -2,6 +2,10 @@
 files (hand-computed budgets), the share-out over processes, the refusal of more threads than cores,
 the variables an engine worker gets (a user's own setting kept), and the kernel's torch pools."""
 
+import subprocess
+import sys
+import time
+
 import pytest
 import torch
 
@@ -155,3 +159,64 @@ def test_apply_sizes_the_kernel_and_is_recorded(tmp_path):
     finally:
         threads.clear()
         torch.set_num_threads(before)
+
+
+def test_others_running_reads_procs_running_minus_the_reader(tmp_path):
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  1 2 3\nprocs_running 4\nprocs_blocked 0\n")
+    assert threads.others_running(samples=3, interval=0, stat=stat) == 3
+    stat.write_text("cpu  1 2 3\n")  # not Linux's format: no answer rather than a guess
+    assert threads.others_running(samples=1, stat=stat) is None
+
+
+def test_others_running_sees_real_busy_processes():
+    # two spinning processes are two runnable threads besides the reader, whatever else runs
+    spin = "import time\nt = time.time()\nwhile time.time() - t < 20: pass"
+    procs = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
+    try:
+        time.sleep(0.5)
+        assert threads.others_running(samples=9, interval=0.02) >= 2
+    finally:
+        for pr in procs:
+            pr.kill()
+            pr.wait()
+
+
+def test_idle_share_by_hand():
+    assert threads.idle_share(2, 2, 0) == 2  # idle machine: the whole budget
+    assert threads.idle_share(2, 2, 1) == 1
+    assert threads.idle_share(2, 2, 5) == 1  # never below one thread
+    assert threads.idle_share(4, 8, 2) == 4  # never above the budget
+
+
+def test_rebalancer_resizes_on_load_and_records_each_change(monkeypatch):
+    cores = threads.Cores(4, (0, 1, 2, 3), None, "affinity")
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 4)
+    old = torch.get_num_threads()
+    threads.apply(threads.plan(0, cores))
+    now, loads = [0.0], iter([0, 3, 3, 1])
+    try:
+        r = threads.Rebalancer(every_s=10, clock=lambda: now[0], sampler=lambda: next(loads))
+        r.tick(0)  # idle: 4 threads (recorded: the first check)
+        r.tick(5)  # under 10 s: no new check
+        now[0] = 11
+        r.tick(7)  # 3 busy threads: 1 left
+        assert torch.get_num_threads() == 1
+        now[0] = 22
+        r.tick(9)  # same share: nothing recorded
+        now[0] = 33
+        r.tick(12)  # one busy: 3
+        assert r.changes == [
+            {"step": 0, "threads": 4, "others": 0},
+            {"step": 7, "threads": 1, "others": 3},
+            {"step": 12, "threads": 3, "others": 1},
+        ]
+        assert torch.get_num_threads() == 3
+        # a pinned budget is never re-sized
+        threads.apply(threads.plan(2, cores))
+        pinned = threads.Rebalancer(sampler=lambda: 3)
+        pinned.tick(0)
+        assert pinned.changes == [] and torch.get_num_threads() == 2
+    finally:
+        threads.clear()
+        torch.set_num_threads(old)

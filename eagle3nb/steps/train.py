@@ -118,10 +118,9 @@ def train_step(p: RunParams, progress=True) -> dict:
 
 
 def _train_config(p: RunParams) -> TrainConfig:
-    """TrainConfig from the run parameters of the same names (the other fields keep their
-    defaults)."""
-    names = [f.name for f in dataclasses.fields(TrainConfig) if f.name in RunParams.model_fields]
-    return TrainConfig(**{k: getattr(p, k) for k in names})
+    """TrainConfig from the run parameters of the same names (other fields keep defaults)."""
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    return TrainConfig(**{k: getattr(p, k) for k in names if k in RunParams.model_fields})
 
 
 def _load_target(p: RunParams, device: str, ctx):
@@ -322,6 +321,7 @@ def _train_stats(p: RunParams, ds, rep: dict) -> dict:
         ),
         "batch_wait_share_is": "share of the step time spent waiting for the batch, steps after "
         "the first (loader offline, target capture online; the issue-12 margin is <= 0.5)",
+        "thread_changes": rep["thread_changes"],  # torch threads re-sized to the idle cores
     }
     if p.training_mode == "online":  # the target's share of the training time
         stats["online"] = ds.stats()

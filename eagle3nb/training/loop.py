@@ -31,6 +31,7 @@ from typing import Sequence
 
 import torch
 
+from eagle3nb import threads
 from eagle3nb.training import distributed
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3nb.training.batches import add_aux_noise, loader_workers_for, make_source  # noqa: F401 (re-exported)
@@ -287,7 +288,9 @@ def train_drafter(
         evaluate = lambda: evaluate_during_training(heldout, model, drafter, mode, ctx, dev)  # noqa: E731
     mon = TrainMonitor(cfg, ctx, out_dir, step, progress, evaluate, tracking, stream, clock, best)
     batches = iter(source.batches(step, cfg.max_steps, ctx.rank, ctx.world, dev.type == "cuda"))
+    rebalance = threads.Rebalancer()  # fewer torch threads while other work holds the cores
     while True:
+        rebalance.tick(step)
         w0 = time.time()
         b = next(batches, None)
         if b is None:
@@ -303,9 +306,7 @@ def train_drafter(
         # mean, so scale by the world size to get the one-process gradient of the global batch
         (r.loss * ctx.world if ctx.world > 1 else r.loss).backward()
         if sum(r.step_total) == 0:
-            empty_batches += (
-                1  # nothing loss-bearing anywhere: no update (AdamW would still decay and drift)
-            )
+            empty_batches += 1  # nothing loss-bearing anywhere: no update (AdamW would drift)
             with warnings.catch_warnings():  # the schedule still advances: one step = one batch
                 warnings.simplefilter("ignore", UserWarning)
                 sched.step()
@@ -384,6 +385,7 @@ def train_drafter(
         "step_seconds": step_seconds,
         "step_token_steps": step_tokens,
         "step_wait_seconds": wait_seconds,
+        "thread_changes": rebalance.changes,
         "best": best,
         "returned": returned,
         "eval_seconds": mon.eval_seconds,
