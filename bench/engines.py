@@ -8,6 +8,10 @@ Workload: the first ``n_prompts`` train prompts of the default prompts file (com
 ``max_new_tokens`` each; the samples for prefill and extraction are prompt + generated ids (what
 02a/02b capture), at the default boundaries of the model (+ boundary N). Each number is the median
 of ``repeats`` timed calls after one untimed warm-up call (engine start excluded; reported apart).
+``--random-target 8x1024`` benches a random-weight Llama of 8 layers x hidden 1024 instead
+(the default target's config and tokenizer, head_dim 64, MLP 8/3 x hidden, seed 0; written once
+under ``bench/results/``): a target where the forward's compute is not negligible next to the
+hand-over of the captured states (issue 16 asks for the overhead on both).
 Engines: ``hf`` (transformers, in this process, one batch), ``vllm`` (through the engine worker in its
 venv), ``sglang`` when ``eagle3nb.engines.sglang_helpers`` is present (its loopback-only start). CPU threads
 are whatever the machine gives; the load average is recorded because a shared machine skews them.
@@ -93,7 +97,35 @@ def bench_client(client, prompts, samples, ids, eos, max_new, repeats) -> dict:
     return dict(
         _numbers(gen_s, sum(len(o) for o in outs), pre_s, n_tok, ext_s, n_tok),
         engine_version=client.info()["engine_version"],
+        hidden_states_transport=client.info(live=True).get("hidden_states_transport"),
     )
+
+
+def random_target(spec: str, base: str, out_root: Path) -> Path:
+    """A random-weight Llama (``LxH``: L layers, hidden H) from ``base``'s config and tokenizer,
+    saved once to ``out_root/random-LxH`` (temp folder, then rename); returns the folder."""
+    import shutil
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    L, H = (int(x) for x in spec.lower().split("x"))
+    out = out_root / f"random-{L}x{H}"
+    if (out / "config.json").is_file():
+        return out
+    src = models.resolve_model(base)
+    cfg = AutoConfig.from_pretrained(src)
+    cfg.num_hidden_layers, cfg.hidden_size, cfg.head_dim = L, H, 64
+    cfg.num_attention_heads = cfg.num_key_value_heads = H // 64
+    cfg.intermediate_size = (H * 8 // 3 + 63) // 64 * 64
+    torch.manual_seed(0)
+    tmp = out_root / f".random-{L}x{H}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp)
+    for f in src.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, tmp / f.name)
+    tmp.rename(out)
+    return out
 
 
 def main(argv=None) -> dict:
@@ -109,8 +141,12 @@ def main(argv=None) -> dict:
         default=None,
         help="vLLM venv python (default: the cached one; '' = in-process)",
     )
+    ap.add_argument("--random-target", default="", help="LxH, e.g. 8x1024 (see the docstring)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "engines.json"))
     a = ap.parse_args(argv)
+    if a.random_target:
+        (REPO / "bench" / "results").mkdir(parents=True, exist_ok=True)
+        a.model = str(random_target(a.random_target, a.model, REPO / "bench" / "results"))
     p = RunParams(model=a.model, dtype=a.dtype, vllm_python=a.vllm_python)
     model, tok, path = models.load_target(a.model, a.dtype)
     n = model.config.num_hidden_layers

@@ -40,8 +40,8 @@ What each engine worker is given (:func:`worker_env`, read by the engines' insta
   (``sglang/srt/utils/common.py:913``); there ``OMP_NUM_THREADS`` sizes its pools.
 
 Other work on the cores (:class:`Rebalancer`): with ``threads: 0`` and a process that may use every
-CPU of the machine, training re-sizes torch's intra-op pool every few seconds to the cores other
-processes leave idle (at least 1): ``/proc/stat``'s ``procs_running`` (runnable threads machine-wide)
+CPU of the machine, each step starts on the cores other processes leave idle (at least 1; the engine
+workers it starts get the same), and training re-sizes torch's intra-op pool to them every 10 s: ``/proc/stat``'s ``procs_running`` (runnable threads machine-wide)
 minus this sampler. Why: an OpenMP parallel region ends when its slowest thread does, and a thread
 that shares its core with a busy neighbour is descheduled for a whole time slice at a time. Measured
 on 2 cores beside a 2-thread matmul loop (03's default step, b4 x TTT 5): 2 threads 0.251 s/step,
@@ -353,13 +353,14 @@ class Rebalancer:
             always recorded).
     """
 
-    def __init__(self, every_s: float = 10.0, clock=time.monotonic, sampler=others_running):
+    def __init__(self, every_s: float = 10.0, clock=time.monotonic, sampler=None):
         b = current()
         self.budget = b
         self.active = bool(
             b is not None and b.requested == 0 and b.cores.available == (os.cpu_count() or 0)
         )
-        self.every_s, self.clock, self.sampler = float(every_s), clock, sampler
+        self.every_s, self.clock = float(every_s), clock
+        self.sampler = sampler or others_running  # (default looked up now: tests replace it)
         self.next_t = -math.inf
         self.changes: list[dict] = []
 

@@ -220,3 +220,22 @@ def test_rebalancer_resizes_on_load_and_records_each_change(monkeypatch):
     finally:
         threads.clear()
         torch.set_num_threads(old)
+
+
+def test_a_step_started_beside_busy_work_takes_the_idle_cores(tmp_path, monkeypatch):
+    """use_thread_budget (every step's start) with threads 0: the kernel and the engine workers
+    the step starts get the idle share, and metrics.json records how many threads were busy."""
+    cores = threads.Cores(2, (0, 1), None, "affinity")
+    monkeypatch.setattr(threads, "available_cores", lambda: cores)
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(threads, "others_running", lambda: 5)
+    before = torch.get_num_threads()
+    try:
+        b = use_thread_budget(RunParams(threads=0))
+        assert torch.get_num_threads() == 1 and b.worker == 1 and b.total == 2
+        monkeypatch.setattr(threads, "others_running", lambda: 0)
+        b = use_thread_budget(RunParams(threads=0))
+        assert torch.get_num_threads() == 2 and b.worker == 2
+    finally:
+        threads.clear()
+        torch.set_num_threads(before)

@@ -34,6 +34,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from eagle3nb.engines import sglang_transport
 from eagle3nb.engines.worker import OtherModelCapture, check_aux_width, text_hidden_size
 
 __all__ = [
@@ -194,6 +195,7 @@ class Backend(OtherModelCapture):
         # None: no engine; ("plain", dtype) or ("capture", ids, dtype)
         self._mode: tuple | None = None
         self._torch = torch
+        self._transport: str | None = None  # "tensor" or "lists", once a capture ran
 
     # -- engine lifecycle -------------------------------------------------------------------------
     def _start(self, mode: tuple) -> None:
@@ -223,10 +225,8 @@ class Backend(OtherModelCapture):
                 kw[k] = int(self.options[k])
         if self.device == "cpu" and "max_total_tokens" not in kw:
             kw["max_total_tokens"] = 16384  # the CPU KV pool is otherwise sized from host RAM
-        if self.device == "cpu":
-            # without chunking SGLang 0.5.23 derives a negative static fraction on CPU; the pool is
-            # capped by max_total_tokens anyway
-            kw.setdefault("mem_fraction_static", 0.3)
+        if self.device == "cpu":  # unchunked, 0.5.23 derives a negative fraction on CPU
+            kw.setdefault("mem_fraction_static", 0.3)  # the pool is capped by max_total_tokens
         if mode[0] == "capture":
             kw.update(
                 enable_return_aux_hidden_states=True,
@@ -234,6 +234,7 @@ class Backend(OtherModelCapture):
                 return_aux_hidden_state_layer_ids=list(mode[1]),
             )
         kw.update(self.options.get("engine_kwargs") or {})
+        os.environ.setdefault(sglang_transport.ENV, "1")  # read by the spawned scheduler
         self._engine = sglang.Engine(**kw)
         self._mode = mode
 
@@ -265,6 +266,7 @@ class Backend(OtherModelCapture):
             ),
             "final_boundary_capturable": False,
             "mode": list(self._mode) if self._mode else None,
+            "hidden_states_transport": self._transport,  # see sglang_transport
         }
 
     def generate(
@@ -370,9 +372,10 @@ class Backend(OtherModelCapture):
                 raise RuntimeError(
                     f"sample {i}: SGLang reports {mi['cached_tokens']} cached tokens (prefix cache hit: their rows are missing); the engine must run with disable_radix_cache=True"
                 )
-            blocks = [
-                torch.as_tensor(b, dtype=torch.float32) for b in mi.get("hidden_states") or []
-            ]
+            raw = mi.get("hidden_states") or []
+            if raw:  # tensors from the patched scheduler, else SGLang's float lists
+                self._transport = "tensor" if isinstance(raw[0], torch.Tensor) else "lists"
+            blocks = [torch.as_tensor(b, dtype=torch.float32) for b in raw]
             blocks = [b if b.dim() == 2 else b[None, :] for b in blocks]
             aux = torch.cat(blocks) if blocks else torch.zeros(0, 0)
             if aux.shape[0] != len(s):

@@ -147,6 +147,7 @@ def measure_speed(
     pre_s = time.perf_counter() - t0
     pre = sum(len(s) for s in samples) / pre_s if pre_s else None
     ext = capture_tokens / capture_seconds if capture_seconds else None
+    how = client.info(live=True).get("hidden_states_transport")  # SGLang: tensor or float lists
     return {
         "generate_tokens_per_s": round(n_gen / gen_s, 1) if gen_s else None,
         "generated_tokens": n_gen,
@@ -159,6 +160,7 @@ def measure_speed(
             if kw.get("on_capture_engine")
             else "a plain engine (no capture configured)"
         ),
+        **({"hidden_states_transport": how} if how else {}),
     }
 
 

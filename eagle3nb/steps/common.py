@@ -62,7 +62,9 @@ def resolve_aux(p: RunParams, n_layers: int) -> tuple[list[int], list[int]]:
 
 def use_thread_budget(p: RunParams, rd: RunDir | None = None, processes: int = 0):
     """Apply the run's thread budget in this process (:mod:`eagle3nb.threads`) at the start of a
-    step: torch's pools here, and the share each engine worker started from here gets; recorded in
+    step: torch's pools here, and the share each engine worker started from here gets, lowered to
+    the cores other processes leave idle at the start (:class:`eagle3nb.threads.Rebalancer`,
+    ``threads: 0`` only); recorded in
     ``metrics.json["threads"]`` (by rank 0 only under torchrun). ``threads: -1`` applies nothing
     (torch and engine defaults, as before the budget existed) and records what torch runs with.
 
@@ -86,7 +88,14 @@ def use_thread_budget(p: RunParams, rd: RunDir | None = None, processes: int = 0
         budget = None
     else:
         budget = threads.apply(threads.plan(p.threads, processes=processes))
-        block = budget.as_metrics()
+        start = threads.Rebalancer()  # other work on the cores now: start on the idle ones
+        start.tick(0)
+        if start.changes:  # engine workers started by this step get the same share
+            budget.worker = start.changes[0]["threads"]
+            budget.kernel["torch_threads"] = budget.worker
+        block = dict(
+            budget.as_metrics(), others_running_at_start=(start.changes or [{}])[0].get("others")
+        )
     if rd is not None and os.environ.get("RANK", "0") == "0" and rd.root.is_dir():
         update_metrics(rd.metrics, "threads", block)
     return budget

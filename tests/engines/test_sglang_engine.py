@@ -193,3 +193,52 @@ def test_generate_equals_hf_greedy(sgl, hf):
     stops = models.stop_token_ids(model, tok)
     got = sgl[0].generate(prompts, 24, stops, 0.0, 1.0, 0)
     assert got == generate_batch(model, prompts, 24, stops)
+
+
+def test_hidden_states_leave_the_scheduler_as_tensors(sgl):
+    """The patched scheduler (eagle3nb.engines.sglang_transport) ran in SGLang's spawned
+    scheduler process: the last capture's states arrived as tensors, not float lists."""
+    assert sgl[0].info(live=True)["hidden_states_transport"] == "tensor"
+
+
+# run in SGLang's own venv: SGLang's method and the patched one on the same inputs
+_SAME_AS_LISTS = r"""
+import types, torch
+from eagle3nb.engines import sglang_transport
+from sglang.srt.managers.scheduler_components import batch_result_processor as m
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+owner = next(c for c in vars(m).values()
+             if isinstance(c, type) and "_append_prefill_hidden_states" in vars(c))
+orig = owner._append_prefill_hidden_states
+assert sglang_transport.install()
+new = owner._append_prefill_hidden_states
+assert new is not orig
+for dtype in (torch.float32, torch.bfloat16):
+    hs = torch.randn(11, 6).to(dtype)
+    out = types.SimpleNamespace(hidden_states=hs)
+    for mode, want in ((True, "tensor"), ("last", "list")):
+        a = types.SimpleNamespace(return_hidden_states=mode, hidden_states=[])
+        b = types.SimpleNamespace(return_hidden_states=mode, hidden_states=[])
+        kw = dict(logits_output=out, hidden_state_offset=3,
+                  capture_hidden_mode=CaptureHiddenMode.FULL, extend_input_len=5)
+        assert orig(None, req=a, **kw) == new(None, req=b, **kw) == 8
+        got = b.hidden_states[0]
+        assert type(got).__name__ == ("Tensor" if want == "tensor" else "list"), (mode, type(got))
+        assert torch.equal(torch.as_tensor(a.hidden_states[0], dtype=torch.float32),
+                           torch.as_tensor(got, dtype=torch.float32))
+        if want == "tensor":  # a compact copy, not a view that pickles the whole batch
+            assert got.untyped_storage().nbytes() == 5 * 6 * got.element_size()
+print("same")
+"""
+
+
+def test_tensor_transport_equals_sglangs_own_lists():
+    """On the same scheduler inputs (float32 and bfloat16), the patched method gives SGLang's own
+    values exactly, as a compact tensor; the 'last' mode still runs SGLang's code."""
+    from eagle3nb.engines.client import REPO_ROOT
+    from eagle3nb.engines.sglang_backend import launch_env
+
+    env = dict(launch_env("cpu"), PYTHONPATH=str(REPO_ROOT))
+    r = subprocess.run([PY, "-c", _SAME_AS_LISTS], capture_output=True, text=True, env=env,
+        cwd=str(REPO_ROOT), timeout=300)  # fmt: skip
+    assert r.returncode == 0 and r.stdout.strip().endswith("same"), r.stderr[-3000:]
