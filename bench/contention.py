@@ -83,11 +83,18 @@ class Neighbour:
         }
 
 
-def one_run(params_file: str, only, run_name: str, outputs_dir: Path, threads_value: int) -> dict:
-    """The notebooks through papermill from an empty run folder; what metrics.json says."""
+def one_run(
+    params_file: str, only, run_name: str, outputs_dir: Path, threads_value: int, from_run=None
+) -> dict:
+    """The notebooks through papermill from an empty run folder (or from a copy of ``from_run``'s
+    inputs: its folder without train/, drafter/, figures/ and notebooks/, so ``--only 03_train``
+    trains on that run's dataset); what metrics.json says."""
     from eagle3nb.run import run_notebooks
 
     shutil.rmtree(outputs_dir / run_name, ignore_errors=True)
+    if from_run:
+        skip = shutil.ignore_patterns("train", "drafter", "figures", "notebooks")
+        shutil.copytree(from_run, outputs_dir / run_name, ignore=skip)
     load_before = os.getloadavg()
     t0 = time.time()
     root = run_notebooks(
@@ -118,6 +125,7 @@ def main(a) -> dict:
     res = {
         "params": a.params_file,
         "only": a.only,
+        "from_run": a.from_run,
         "cores": {
             "available": cores.available,
             "source": cores.source,
@@ -131,13 +139,15 @@ def main(a) -> dict:
     }
     for b in budgets:
         label = {0: "budget", -1: "no_budget"}.get(b, f"threads_{b}")
-        idle = one_run(a.params_file, a.only, f"contention-{label}-idle", outputs, b)
+        idle = one_run(a.params_file, a.only, f"contention-{label}-idle", outputs, b, a.from_run)
         res["runs"][f"{label} idle"] = idle
         atomic_write_json(a.out, res)  # what is measured so far survives a killed benchmark
         print(f"{label} idle: {idle['wall_seconds']} s {idle['notebook_seconds']}", flush=True)
         nb = Neighbour(a.load_threads)
         try:
-            loaded = one_run(a.params_file, a.only, f"contention-{label}-loaded", outputs, b)
+            loaded = one_run(
+                a.params_file, a.only, f"contention-{label}-loaded", outputs, b, a.from_run
+            )
         finally:
             loaded_load = nb.stop()
         loaded["neighbour"] = loaded_load
@@ -165,6 +175,7 @@ if __name__ == "__main__":
     ap.add_argument("--only", action="append", default=None, help="notebook to run (repeatable)")
     ap.add_argument("--budgets", default="0,-1", help="threads values, comma-separated")
     ap.add_argument("--load-threads", type=int, default=2)
+    ap.add_argument("--from-run", default=None, help="run folder whose inputs each run starts from")
     ap.add_argument("--outputs-dir", default=str(REPO / "bench" / "results" / "outputs"))
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "contention.json"))
     print(json.dumps(main(ap.parse_args()), indent=1))
