@@ -51,6 +51,7 @@ engines/            real engines (vLLM, SGLang) behind one interface, across a p
     vllm_backend    engine side: vLLM generation, capture (extract_hidden_states), EAGLE-3 serving
     vllm_connector  engine side: synchronous hidden-states connector that vLLM loads
     sglang_backend  engine side: SGLang generation and aux capture through sglang.Engine
+    sglang_transport  engine side: SGLang's scheduler hands captured states over as tensors
     client          notebook side: EngineClient starts, talks to and stops the worker
     versions        the version of an engine installed for a python, read without starting it
     adapter         notebook side: an EngineClient as a CaptureEngine for the dataset writer
