@@ -48,6 +48,8 @@ on 2 cores beside a 2-thread matmul loop (03's default step, b4 x TTT 5): 2 thre
 1 thread 0.147 s/step; idle 0.0645 (2 threads) and 0.0907 (1 thread). Pinned budgets (``threads: N``)
 and processes confined to some of the machine's CPUs (affinity, cgroup quota: the machine-wide count
 says nothing about their cores) are left as they are.
+A float result can depend on the thread count (how a reduction is split), so a run's last bits
+depend on the load it met; pin ``threads: N`` for bitwise-repeatable runs.
 
 Variables the user already set in the environment are kept (an explicit choice wins); the budget
 actually seen by each worker is reported back (:class:`eagle3nb.engines.client.EngineClient`'s
@@ -58,7 +60,6 @@ from __future__ import annotations
 
 import math
 import os
-import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -313,8 +314,10 @@ def worker_env(threads: int, engine: str, base: dict | None = None) -> dict:
 def others_running(
     samples: int = 5, interval: float = 0.01, stat: str | os.PathLike = "/proc/stat"
 ) -> int | None:
-    """Runnable threads on the machine besides the caller: the median over ``samples`` reads,
+    """Runnable threads on the machine besides the caller: the fewest over ``samples`` reads,
     ``interval`` seconds apart, of ``procs_running`` in ``stat`` minus 1 (the reading thread).
+    The fewest: a CPU-bound neighbour is runnable in every read, a short burst of other work
+    (a process printing, an engine shutting down) is not, and should not change the threads.
 
     The pauses also let this process's own OpenMP threads stop spinning (libgomp spins briefly
     after a parallel region), so they are not counted as other work.
@@ -332,7 +335,7 @@ def others_running(
         if line is None:
             return None
         counts.append(max(0, int(line.split()[1]) - 1))
-    return int(statistics.median_low(counts))
+    return min(counts)
 
 
 def idle_share(budget_threads: int, available: int, others: int) -> int:
