@@ -349,18 +349,19 @@ class Rebalancer:
     ``every_s`` seconds of ``clock`` (see the module docstring for why and what was measured).
 
     Active only under an automatic budget (:func:`apply` with ``threads: 0``) whose process may use
-    every CPU of the machine; :meth:`tick` is a no-op otherwise.
+    every CPU of the machine, and with ``cpu`` (False: the work runs on a GPU, where the host's
+    thread count does not set the speed); :meth:`tick` is a no-op otherwise.
 
     Attributes:
         changes: ``[{"step", "threads", "others"}]``, one entry per re-size (the first check is
             always recorded).
     """
 
-    def __init__(self, every_s: float = 10.0, clock=time.monotonic, sampler=None):
+    def __init__(self, every_s: float = 10.0, clock=time.monotonic, sampler=None, cpu=True):
         b = current()
         self.budget = b
         self.active = bool(
-            b is not None and b.requested == 0 and b.cores.available == (os.cpu_count() or 0)
+            cpu and b is not None and b.requested == 0 and b.cores.available == os.cpu_count()
         )
         self.every_s, self.clock = float(every_s), clock
         self.sampler = sampler or others_running  # (default looked up now: tests replace it)

@@ -239,3 +239,17 @@ def test_a_step_started_beside_busy_work_takes_the_idle_cores(tmp_path, monkeypa
     finally:
         threads.clear()
         torch.set_num_threads(before)
+
+
+def test_rebalancer_leaves_gpu_training_alone(monkeypatch):
+    cores = threads.Cores(2, (0, 1), None, "affinity")
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 2)
+    old = torch.get_num_threads()
+    try:
+        threads.apply(threads.plan(0, cores))
+        r = threads.Rebalancer(cpu=False, sampler=lambda: 3)
+        r.tick(0)
+        assert r.changes == [] and torch.get_num_threads() == 2
+    finally:
+        threads.clear()
+        torch.set_num_threads(old)

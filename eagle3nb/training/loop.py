@@ -288,7 +288,7 @@ def train_drafter(
         evaluate = lambda: evaluate_during_training(heldout, model, drafter, mode, ctx, dev)  # noqa: E731
     mon = TrainMonitor(cfg, ctx, out_dir, step, progress, evaluate, tracking, stream, clock, best)
     batches = iter(source.batches(step, cfg.max_steps, ctx.rank, ctx.world, dev.type == "cuda"))
-    rebalance = threads.Rebalancer()  # fewer torch threads while other work holds the cores
+    rebalance = threads.Rebalancer(cpu=dev.type == "cpu")  # fewer threads beside other work
     while True:
         rebalance.tick(step)
         w0 = time.time()
