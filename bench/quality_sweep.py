@@ -30,6 +30,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+# the recipe every run starts from (params/default.yaml's until 2026-12-02, which the stored sweeps
+# ran against); each run's train overrides below, and in the sweep JSONs, are relative to it
+RECIPE = {"draft_intermediate_size": 688, "batch_size": 16, "ttt_steps": 7}
 # (data setting, train overrides) in order of priority: the sweep stops adding runs near --budget
 RUNS = [
     (0, {"max_steps": 1000}),  # the default until 2026-12-02
@@ -93,7 +96,7 @@ def sweep(a) -> dict:
             }
         name = _name(d, tr)
         src = RunDir(load_params(a.params, run_name=data_name, **kw)).root
-        p = load_params(a.params, run_name=name, sampled_continuations=d, **kw, **tr)
+        p = load_params(a.params, run_name=name, sampled_continuations=d, **kw, **{**RECIPE, **tr})
         dst = RunDir(p).root
         shutil.rmtree(dst, ignore_errors=True)
         shutil.copytree(src, dst, ignore=shutil.ignore_patterns("train", "drafter", "figures"))
@@ -118,11 +121,8 @@ def sweep(a) -> dict:
 
 def _shape(tr: dict) -> tuple[int, int, int]:
     """What a training step's CPU time depends on: (MLP width, batch size, TTT steps)."""
-    return (
-        tr.get("draft_intermediate_size", 688),
-        tr.get("batch_size", 16),
-        tr.get("ttt_steps", 7),
-    )
+    r = {**RECIPE, **tr}
+    return (r["draft_intermediate_size"], r["batch_size"], r["ttt_steps"])
 
 
 def _shape_key(shape: tuple[int, int, int]) -> str:

@@ -41,8 +41,9 @@ What each engine worker is given (:func:`worker_env`, read by the engines' insta
 
 Other work on the cores (:class:`Rebalancer`): with ``threads: 0`` and a process that may use every
 CPU of the machine, each step starts on the cores other processes leave idle (at least 1; the engine
-workers it starts get the same), and training re-sizes torch's intra-op pool to them every 10 s: ``/proc/stat``'s ``procs_running`` (runnable threads machine-wide)
-minus this sampler. Why: an OpenMP parallel region ends when its slowest thread does, and a thread
+workers it starts get the same), and CPU training re-sizes torch's intra-op pool to them every
+10 s. Idle cores: the available ones minus the runnable threads of other processes, read from
+``/proc/stat``'s machine-wide ``procs_running`` (:func:`others_running`). Why: an OpenMP parallel region ends when its slowest thread does, and a thread
 that shares its core with a busy neighbour is descheduled for a whole time slice at a time. Measured
 on 2 cores beside a 2-thread matmul loop (03's default step, b4 x TTT 5): 2 threads 0.251 s/step,
 1 thread 0.147 s/step; idle 0.0645 (2 threads) and 0.0907 (1 thread). Pinned budgets (``threads: N``)

@@ -63,13 +63,14 @@ __all__ = [
 
 # SGLang's scheduler and detokenizer are spawned children that import this module as __mp_main__
 # first: the one place to patch SGLang's hand-over of hidden states there (sglang_transport)
-if __name__ == "__mp_main__" and os.environ.get("EAGLE3NB_SGLANG_TENSOR_HIDDEN") == "1":
+if __name__ == "__mp_main__":
     from eagle3nb.engines import sglang_transport
 
-    try:
-        sglang_transport.install()
-    except Exception:  # SGLang's own lists then arrive; the backend reports which form came
-        pass
+    if sglang_transport.enabled():
+        try:
+            sglang_transport.install()
+        except Exception:  # SGLang's own lists then arrive; the backend reports which form came
+            pass
 
 # engine name -> module defining ``Backend``; "module:<dotted.path>" selects any other module
 # (used by the unit tests' fake engine, which is named as a fake)

@@ -70,7 +70,8 @@ class InputFields(BaseModel):
     threads: int = _p(
         0,
         "threads of this kernel and of each engine worker: 0 for all cores this process may use "
-        "(affinity, cgroup quota; training drops to the cores other processes leave idle), "
+        "(affinity, cgroup quota; each step and training drop to the cores other processes leave "
+        "idle), "
         "-1 to leave torch and engine defaults",
         ALL,
         ge=-1,

@@ -90,12 +90,11 @@ def use_thread_budget(p: RunParams, rd: RunDir | None = None, processes: int = 0
         budget = threads.apply(threads.plan(p.threads, processes=processes))
         start = threads.Rebalancer()  # other work on the cores now: start on the idle ones
         start.tick(0)
-        if start.changes:  # engine workers started by this step get the same share
-            budget.worker = start.changes[0]["threads"]
-            budget.kernel["torch_threads"] = budget.worker
-        block = dict(
-            budget.as_metrics(), others_running_at_start=(start.changes or [{}])[0].get("others")
-        )
+        first = start.changes[0] if start.changes else {}
+        if first:  # engine workers started by this step get the same share
+            budget.worker = first["threads"]
+            budget.kernel["torch_threads"] = torch.get_num_threads()
+        block = dict(budget.as_metrics(), others_running_at_start=first.get("others"))
     if rd is not None and os.environ.get("RANK", "0") == "0" and rd.root.is_dir():
         update_metrics(rd.metrics, "threads", block)
     return budget
