@@ -94,3 +94,24 @@ def train_killed(q, fault: str) -> None:
             train_step(q, progress=False)
     finally:
         del os.environ[FAULT_ENV]
+
+
+def counts_by_chains(chain):
+    """The per-origin definition of :func:`eagle3nb.drafter.acceptance.accepted_counts`, with
+    ``chain`` (``draft_chain`` itself, the reference; or a test's fake of it) called once per
+    origin t on the prefix ``full[: t + 2]`` and the states ``aux[: t + 1]``, its drafts counted
+    against ``full[t + 2 :]`` up to the first miss. Same signature and result layout."""
+    import torch
+
+    def counts(drafter, full, aux, start, stop, k):
+        out = []
+        for t in range(start, stop):
+            d = chain(drafter, full[: t + 2], aux[: t + 1], k)
+            want = full[t + 2 : t + 2 + k].tolist()
+            n = 0
+            while n < k and n < len(want) and d[n] == want[n]:
+                n += 1
+            out.append(n)
+        return torch.tensor(out, dtype=torch.long)
+
+    return counts

@@ -30,6 +30,7 @@ from eagle3nb.target.models import as_stop_list
 __all__ = [
     "AcceptanceStats",
     "draft_chain",
+    "accepted_counts",
     "emit_tokens",
     "speculative_generate",
     "greedy_generate",
@@ -149,6 +150,63 @@ def draft_chain(
         drafts.append(int(d))
         hidden = out
     return drafts
+
+
+@torch.no_grad()
+def accepted_counts(
+    drafter: Eagle3Drafter, full: torch.Tensor, aux: torch.Tensor, start: int, stop: int, k: int
+) -> torch.Tensor:
+    """How many of the k greedy drafts made at each origin t in [start, stop) equal the
+    continuation ``full``, for all origins in one k-step forward.
+
+    Origin t is the state :func:`draft_chain` drafts from when called as
+    ``draft_chain(drafter, full[: t + 2], aux[: t + 1], k)``: tokens up to ``full[t + 1]``, the
+    target's states of positions 0..t; its drafts d_1..d_k are compared with
+    ``full[t + 2 .. t + 1 + k]`` and counted up to the first miss. ``draft_chain`` feeds each step
+    its own previous draft; here step s is fed the continuation token ``full[t + 1 + s]`` instead
+    (the training-time-test layout of :func:`eagle3nb.training.objective.ttt_loss`, queries only
+    at the origins). The two feeds are equal while every earlier draft was accepted, and the count
+    stops at the first miss, so the counts are ``draft_chain``'s, up to floating point (one forward
+    over ``stop`` positions instead of one per prefix; tests/drafter/test_shared_eval.py compares
+    them). Cost: k drafter steps in all, instead of k per origin, each with a prefill of the prefix.
+
+    Args:
+        full: ``[L]`` int64 token ids (prompt + continuation).
+        aux: ``[>= stop, n_aux*Ht]`` the target's aux states over ``full``, on the drafter's device.
+        start, stop: the origins, ``0 <= start <= stop <= L - 1``. k: drafts per origin, >= 1.
+
+    Returns:
+        ``[stop - start]`` int64 in 0..k on ``aux``'s device; drafts past the end of ``full``
+        count as misses.
+
+    Raises:
+        ValueError: origins outside ``full`` or ``aux``.
+    """
+    dev, L = aux.device, int(full.shape[0])
+    if not (0 <= start <= stop <= L - 1 and stop <= aux.shape[0]):
+        raise ValueError(
+            f"origins [{start}, {stop}) for {L} tokens and {aux.shape[0]} aux rows: need "
+            "0 <= start <= stop <= tokens - 1 and stop <= aux rows"
+        )
+    if stop == start:
+        return torch.zeros(0, dtype=torch.long, device=dev)
+    # continuation tokens, padded past the end (fed there but never counted)
+    seq = torch.cat([full.to(dev), full.new_zeros(k + 1, device=dev)])  # [L + k + 1]
+    idx = torch.arange(stop, device=dev)  # step-0 positions 0..stop-1
+    org = idx[start:]  # [n] origins
+    out, logits, kv = drafter.step(seq[None, 1 : stop + 1], aux[None, :stop], idx[None], [], idx)
+    hidden = out[:, start:]  # [1, n, H] what each origin's step 1 reads
+    drafts = [drafter.draft_to_target(logits[0, start:].argmax(-1))]  # d_1 per origin: [n]
+    cache = [kv]
+    for s in range(1, k):
+        tok = seq[org + 1 + s][None]  # [1, n] d_s where accepted
+        out, logits, kv = drafter.step(tok, hidden, (org + s)[None], cache, org)
+        cache.append(kv)
+        hidden = out  # [1, n, H]
+        drafts.append(drafter.draft_to_target(logits[0].argmax(-1)))
+    want = org[None] + 2 + torch.arange(k, device=dev)[:, None]  # [k, n] index of d_(s+1)'s token
+    hit = (torch.stack(drafts) == seq[want]) & (want < L)  # [k, n]
+    return hit.long().cumprod(0).sum(0)  # leading hits per origin
 
 
 @torch.no_grad()

@@ -25,7 +25,7 @@ from typing import Sequence
 
 import torch
 
-from eagle3nb.drafter.acceptance import AcceptanceStats, draft_chain
+from eagle3nb.drafter.acceptance import AcceptanceStats, accepted_counts
 from eagle3nb.drafter.model import Eagle3Drafter
 from eagle3nb.target.capture import capture_boundaries
 from eagle3nb.target.models import as_stop_list
@@ -110,16 +110,9 @@ def accepted_from_states(
         the continuation (see the module docstring). The states may come from an engine other
         than HF (eagle3nb.steps.drift_matrix: vLLM's own capture of a quantized target).
     """
-    g = full[p:].tolist()
-    m = []
-    for j in range(1, n_out):
-        drafts = draft_chain(drafter, full[: p + j], aux_all[: p + j - 1], k)
-        want = g[j : j + k]
-        n = 0
-        while n < k and n < len(want) and drafts[n] == want[n]:
-            n += 1
-        m.append(n)
-    return m
+    # after j emitted tokens the drafter drafts from origin p + j - 2 (one forward for all j)
+    stop = max(p - 1, p + n_out - 2)
+    return accepted_counts(drafter, full.to(aux_all.device), aux_all, p - 1, stop, k).tolist()
 
 
 def sweep_from_positions(positions: Sequence[dict], k_max: int) -> dict:

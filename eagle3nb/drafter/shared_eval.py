@@ -8,7 +8,8 @@ the verified prefix (tokens and the target's aux states there; see
 :mod:`eagle3nb.drafter.ksweep`). So one forward over prompt + greedy continuation gives every state
 any drafter's run visits: :func:`greedy_states` computes it once per prompt (all boundaries any
 drafter reads, plus N for the logits), :func:`walk` replays a drafter's cycles on it (only the
-drafter runs), and :func:`evaluate_shared` does this for all drafters (and the k sweep's
+drafter runs; its drafts at every visited state come from one k-step forward,
+:func:`eagle3nb.drafter.acceptance.accepted_counts`), and :func:`evaluate_shared` does this for all drafters (and the k sweep's
 every-position drafts of one of them) over the held-out prompts.
 
 Equal to the literal simulator in exact arithmetic. In floating point, a row of a forward over T
@@ -26,6 +27,7 @@ import torch
 
 from eagle3nb.drafter.acceptance import (
     AcceptanceStats,
+    accepted_counts,
     draft_chain,
     emit_tokens,
     greedy_generate,
@@ -132,6 +134,16 @@ def walk(
     return new, stats
 
 
+def accepted_memo(drafter, full, aux, p: int, k: int, max_new_tokens: int) -> dict:
+    """``{j: accepted drafts after j emitted tokens}`` for every j a run of at most
+    ``max_new_tokens`` visits (1 .. max_new_tokens - 1), from one k-step forward
+    (:func:`eagle3nb.drafter.acceptance.accepted_counts`; after j tokens the origin is
+    ``p + j - 2``, the position of the newest token the target has verified)."""
+    start, stop = p - 1, max(p - 1, p + max_new_tokens - 2)
+    m = accepted_counts(drafter, full, aux, start, stop, k).tolist()
+    return {j: m[j - 1] for j in range(1, len(m) + 1)}
+
+
 def accepted_after(drafter, full, aux, p: int, j: int, k: int, memo: dict) -> int:
     """How many of the k drafts made after ``j`` emitted tokens equal the continuation
     (``memo[j]``, computed by :func:`eagle3nb.drafter.acceptance.draft_chain` when missing)."""
@@ -186,7 +198,7 @@ def evaluate_shared(
             dev = next(drafter.parameters()).device
             aux = torch.cat([st[b] for b in bs], dim=-1).to(dev)  # [p + n, n_aux*Ht]
             tr = [] if i < n_traces.get(label, 3) else None
-            memo: dict = {}
+            memo = accepted_memo(drafter, full.to(dev), aux, p, k, max_new_tokens)
             new, s = walk(drafter, full.to(dev), aux, p, k, max_new_tokens, stops, tr, memo)
             totals[label].merge(s)
             if tr is not None:

@@ -5,8 +5,11 @@ The samples are 01's held-out prompts with the target's own continuations (not a
 training samples, so the training batches are the same with evaluation on or off). Their aux
 states are captured once by the HF target at the trained boundaries (the capture the simulator
 uses; for an SGLang- or vLLM-captured dataset the alignment checks of 02 make them the same
-boundaries). tau comes from :func:`eagle3nb.drafter.acceptance.evaluate_acceptance` over the same
-prompts (greedy chain, k drafts per cycle).
+boundaries). tau is the greedy chain run with k drafts per cycle over the same prompts, replayed
+on one target forward per prompt (:mod:`eagle3nb.drafter.shared_eval`: the target's greedy
+continuation and its states are computed at the first evaluation and reused, since the target does
+not change during training; each evaluation runs only the drafter). It equals
+:func:`eagle3nb.drafter.acceptance.evaluate_acceptance`'s up to floating point.
 
 An evaluation never touches the training state: it runs on a copy of the drafter, inside a forked
 torch RNG (CPU and the training GPU) with Python's ``random`` state restored, so a run with
@@ -22,10 +25,12 @@ from typing import Sequence
 
 import torch
 
-from eagle3nb.drafter.acceptance import evaluate_acceptance
+from eagle3nb.drafter.acceptance import AcceptanceStats
+from eagle3nb.drafter.shared_eval import accepted_memo, greedy_states, walk
 from eagle3nb.drafter.model import Eagle3Drafter
 from eagle3nb.padding import pad_right
 from eagle3nb.target.capture import capture_boundaries, final_norm_of, n_layers_of
+from eagle3nb.target.models import as_stop_list
 from eagle3nb.training.objective import ttt_loss
 
 __all__ = ["HeldoutEval", "isolated_rng", "plain_copy"]
@@ -128,6 +133,7 @@ class HeldoutEval:
         self.ttt_steps, self.loss_decay, self.source = ttt_steps, loss_decay, source
         self.samples = [(list(i), list(m)) for i, m in samples]
         self._batch = None
+        self._greedy = None  # [(full, aux, p)] per prompt, computed at the first evaluation
 
     @torch.no_grad()
     def batch(self) -> dict:
@@ -175,17 +181,7 @@ class HeldoutEval:
             self.ttt_steps,
             self.loss_decay,
         )
-        acc = evaluate_acceptance(
-            self.target,
-            drafter,
-            self.prompts,
-            self.boundaries,
-            self.k,
-            self.max_new_tokens,
-            self.eos,
-            check_greedy=False,
-            n_traces=0,
-        )
+        acc = self._acceptance(drafter)
         return {
             "loss": float(r.loss),
             "step_loss": list(r.step_loss),
@@ -197,3 +193,23 @@ class HeldoutEval:
             "prompts": len(self.prompts),
             "seconds": time.perf_counter() - t0,
         }
+
+    @torch.no_grad()
+    def _acceptance(self, drafter: Eagle3Drafter) -> dict:
+        """The greedy chain run's summary (AcceptanceStats.summary) over the held-out prompts,
+        replayed on the target's greedy states (computed once, reused by later evaluations)."""
+        dev = next(drafter.parameters()).device
+        if self._greedy is None:
+            n = self.max_new_tokens + self.k
+            self._greedy = []
+            for q in self.prompts:
+                full, st, _ = greedy_states(self.target, q, n, self.boundaries)
+                aux = torch.cat([st[b] for b in self.boundaries], dim=-1)  # [p + n, n_aux*Ht]
+                self._greedy.append((full.to(dev), aux.to(dev), len(q)))
+        total, stops = AcceptanceStats(self.k), set(as_stop_list(self.eos))
+        for full, aux, p in self._greedy:
+            memo = accepted_memo(drafter, full, aux, p, self.k, self.max_new_tokens)
+            total.merge(
+                walk(drafter, full, aux, p, self.k, self.max_new_tokens, stops, None, memo)[1]
+            )
+        return total.summary()

@@ -9,6 +9,7 @@ import torch
 from eagle3nb.drafter import acceptance, ksweep
 from eagle3nb.drafter.acceptance import AcceptanceStats, conditional_acceptance, evaluate_acceptance
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
+from testkit import counts_by_chains
 
 PROMPTS = ["Once upon a time, there was a", "Tom and Sam went to the", "One day, a big dog"]
 
@@ -54,7 +55,7 @@ def test_sweep_equals_separate_simulator_runs_planted(target, monkeypatch):
     k, max_new, eos = 5, 30, tok.eos_token_id
     fake = _planted_drafter(model, prompts, k, max_new)
     monkeypatch.setattr(acceptance, "draft_chain", fake)
-    monkeypatch.setattr(ksweep, "draft_chain", fake)
+    monkeypatch.setattr(ksweep, "accepted_counts", counts_by_chains(fake))
     torch.manual_seed(0)
     d = Eagle3Drafter(DrafterConfig.for_target(model.config, 512), None).eval()
     sweep = ksweep.k_sweep(model, d, prompts, [1, 2, 4], k, max_new, eos)

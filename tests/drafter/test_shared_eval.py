@@ -9,10 +9,11 @@ import pytest
 import torch
 
 from eagle3nb.drafter import acceptance, ksweep, shared_eval
-from eagle3nb.drafter.acceptance import evaluate_acceptance
+from eagle3nb.drafter.acceptance import accepted_counts, draft_chain, evaluate_acceptance
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3nb.drafter.shared_eval import evaluate_shared, greedy_states
 from eagle3nb.target.capture import capture_boundaries
+from testkit import counts_by_chains
 
 PROMPTS = ["Once upon a time, there was a", "Tom and Sam went to the", "One day, a big dog"]
 K, NEW = 4, 20
@@ -51,7 +52,7 @@ def test_planted_drafter_same_counters_as_the_literal_simulator(target, monkeypa
         raise AssertionError("unknown prompt")
 
     monkeypatch.setattr(acceptance, "draft_chain", fake_draft_chain)
-    monkeypatch.setattr(shared_eval, "draft_chain", fake_draft_chain)
+    monkeypatch.setattr(shared_eval, "accepted_counts", counts_by_chains(fake_draft_chain))
     d = _drafter(model, 0)
     runs = {"trained": (d, [1, 2, 4]), "other": (d, [0, 2, 3])}
     out = evaluate_shared(model, runs, prompts, K, NEW, tok.eos_token_id, sweep_label="trained")
@@ -126,3 +127,43 @@ def test_tiny_budgets_emit_like_the_literal_simulator(target, max_new):
     out = evaluate_shared(model, {"trained": (d, [1, 2, 4])}, [q], K, max_new, tok.eos_token_id)
     lit = evaluate_acceptance(model, d, [q], [1, 2, 4], K, max_new, tok.eos_token_id)
     _compare(out["results"]["trained"], lit)
+
+
+def _planted_sequence(model, d, q, k, rounds):
+    """Prompt ``q`` continued so that ``d``'s own drafts are accepted: each round appends the
+    first r of the k drafts made at the newest token (r = 0..k in turn) and then a token that
+    differs from draft r + 1 (a causal target leaves earlier states unchanged, so the drafts
+    stay those of the grown sequence up to float)."""
+    full = list(q)
+    for i in range(rounds):
+        ids = torch.tensor(full)
+        st = capture_boundaries(model, ids[None], [1, 2, 4])
+        aux = torch.cat([st[b][0, :-1] for b in (1, 2, 4)], -1)
+        drafts = draft_chain(d, ids, aux, k)
+        r = i % (k + 1)
+        full += drafts[:r] + ([(drafts[r] + 1) % 512] if r < k else [])
+    return torch.tensor(full)
+
+
+def test_accepted_counts_equal_one_draft_chain_per_origin(target):
+    """The one-forward counts (accepted_counts) against the definition, draft_chain on every
+    prefix (testkit.counts_by_chains): on a sequence grown from a random drafter's own drafts
+    (every count 0..k occurs) and on the target's greedy text; every origin, k = 1, 2, K."""
+    model, tok, _ = target
+    d = _drafter(model, 3)
+    q = tok(PROMPTS[0]).input_ids
+    planted = _planted_sequence(model, d, q, K, 3 * (K + 1))
+    greedy = torch.tensor(q + ksweep.greedy_unstopped(model, q, NEW))
+    seen = {}
+    for name, full in (("planted", planted), ("greedy", greedy)):
+        st = capture_boundaries(model, full[None], [1, 2, 4])
+        aux = torch.cat([st[b][0] for b in (1, 2, 4)], -1)  # [L, 3*Ht]
+        for k in (1, 2, K):
+            fast = accepted_counts(d, full, aux, len(q) - 1, len(full) - 1, k)
+            slow = counts_by_chains(draft_chain)(d, full, aux, len(q) - 1, len(full) - 1, k)
+            assert fast.tolist() == slow.tolist(), (name, k)
+            assert len(fast) == len(full) - len(q)
+        seen[name] = set(fast.tolist())
+    assert seen["planted"] == set(range(K + 1))  # long accepted runs are exercised
+    with pytest.raises(ValueError, match="origins"):
+        accepted_counts(d, greedy, aux, 0, len(greedy), K)
