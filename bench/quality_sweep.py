@@ -158,10 +158,13 @@ def cpu_step_seconds(a) -> dict:
 
 
 def merge(sweeps: list[Path], cpu: Path, out: Path) -> dict:
-    """One reference JSON from device sweep JSONs (later ones win on a name) and a
-    ``--cpu-step-seconds`` JSON: each run gets ``cpu_step_s`` (its shape's measured CPU seconds per
-    step) and ``cpu_seconds_est`` = steps x that (an estimate of 03's training time on this CPU)."""
+    """One reference JSON from device sweep JSONs or earlier references (later ones win on a
+    name) and a ``--cpu-step-seconds`` JSON: each run gets ``cpu_step_s`` (its shape's measured
+    CPU seconds per step) and ``cpu_seconds_est`` = steps x that (an estimate of 03's training
+    time on this CPU)."""
     steps = json.loads(cpu.read_text())
+    for f in sweeps:  # an earlier reference: its step times stand where this CPU JSON has none
+        steps = {**json.loads(f.read_text()).get("cpu_step_seconds", {}), **steps}
     res = {"runs": {}, "data": {}, "cpu_step_seconds": steps, "sweeps": []}
     res["cpu_seconds_est_is"] = (
         "steps x cpu_step_s: the run's step shape (MLP width, batch, TTT steps) timed by "
@@ -169,7 +172,10 @@ def merge(sweeps: list[Path], cpu: Path, out: Path) -> dict:
     )
     for f in sweeps:
         r = json.loads(f.read_text())
-        res["sweeps"].append({k: v for k, v in r.items() if k not in ("runs", "data")})
+        if "sweeps" in r:  # an earlier merged reference: keep its sweeps' records as they are
+            res["sweeps"] += r["sweeps"]
+        else:
+            res["sweeps"].append({k: v for k, v in r.items() if k not in ("runs", "data")})
         res["data"].update(r["data"])
         res["runs"].update(r["runs"])
     for v in res["runs"].values():
