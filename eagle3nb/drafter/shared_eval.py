@@ -9,8 +9,8 @@ the verified prefix (tokens and the target's aux states there; see
 any drafter's run visits: :func:`greedy_states` computes it once per prompt (all boundaries any
 drafter reads, plus N for the logits), :func:`walk` replays a drafter's cycles on it (only the
 drafter runs; its drafts at every visited state come from one k-step forward,
-:func:`eagle3nb.drafter.acceptance.accepted_counts`), and :func:`evaluate_shared` does this for all drafters (and the k sweep's
-every-position drafts of one of them) over the held-out prompts.
+:func:`eagle3nb.drafter.acceptance.accepted_counts`), and :func:`evaluate_shared` does this for
+all drafters (and the k sweep's every-position drafts of one of them) over the held-out prompts.
 
 Equal to the literal simulator in exact arithmetic. In floating point, a row of a forward over T
 tokens can differ in the last bits from the same row in a forward over T' tokens (CPU float32:
