@@ -223,3 +223,46 @@ def test_loader_workers_auto_takes_4_on_cuda_and_0_on_cpu():
     assert loader_workers_for(cfg(loader_workers=2), "cuda:0") == 2
     with pytest.raises(ValueError, match="loader_workers=-2"):
         cfg(loader_workers=-2)
+
+
+def test_heldout_tau_equals_the_literal_simulator(target, monkeypatch):
+    """Held-out tau (replayed on the target's greedy states, cached after the first call) equals
+    the literal per-cycle simulator's, counter for counter, for a drafter with planted misses (a
+    fake draft chain, tests only: long accepted runs) and for a random-init drafter; a second call
+    (cached states) gives the same."""
+    from eagle3nb.drafter import acceptance, ksweep, shared_eval
+    from eagle3nb.drafter.acceptance import evaluate_acceptance
+    from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
+    from testkit import counts_by_chains
+
+    model, tok, _ = target
+    ev = heldout(target, 3)
+    greedy = {tuple(p): ksweep.greedy_unstopped(model, p, 12 + 3 + 2) for p in ev.prompts}
+
+    def fake_draft_chain(drafter, tokens, aux, k):  # fake: greedy with a miss planted per state
+        toks = tokens.tolist()
+        for p, g in greedy.items():
+            if tuple(toks[: len(p)]) == p:
+                j = len(toks) - len(p)
+                d = list(g[j : j + k])
+                miss = (j * 7 + 3) % (k + 2)  # 3, 0, 2, 4, 1, ...: counts vary with the state
+                if miss < k:
+                    d[miss] = (d[miss] + 1) % 512
+                return d
+        raise AssertionError("unknown prompt")
+
+    torch.manual_seed(0)
+    c = DrafterConfig.for_target(model.config, 512)
+    d = Eagle3Drafter(c, model.get_input_embeddings().weight.detach().float()).eval()
+    keys = ("tau", "per_position_acceptance", "cycles")
+    with monkeypatch.context() as m:
+        m.setattr(acceptance, "draft_chain", fake_draft_chain)
+        m.setattr(shared_eval, "accepted_counts", counts_by_chains(fake_draft_chain))
+        lit = evaluate_acceptance(model, d, ev.prompts, [1, 2, 4], 3, 12, None, check_greedy=False)
+        assert lit["tau"] > 2  # the planted drafter accepts long runs
+        for _ in range(2):
+            r = ev(d)
+            assert [r[x] for x in keys] == [lit[x] for x in keys]
+    lit = evaluate_acceptance(model, d, ev.prompts, [1, 2, 4], 3, 12, None, check_greedy=False)
+    r = ev(d)
+    assert [r[x] for x in keys] == [lit[x] for x in keys]
