@@ -115,3 +115,24 @@ def counts_by_chains(chain):
         return torch.tensor(out, dtype=torch.long)
 
     return counts
+
+
+def planted_draft_chain(greedy: dict, miss):
+    """A fake of ``draft_chain`` (tests only): the target's greedy continuation ``greedy[prompt]``
+    (``{tuple(prompt ids): continuation ids}``) from the state the tokens reach, with a wrong
+    token planted at draft position ``miss(j, k)`` (j = tokens past the prompt; none when it is
+    >= k), so accepted counts are long and a function of the state, as real drafting's are."""
+
+    def fake(drafter, tokens, aux, k):
+        toks = tokens.tolist()
+        for p, g in greedy.items():
+            if tuple(toks[: len(p)]) == p:
+                j = len(toks) - len(p)
+                d = list(g[j : j + k])
+                m = miss(j, k)
+                if m < k:
+                    d[m] = (d[m] + 1) % 512
+                return d
+        raise AssertionError("unknown prompt")
+
+    return fake

@@ -28,7 +28,6 @@ import torch
 from eagle3nb.drafter.acceptance import (
     AcceptanceStats,
     accepted_counts,
-    draft_chain,
     emit_tokens,
     greedy_generate,
 )
@@ -111,14 +110,14 @@ def walk(
             boundaries over ``full``, on the drafter's device.
         stops: stop token ids. trace: as ``speculative_generate``'s (one ``(accepted, emitted)``
             per cycle, the prefill's first with accepted = -1).
-        memo: ``{j: accepted drafts after j emitted tokens}``, read and filled (shared with the k
-            sweep of the same drafter and states).
+        memo: ``{j: accepted drafts after j emitted tokens}`` (:func:`accepted_memo`; None:
+            computed here), shared with the k sweep of the same drafter and states.
 
     Returns:
         ``(new_token_ids, AcceptanceStats)`` as ``speculative_generate``.
     """
     g = full[p:].tolist()
-    memo = {} if memo is None else memo
+    memo = accepted_memo(drafter, full, aux, p, k, max_new_tokens) if memo is None else memo
     stats, new, j, m = AcceptanceStats(k), [], 0, None
     while True:
         if m is not None:
@@ -129,7 +128,7 @@ def walk(
         if emit_tokens(new, emit, max_new_tokens, stops):
             break
         j += len(emit)
-        m = accepted_after(drafter, full, aux, p, j, k, memo)
+        m = memo[j]  # j < max_new_tokens here: the memo holds it
     stats.emitted_tokens = len(new)
     return new, stats
 
@@ -142,19 +141,6 @@ def accepted_memo(drafter, full, aux, p: int, k: int, max_new_tokens: int) -> di
     start, stop = p - 1, max(p - 1, p + max_new_tokens - 2)
     m = accepted_counts(drafter, full, aux, start, stop, k).tolist()
     return {j: m[j - 1] for j in range(1, len(m) + 1)}
-
-
-def accepted_after(drafter, full, aux, p: int, j: int, k: int, memo: dict) -> int:
-    """How many of the k drafts made after ``j`` emitted tokens equal the continuation
-    (``memo[j]``, computed by :func:`eagle3nb.drafter.acceptance.draft_chain` when missing)."""
-    if j not in memo:
-        drafts = draft_chain(drafter, full[: p + j], aux[: p + j - 1], k)
-        want = full[p + j : p + j + k].tolist()
-        n = 0
-        while n < k and n < len(want) and drafts[n] == want[n]:
-            n += 1
-        memo[j] = n
-    return memo[j]
 
 
 def evaluate_shared(
@@ -198,8 +184,9 @@ def evaluate_shared(
             dev = next(drafter.parameters()).device
             aux = torch.cat([st[b] for b in bs], dim=-1).to(dev)  # [p + n, n_aux*Ht]
             tr = [] if i < n_traces.get(label, 3) else None
-            memo = accepted_memo(drafter, full.to(dev), aux, p, k, max_new_tokens)
-            new, s = walk(drafter, full.to(dev), aux, p, k, max_new_tokens, stops, tr, memo)
+            fd = full.to(dev)
+            memo = accepted_memo(drafter, fd, aux, p, k, max_new_tokens)
+            new, s = walk(drafter, fd, aux, p, k, max_new_tokens, stops, tr, memo)
             totals[label].merge(s)
             if tr is not None:
                 traces[label].append({"prompt_ids": list(q), "cycles": tr})
@@ -207,10 +194,7 @@ def evaluate_shared(
                 mismatches.append(i)
             if label == sweep_label:
                 n_out = len(new)
-                ms = [
-                    accepted_after(drafter, full.to(dev), aux, p, j, k, memo)
-                    for j in range(1, n_out)
-                ]
+                ms = [memo[j] for j in range(1, n_out)]
                 positions.append({"m": ms, "n_out": n_out})
     results = {}
     for label, (_, bs) in runs.items():

@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 
 from eagle3nb.drafter.acceptance import AcceptanceStats
-from eagle3nb.drafter.shared_eval import accepted_memo, greedy_states, walk
+from eagle3nb.drafter.shared_eval import greedy_states, walk
 from eagle3nb.drafter.model import Eagle3Drafter
 from eagle3nb.padding import pad_right
 from eagle3nb.target.capture import capture_boundaries, final_norm_of, n_layers_of
@@ -207,9 +207,6 @@ class HeldoutEval:
                 aux = torch.cat([st[b] for b in self.boundaries], dim=-1)  # [p + n, n_aux*Ht]
                 self._greedy.append((full.to(dev), aux.to(dev), len(q)))
         total, stops = AcceptanceStats(self.k), set(as_stop_list(self.eos))
-        for full, aux, p in self._greedy:
-            memo = accepted_memo(drafter, full, aux, p, self.k, self.max_new_tokens)
-            total.merge(
-                walk(drafter, full, aux, p, self.k, self.max_new_tokens, stops, None, memo)[1]
-            )
+        for full, aux, p in self._greedy:  # walk counts every state's drafts in one forward
+            total.merge(walk(drafter, full, aux, p, self.k, self.max_new_tokens, stops)[1])
         return total.summary()

@@ -9,7 +9,7 @@ import torch
 from eagle3nb.drafter import acceptance, ksweep
 from eagle3nb.drafter.acceptance import AcceptanceStats, conditional_acceptance, evaluate_acceptance
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
-from testkit import counts_by_chains
+from testkit import counts_by_chains, planted_draft_chain
 
 PROMPTS = ["Once upon a time, there was a", "Tom and Sam went to the", "One day, a big dog"]
 
@@ -33,20 +33,7 @@ def _planted_drafter(model, prompts, k_max, max_new):
     """A draft_chain stand-in: the target's greedy continuation with a miss planted at a position
     that depends only on how many tokens were emitted (a function of the state, as real drafting)."""
     greedy = {tuple(p): ksweep._greedy_unstopped(model, p, max_new + k_max + 2) for p in prompts}
-
-    def fake(drafter, tokens, aux, k):
-        toks = tokens.tolist()
-        for p, g in greedy.items():
-            if tuple(toks[: len(p)]) == p:
-                j = len(toks) - len(p)
-                d = list(g[j : j + k])
-                miss = (j * 7 + 3) % (k_max + 2)
-                if miss < k:
-                    d[miss] = (d[miss] + 1) % 512
-                return d
-        raise AssertionError("unknown prompt")
-
-    return fake
+    return planted_draft_chain(greedy, lambda j, k: (j * 7 + 3) % (k_max + 2))
 
 
 def test_sweep_equals_separate_simulator_runs_planted(target, monkeypatch):

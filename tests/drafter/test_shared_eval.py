@@ -13,7 +13,7 @@ from eagle3nb.drafter.acceptance import accepted_counts, draft_chain, evaluate_a
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3nb.drafter.shared_eval import evaluate_shared, greedy_states
 from eagle3nb.target.capture import capture_boundaries
-from testkit import counts_by_chains
+from testkit import counts_by_chains, planted_draft_chain
 
 PROMPTS = ["Once upon a time, there was a", "Tom and Sam went to the", "One day, a big dog"]
 K, NEW = 4, 20
@@ -39,17 +39,7 @@ def test_planted_drafter_same_counters_as_the_literal_simulator(target, monkeypa
     prompts = [tok(t).input_ids for t in PROMPTS]
     greedy = {tuple(p): ksweep.greedy_unstopped(model, p, NEW + K + 2) for p in prompts}
 
-    def fake_draft_chain(drafter, tokens, aux, k):  # fake: greedy with a planted miss per state
-        toks = tokens.tolist()
-        for p, g in greedy.items():
-            if tuple(toks[: len(p)]) == p:
-                j = len(toks) - len(p)
-                d = list(g[j : j + k])
-                miss = (j * 5 + 2) % (K + 2)
-                if miss < k:
-                    d[miss] = (d[miss] + 1) % 512
-                return d
-        raise AssertionError("unknown prompt")
+    fake_draft_chain = planted_draft_chain(greedy, lambda j, k: (j * 5 + 2) % (K + 2))
 
     monkeypatch.setattr(acceptance, "draft_chain", fake_draft_chain)
     monkeypatch.setattr(shared_eval, "accepted_counts", counts_by_chains(fake_draft_chain))

@@ -233,23 +233,14 @@ def test_heldout_tau_equals_the_literal_simulator(target, monkeypatch):
     from eagle3nb.drafter import acceptance, ksweep, shared_eval
     from eagle3nb.drafter.acceptance import evaluate_acceptance
     from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
-    from testkit import counts_by_chains
+    from testkit import counts_by_chains, planted_draft_chain
 
     model, tok, _ = target
     ev = heldout(target, 3)
     greedy = {tuple(p): ksweep.greedy_unstopped(model, p, 12 + 3 + 2) for p in ev.prompts}
 
-    def fake_draft_chain(drafter, tokens, aux, k):  # fake: greedy with a miss planted per state
-        toks = tokens.tolist()
-        for p, g in greedy.items():
-            if tuple(toks[: len(p)]) == p:
-                j = len(toks) - len(p)
-                d = list(g[j : j + k])
-                miss = (j * 7 + 3) % (k + 2)  # 3, 0, 2, 4, 1, ...: counts vary with the state
-                if miss < k:
-                    d[miss] = (d[miss] + 1) % 512
-                return d
-        raise AssertionError("unknown prompt")
+    # misses at 3, 0, 2, 4, 1, ...: the counts vary with the state
+    fake_draft_chain = planted_draft_chain(greedy, lambda j, k: (j * 7 + 3) % (k + 2))
 
     torch.manual_seed(0)
     c = DrafterConfig.for_target(model.config, 512)
