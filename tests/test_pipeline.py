@@ -6,7 +6,8 @@ import plotly.offline
 import pytest
 
 from eagle3nb.drafter.export import load_drafter
-from eagle3nb.params import load_params
+from eagle3nb.params import RunParams, load_params
+from eagle3nb.params.sync import declared_by
 from eagle3nb.rundir import REPO_ROOT
 from eagle3nb.run import NOTEBOOKS, run_notebooks
 
@@ -194,3 +195,55 @@ def test_dataset_from_other_settings_refused_by_03_unless_overridden(
         progress=False,
     )
     assert out["stats"]["steps"] == 2
+
+
+def test_rerun_reads_the_recorded_results_back_without_engines(smoke_run, monkeypatch):
+    """A finished notebook run again (JupyterLab after a kernel restart, nbval) reads the result
+    its step recorded: no engine starts, and what comes back is what the run wrote to
+    metrics.json (recorded by the real run, not by this test)."""
+    from eagle3nb.engines import sglang_helpers, vllm_helpers
+    from eagle3nb.steps.drift_matrix import drift_matrix_step
+    from eagle3nb.steps.evaluate import eval_step
+    from eagle3nb.steps.extract_sglang import extract_sglang_step
+    from eagle3nb.steps.extract_vllm import extract_vllm_step
+
+    def no_engine(*a, **k):
+        raise AssertionError("an engine was started for a recorded result")
+
+    monkeypatch.setattr(sglang_helpers, "start_sglang", no_engine)
+    for mod in ("extract_vllm", "evaluate", "drift_matrix"):
+        monkeypatch.setattr(f"eagle3nb.steps.{mod}.start_vllm", no_engine, raising=False)
+    monkeypatch.setattr(vllm_helpers.EngineClient, "__init__", no_engine)
+    full = load_params(
+        REPO_ROOT / "params" / "smoke.yaml",
+        outputs_dir=str(smoke_run.parent),
+        run_name=smoke_run.name,
+        interactive=True,  # only picks widgets or HTML: not part of the record's key
+    )
+
+    def as_notebook(nb):  # what the notebook's kernel had: its declared fields, others default
+        return RunParams(
+            **{k: getattr(full, k) for k in RunParams.model_fields if nb in declared_by(k)}
+        )
+
+    m = json.loads((smoke_run / "metrics.json").read_text())
+    as_json = lambda x: json.loads(json.dumps(x))  # noqa: E731
+    runs = [
+        (extract_vllm_step, "02a_extract_vllm", "extract_vllm", "stats"),
+        (extract_sglang_step, "02b_extract_sglang", "extract", "stats"),
+        (eval_step, "04_eval_acceptance", "eval", "stats"),
+        (drift_matrix_step, "05_drift", "drift_matrix", None),
+    ]
+    for step, nb, section, key in runs:
+        out = step(as_notebook(nb), progress=False)
+        assert out["recorded"]["read_back"], step.__name__
+        got = as_json(out[key] if key else {k: out[k] for k in m[section]})
+        assert got == {k: m[section][k] for k in got}, step.__name__
+    # what the notebooks draw from besides metrics: tensors and the tokenizer come back too
+    out = extract_sglang_step(as_notebook("02b_extract_sglang"), progress=False)
+    assert out["alignment_error"].shape[0] == len(out["manifest"]["aux_boundaries"])
+    p = as_notebook("04_eval_acceptance")
+    assert eval_step(p, progress=False)["tokenizer"]("Once upon").input_ids
+    # a parameter that changes the measurement runs the step again (here: reaches the engine)
+    with pytest.raises(AssertionError, match="engine was started"):
+        eval_step(p.model_copy(update={"k": p.k - 1}), progress=False)

@@ -76,6 +76,12 @@ class InputFields(BaseModel):
         ALL,
         ge=-1,
     )
+    reuse_results: bool = _p(
+        True,
+        "a re-run on unchanged parameters and inputs reads the result this notebook recorded in the "
+        "run folder instead of starting its engines again; False measures again",
+        [EXTRACT_VLLM, EXTRACT_SGLANG, EVAL, DRIFT],
+    )
     seed: int = _p(0, "seed for the split, sampling, init and shuffling", ALL)
     mode: Literal["completion", "chat"] = _p(
         "completion",

@@ -35,9 +35,11 @@ from eagle3nb.steps.drift_sources import (
     capture_hf,
     capture_vllm,
     drift_stats,
+    figure_states,
     parse_sources,
 )
 from eagle3nb.steps.evaluate import offset_boundaries
+from eagle3nb.steps.recorded import run_or_read
 from eagle3nb.target import models
 from eagle3nb.target.capture import final_norm_of, n_layers_of
 from eagle3nb.target.quantize import load_quantized_hf, quantized_path, write_quantized
@@ -112,12 +114,22 @@ def drift_matrix_step(p: RunParams, progress=True) -> dict:
 
     Returns:
         ``metrics.json["drift_matrix"]`` (sources, drift per boundary, logits, matrix,
-        served checks, recommendation) with ``"data"``: ``{key: SourceData}`` for the figures.
+        served checks, recommendation) with ``"states"``: :func:`figure_states` of every source
+        (``{label: {b: [sum T, H] float32}}``) for the drift figure.
 
     Raises:
         ValueError: a bad ``drift_sources`` entry (before any work); no train sample or held-out
             prompt.
+
+    A re-run on unchanged parameters and inputs reads the recorded result (``reuse_results``,
+    :mod:`eagle3nb.steps.recorded`) and starts no engine.
     """
+    parse_sources(p.drift_sources)  # bad input fails here, before a record is looked for
+    inputs = ("data", "drift", "quantized")
+    return run_or_read(p, RunDir(p).root, "05_drift", inputs, lambda: _matrix(p, progress))
+
+
+def _matrix(p: RunParams, progress: bool) -> dict:
     sources = parse_sources(p.drift_sources)
     c = _Ctx(p)
     use_thread_budget(p, c.rd)
@@ -149,7 +161,7 @@ def drift_matrix_step(p: RunParams, progress=True) -> dict:
     }
     update_metrics(c.rd.metrics, "drift_matrix", block)
     record_checks(c.rd, "05_drift", _check_lines(block))
-    return dict(block, data=data)
+    return dict(block, states=figure_states(data, c.bnds))
 
 
 def _write_variants(c: _Ctx, sources) -> dict:

@@ -19,6 +19,7 @@ from eagle3nb.params import RunParams, resolve_device
 from eagle3nb.rundir import RunDir, update_metrics
 from eagle3nb.steps import eval_chat
 from eagle3nb.steps.publish import write_serving_files
+from eagle3nb.steps.recorded import run_or_read
 from eagle3nb.steps.common import (
     record_engine_threads,
     use_thread_budget,
@@ -79,7 +80,18 @@ def eval_step(p: RunParams, progress=True) -> dict:
         ManifestMismatch: the drafter was trained for another template or target (unless
             ``allow_template_mismatch``).
         ValueError: no held-out prompt.
+
+    A re-run on unchanged parameters and inputs reads the recorded result (``reuse_results``,
+    :mod:`eagle3nb.steps.recorded`; the tokenizer is loaded again) and starts no engine.
     """
+    live = {"tokenizer": lambda: models.load_tokenizer(models.resolve_model(p.model))}
+    root = RunDir(p).root
+    return run_or_read(
+        p, root, "04_eval_acceptance", ("data", "drafter"), lambda: _eval(p, progress), live
+    )
+
+
+def _eval(p: RunParams, progress: bool) -> dict:
     rd = RunDir(p)
     use_thread_budget(p, rd)
     model, tok, path = models.load_target(p.model, "float32", resolve_device(p))

@@ -24,6 +24,7 @@ from eagle3nb.steps.common import (
     record_checks,
     record_engine_threads,
 )
+from eagle3nb.steps.recorded import run_or_read
 from eagle3nb.steps.drift import (
     DRIFT_REFERENCE,
     drift_summary,
@@ -71,7 +72,16 @@ def extract_sglang_step(p: RunParams, progress=True) -> dict:
             log-prob mismatch (see above).
         OSError: not enough disk for the dataset.
         RuntimeError: an extraction worker was lost (rerun to redo its shards).
+
+    A re-run on unchanged parameters and inputs reads the recorded result (``reuse_results``,
+    :mod:`eagle3nb.steps.recorded`) and starts no engine.
     """
+    root = RunDir(p).root
+    inputs = ("data", "dataset", "dataset_vllm", "twin")  # dataset_vllm: the drift's other engine
+    return run_or_read(p, root, "02b_extract_sglang", inputs, lambda: _extract(p, progress))
+
+
+def _extract(p: RunParams, progress: bool) -> dict:
     from eagle3nb.engines.sglang_helpers import start_sglang
 
     rd, gman, device, model, tok, path, tinfo, ids, bnds = extraction_inputs(p)

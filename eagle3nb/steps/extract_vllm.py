@@ -9,7 +9,8 @@ from eagle3nb.dataset.write import write_dataset
 from eagle3nb.engines.vllm_helpers import TimedCapture, start_vllm
 from eagle3nb.manifest import provenance
 from eagle3nb.params import RunParams
-from eagle3nb.rundir import update_metrics
+from eagle3nb.rundir import RunDir, update_metrics
+from eagle3nb.steps.recorded import run_or_read
 from eagle3nb.steps import extract
 from eagle3nb.steps.twin_check import run_twin_check, twin_summary
 from eagle3nb.steps.common import (
@@ -41,7 +42,15 @@ def extract_vllm_step(p: RunParams, progress=True) -> dict:
             from the declared ones; an engine answer with other rows than asked.
         OSError: not enough disk for the dataset.
         FileNotFoundError: the vLLM venv is missing (``vllm_python``).
+
+    A re-run on unchanged parameters and inputs reads the recorded result (``reuse_results``,
+    :mod:`eagle3nb.steps.recorded`) and starts no engine.
     """
+    inputs = ("data", "dataset_vllm", "twin")
+    return run_or_read(p, RunDir(p).root, "02a_extract_vllm", inputs, lambda: _extract(p, progress))
+
+
+def _extract(p: RunParams, progress: bool) -> dict:
     from eagle3nb.engines.adapter import EngineCaptureEngine
 
     rd, gman, _, model, tok, path, tinfo, ids, bnds = extraction_inputs(p)
