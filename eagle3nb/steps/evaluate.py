@@ -84,10 +84,15 @@ def eval_step(p: RunParams, progress=True) -> dict:
     A re-run on unchanged parameters and inputs reads the recorded result (``reuse_results``,
     :mod:`eagle3nb.steps.recorded`; the tokenizer is loaded again) and starts no engine.
     """
-    live = {"tokenizer": lambda: models.load_tokenizer(models.resolve_model(p.model))}
+    live = {
+        "tokenizer": lambda out: models.load_tokenizer(models.resolve_model(p.model)),
+        # 03's re-export replaces drafter/ and drops the model card: written again, not recorded
+        "serving": lambda out: write_serving_files(p, RunDir(p), _card_eval(out["stats"])),
+    }
+    drafter = tuple(f"drafter/{f}" for f in ("config.json", "manifest.json", "model.safetensors"))
     root = RunDir(p).root
     return run_or_read(
-        p, root, "04_eval_acceptance", ("data", "drafter"), lambda: _eval(p, progress), live
+        p, root, "04_eval_acceptance", ("data", *drafter), lambda: _eval(p, progress), live
     )
 
 

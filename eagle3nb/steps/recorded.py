@@ -84,7 +84,7 @@ def run_or_read(
     step: str,
     inputs: tuple[str, ...],
     run: Callable[[], dict],
-    live: dict[str, Callable[[], object]] | None = None,
+    live: dict[str, Callable[[dict], object]] | None = None,
 ) -> dict:
     """The step's result: read from ``root/recorded/<step>.pt`` when ``p.reuse_results`` is on and
     the parameters and ``inputs`` fingerprint equal the recorded ones; else ``run()``, then
@@ -96,8 +96,9 @@ def run_or_read(
         step: the notebook's name (``"02b_extract_sglang"``), the record's file name.
         inputs: the run-folder paths (glob patterns) whose files the result depends on.
         run: the step itself; called with no arguments.
-        live: result entries that are not data (e.g. a tokenizer): left out of the record and
-            rebuilt by their callable on read-back.
+        live: result entries left out of the record and rebuilt on read-back by their callable,
+            given the read-back result: objects that are not data (a tokenizer), and files the
+            step writes that a later step may remove (04's model card, which 03's re-export drops).
 
     Returns:
         The result dict; a read-back one carries ``"recorded": {"read_back": True, ...}``.
@@ -111,7 +112,7 @@ def run_or_read(
             rec = None
         if rec and rec.get("params") == key and rec.get("inputs") == fingerprint(root, inputs):
             out = rec["result"]
-            out.update({k: make() for k, make in (live or {}).items()})
+            out.update({k: make(out) for k, make in (live or {}).items()})
             out["recorded"] = {"read_back": True, "file": str(path)}
             return out
     out = run()

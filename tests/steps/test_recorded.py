@@ -96,10 +96,10 @@ def test_live_entries_are_rebuilt_not_recorded(run):
     root, calls, step = run
     p = RunParams()
     made = []
-    live = {"thing": lambda: made.append(1) or object()}
+    live = {"thing": lambda out: made.append(out["n"]) or object()}
     first = step(p, extra={"thing": object()}, live=live)
     again = step(p, extra={"thing": object()}, live=live)
-    assert len(calls) == 1 and again["recorded"]["read_back"] and len(made) == 1
+    assert len(calls) == 1 and again["recorded"]["read_back"] and made == [1]
     assert again["thing"] is not first["thing"]
 
 
