@@ -1,4 +1,5 @@
-"""Shared fixtures: the real tiny target (stories260K-hd32) loaded once per session."""
+"""Shared fixtures: the real tiny target (stories260K-hd32) loaded once per session, and the stored
+notebooks' own run (``outputs/smoke``) made once per session, headless."""
 
 import pytest
 import torch
@@ -22,3 +23,22 @@ def tiny_ds(target, tmp_path_factory):
     from eagle3nb.dataset.read import AuxDataset
 
     return AuxDataset(write_tiny_dataset(target, tmp_path_factory.mktemp("tiny_ds")))
+
+
+@pytest.fixture(scope="session")
+def smoke_run():
+    """The stored notebooks' run, ``outputs/smoke``, from scratch through ``eagle3nb.run`` headless
+    (``params/smoke.yaml`` equals their parameters cells' defaults, tests/test_params.py).
+
+    Made once per session, by the first test that asks: ``tests/test_pipeline.py`` checks its
+    artefacts; the JupyterLab browser test then runs the stored notebooks on it, and nbval after
+    it, each re-run reading the steps' recorded results back (:mod:`eagle3nb.steps.recorded`)
+    instead of starting the engines again. Returns the run folder."""
+    import shutil
+
+    from eagle3nb.rundir import REPO_ROOT
+    from eagle3nb.run import run_notebooks
+
+    root = REPO_ROOT / "outputs" / "smoke"
+    shutil.rmtree(root, ignore_errors=True)  # never check an earlier session's run
+    return run_notebooks(REPO_ROOT / "params" / "smoke.yaml")

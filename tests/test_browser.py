@@ -4,6 +4,8 @@ Starts ``jupyter lab`` (from the venv running pytest) on 127.0.0.1 with a random
 config/data/runtime/settings dirs, then ``node tests/browser/run_notebooks.mjs`` opens each notebook,
 runs all cells from the Run menu, and checks: no error output, every code cell executed, and (02b,
 03, 04) a rendered plotly figure with SVG content. Screenshots go to ``outputs/screenshots/``.
+The notebooks resume the session's headless run of ``outputs/smoke`` (``smoke_run``, made first):
+what they draw comes from its files and its steps' recorded results, as after a kernel restart.
 
 Needs Debian's chromium (/usr/bin/chromium) and ``tests/browser/node_modules`` (playwright-core);
 ``.ci/setup_browser.sh`` installs both, and ``.ci/run`` calls it, so CI runs this test for real.
@@ -211,7 +213,9 @@ def _git_notebooks_clean() -> bool | None:
     return subprocess.run(["git", "diff", "--quiet", "--", "notebooks/"], cwd=REPO).returncode == 0
 
 
-def test_notebooks_run_in_jupyterlab_chromium(jupyter_lab):
+def test_notebooks_run_in_jupyterlab_chromium(smoke_run, jupyter_lab):
+    # smoke_run first: the stored notebooks resume the headless run of outputs/smoke (their
+    # parameters are its parameters), and read the engine steps' recorded results back
     base, token, proc, port, log, saves = jupyter_lab
 
     # The server must listen on the loopback interface only.

@@ -54,3 +54,14 @@ def test_error_for_a_list_field_names_its_real_default(tmp_path):
         load_params(f, interactive=False)
     assert "generate_speed_engines: [] (the default)" in str(e.value)
     assert "PydanticUndefined" not in str(e.value)
+
+
+def test_smoke_params_are_the_stored_notebooks_defaults():
+    """params/smoke.yaml is the run the stored notebooks make (their parameters cells hold the
+    RunParams defaults), so the session's headless smoke run and the JupyterLab/nbval runs of the
+    stored notebooks are one run (tests/conftest.py ``smoke_run``)."""
+    from eagle3nb.params import RunParams, load_params
+    from eagle3nb.rundir import REPO_ROOT
+
+    smoke = load_params(REPO_ROOT / "params" / "smoke.yaml")
+    assert smoke.model_dump() == RunParams().model_dump()

@@ -1,4 +1,5 @@
-"""The four notebooks, headless through papermill on the smoke params, checked via metrics.json."""
+"""The notebooks, headless through papermill on the smoke params (the ``smoke_run`` fixture of
+tests/conftest.py, ``outputs/smoke``), checked via metrics.json."""
 
 import json
 
@@ -9,17 +10,7 @@ from eagle3nb.drafter.export import load_drafter
 from eagle3nb.params import RunParams, load_params
 from eagle3nb.params.sync import declared_by
 from eagle3nb.rundir import REPO_ROOT
-from eagle3nb.run import NOTEBOOKS, run_notebooks
-
-
-@pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("outputs")
-    root = run_notebooks(
-        REPO_ROOT / "params" / "smoke.yaml",
-        overrides={"outputs_dir": str(out), "run_name": "ci-smoke"},
-    )
-    return root
+from eagle3nb.run import NOTEBOOKS
 
 
 def test_run_leaves_every_artefact(smoke_run):

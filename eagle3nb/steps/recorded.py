@@ -72,7 +72,10 @@ def source_hash() -> str:
 def _params_key(p, root: Path) -> str:
     from eagle3nb.target import models
 
+    from eagle3nb.rundir import resolve_path
+
     d = p.model_dump(mode="json", exclude={"interactive", "reuse_results"})
+    d["outputs_dir"] = str(resolve_path(p.outputs_dir))  # "outputs" = /repo/outputs
     target = models.model_hash(models.resolve_model(p.model), root)  # cached in the run folder
     d["_eagle3nb"] = [source_hash(), target, FORMAT]
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
