@@ -9,7 +9,8 @@ target. The result is read back only when nothing it depends on changed:
 - the run parameters (every field but ``interactive``, which only picks widgets or HTML, and
   ``reuse_results`` itself), and the
   source of the eagle3nb package that produced it (:func:`source_hash`; a git commit would miss
-  uncommitted edits), and the target's weights (:func:`eagle3nb.target.models.model_hash`);
+  uncommitted edits), the target's weights (:func:`eagle3nb.target.models.model_hash`), its
+  tokenizer files and the ``chat_template`` file, if one;
 - the step's input folders in the run folder (``inputs``): every file's relative path and
   content hash (files up to 4 MiB, i.e. manifests, generated text) or size and modification time
   (shards, weights), taken after the step wrote its own outputs.
@@ -76,8 +77,12 @@ def _params_key(p, root: Path) -> str:
 
     d = p.model_dump(mode="json", exclude={"interactive", "reuse_results"})
     d["outputs_dir"] = str(resolve_path(p.outputs_dir))  # "outputs" = /repo/outputs
-    target = models.model_hash(models.resolve_model(p.model), root)  # cached in the run folder
-    d["_eagle3nb"] = [source_hash(), target, FORMAT]
+    path = models.resolve_model(p.model)
+    target = models.model_hash(path, root)  # weights and config.json; cached in the run folder
+    tokenizer = fingerprint(path, ("*.json", "*.jinja"))  # tokenizer files, its chat template
+    template = resolve_path(p.chat_template) if p.chat_template else None
+    template = fingerprint(template.parent, (template.name,)) if template else None
+    d["_eagle3nb"] = [source_hash(), target, tokenizer, template, FORMAT]
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()
 
 

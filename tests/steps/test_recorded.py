@@ -59,6 +59,17 @@ def test_changed_parameter_source_or_switch_runs_again(run, monkeypatch):
     assert step(p.model_copy(update={"seed": 1}))["n"] == 5
 
 
+def test_edited_chat_template_file_runs_again(run, tmp_path):
+    root, calls, step = run
+    tpl = tmp_path / "t.jinja"
+    tpl.write_text("{{ messages }}")
+    p = RunParams(mode="chat", chat_template=str(tpl))
+    step(p)
+    assert step(p)["n"] == 1
+    tpl.write_text("{{ messages }}!")  # same path, new content
+    assert step(p)["n"] == 2
+
+
 def test_changed_input_files_run_again(run, monkeypatch):
     root, calls, step = run
     p = RunParams()
