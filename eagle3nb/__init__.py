@@ -53,6 +53,7 @@ engines/            real engines (vLLM, SGLang) behind one interface, across a p
     sglang_backend  engine side: SGLang generation and aux capture through sglang.Engine
     sglang_transport  engine side: SGLang's scheduler hands captured states over as tensors
     client          notebook side: EngineClient starts, talks to and stops the worker
+    pool            notebook side: workers kept running for reuse in one process ($EAGLE3NB_KEEP_ENGINES)
     versions        the version of an engine installed for a python, read without starting it
     adapter         notebook side: an EngineClient as a CaptureEngine for the dataset writer
     twin_check      notebook side: an engine's id rule measured on a twin, against engine_rules

@@ -1,10 +1,19 @@
-"""Shared fixtures: the real tiny target (stories260K-hd32) loaded once per session, and the stored
-notebooks' own run (``outputs/smoke``) made once per session, headless."""
+"""Shared fixtures: the real tiny target (stories260K-hd32) loaded once per session, the stored
+notebooks' own run (``outputs/smoke``) made once per session, headless, and the engine workers
+kept for reuse across the session's tests (eagle3nb.engines.pool)."""
+
+import os
 
 import pytest
 import torch
 
+from eagle3nb.engines import pool
 from eagle3nb.target import models
+
+# One engine start per engine and target for the whole session: a worker closed by a test or a step
+# is kept running (at most 3 idle, ~2 GB each) and handed to the next with the same start arguments
+# (eagle3nb.engines.pool); set EAGLE3NB_KEEP_ENGINES=0 to start each afresh.
+os.environ.setdefault(pool.KEEP_ENV, "3")
 
 
 @pytest.fixture(scope="session")

@@ -31,12 +31,7 @@ from pathlib import Path
 from eagle3nb import threads as thread_budget
 from eagle3nb.engines.worker import ENGINE_PACKAGES, backend_module
 
-__all__ = [
-    "EngineClient",
-    "EngineError",
-    "DEFAULT_ENGINE_PYTHONS",
-    "check_engine_python",
-]
+__all__ = ["EngineClient", "EngineError", "DEFAULT_ENGINE_PYTHONS", "check_engine_python"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENGINES_HOME = Path(os.environ.get("EAGLE3NB_ENGINES", "~/.cache/eagle3nb/engines")).expanduser()
@@ -110,6 +105,8 @@ class EngineClient:
         FileNotFoundError / ImportError: see :func:`check_engine_python`.
         EngineError: the engine did not start in time or failed to start (message + log tail).
     """
+
+    _release = None  # set by eagle3nb.engines.pool: close() hands the client back to the pool
 
     def __init__(
         self,
@@ -368,7 +365,10 @@ class EngineClient:
         )
 
     def close(self) -> None:
-        """Stop the engine and remove the temp folder (idempotent)."""
+        """Stop the engine and remove the temp folder (idempotent); a client kept for reuse by
+        :func:`eagle3nb.engines.pool.open_engine` goes back to the pool instead, still running."""
+        if self._release is not None and self._release(self):
+            return
         if self._backend is not None:
             try:
                 self._backend.close()

@@ -16,6 +16,7 @@ from eagle3nb.padding import pad_right
 from eagle3nb.target.capture import capture_boundaries, decoder_of, n_layers_of
 from eagle3nb.engines import sglang_backend
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient
+from eagle3nb.engines.pool import open_engine
 
 __all__ = [
     "start_sglang",
@@ -96,7 +97,9 @@ def start_sglang(
     options: dict | None = None,
 ) -> EngineClient:
     """Start the SGLang worker (``eagle3nb.engines.worker`` in SGLang's venv) in a loopback-only
-    network namespace, with the CPU switch and shim on CPU and neither on a GPU.
+    network namespace, with the CPU switch and shim on CPU and neither on a GPU; or hand back a
+    running one of the same key when ``$EAGLE3NB_KEEP_ENGINES`` keeps workers
+    (:mod:`eagle3nb.engines.pool`).
 
     Args:
         python: the SGLang venv's python (None: the default cache path; ``""``: in this process,
@@ -125,7 +128,7 @@ def start_sglang(
     opts = {"device": device, "seed": int(seed), **check_sglang_options(options)}
     if context_length:
         opts["context_length"] = int(context_length)
-    return EngineClient(
+    return open_engine(
         "sglang",
         model_path,
         dtype,

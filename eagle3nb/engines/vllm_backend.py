@@ -50,7 +50,7 @@ for _k, _v in _ENV.items():
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from eagle3nb.engines.worker import OtherModelCapture  # noqa: E402
+from eagle3nb.engines.worker import OtherModelCapture, folder_stamp  # noqa: E402
 
 __all__ = ["Backend", "ENGINE_NAME", "CONVENTION"]
 
@@ -355,7 +355,9 @@ class Backend(OtherModelCapture):
         self._check_prompts(prompts, max_new_tokens)
         spec = {"method": "eagle3", "model": str(drafter_dir), "num_speculative_tokens": int(k)}
         llm = self._make(
-            ("eagle3", str(drafter_dir), int(k)), speculative_config=spec, disable_log_stats=False
+            ("eagle3", str(drafter_dir), int(k), folder_stamp(drafter_dir)),
+            speculative_config=spec,
+            disable_log_stats=False,
         )  # counters
         before = self._counters(llm)
         sp = self._sampling(max_new_tokens, stop_token_ids, 0.0, 1.0, 0)

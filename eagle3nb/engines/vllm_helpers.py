@@ -11,6 +11,7 @@ import time
 from typing import Sequence
 
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient, check_engine_python
+from eagle3nb.engines.pool import open_engine
 
 __all__ = [
     "VLLM_OPTION_KEYS",
@@ -81,9 +82,11 @@ def check_vllm_params(p, model_cfg: dict) -> None:
 
 
 def start_vllm(p, model_path, dtype: str, workdir_parent) -> EngineClient:
-    """Start the vLLM worker for run ``p`` (temp files and engine log under ``workdir_parent``)."""
+    """Start the vLLM worker for run ``p`` (temp files and engine log under ``workdir_parent``), or
+    hand back a running one of the same key when ``$EAGLE3NB_KEEP_ENGINES`` keeps workers
+    (:mod:`eagle3nb.engines.pool`; its temp files are then in the system temp folder)."""
     opts = dict(p.vllm_options)
-    return EngineClient(
+    return open_engine(
         "vllm",
         model_path,
         dtype,

@@ -56,6 +56,7 @@ __all__ = [
     "REPORTED_ENV",
     "OtherModelCapture",
     "backend_module",
+    "folder_stamp",
     "size_threads",
     "serve",
     "main",
@@ -128,7 +129,7 @@ class OtherModelCapture:
 
     def capture_model(self, model_path, samples, layer_ids, options=None) -> list:
         opts = dict(self.options, **dict(options or {}))
-        key = (str(model_path), repr(sorted(opts.items())))
+        key = (str(model_path), repr(sorted(opts.items())), folder_stamp(model_path))
         if self._other_key != key:
             self.close()
             self._other, self._other_key = type(self)(str(model_path), self.dtype, opts), key
@@ -138,6 +139,18 @@ class OtherModelCapture:
         other, self._other, self._other_key = self._other, None, None
         if other is not None:
             other.close()
+
+
+def folder_stamp(path) -> tuple:
+    """``(name, size, mtime_ns)`` of each file directly in folder ``path``, sorted: a model or
+    drafter written again at the same path gets another stamp, so a running worker (kept for reuse,
+    :mod:`eagle3nb.engines.pool`) builds its engine again instead of serving the old weights."""
+    out = []
+    for e in os.scandir(str(path)):
+        if e.is_file():
+            st = e.stat()
+            out.append((e.name, st.st_size, st.st_mtime_ns))
+    return tuple(sorted(out))
 
 
 def backend_module(engine: str) -> str:

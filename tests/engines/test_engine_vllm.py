@@ -20,7 +20,8 @@ from eagle3nb.text.generation import read_jsonl
 from eagle3nb.steps.train import train_step
 from eagle3nb.drafter.acceptance import evaluate_acceptance, greedy_generate
 from eagle3nb.target.alignment import alignment_matrix, reference_states
-from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient
+from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
+from eagle3nb.engines.pool import open_engine
 from eagle3nb.drafter.export import load_drafter
 
 VLLM_PY = DEFAULT_ENGINE_PYTHONS["vllm"]
@@ -40,7 +41,7 @@ BF16_TOL = 2e-2  # relative Frobenius error, bf16 vLLM vs the float32 HF referen
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory):
     path = models.resolve_model("stories260K-hd32")
-    with EngineClient(
+    with open_engine(
         "vllm",
         path,
         "float32",
@@ -107,7 +108,7 @@ def test_greedy_generation_equals_hf(vllm, target):
 def test_bf16_capture_within_tolerance(tmp_path, target):
     model = target[0]
     path = models.resolve_model("stories260K-hd32")
-    with EngineClient("vllm", path, "bfloat16", python=VLLM_PY, workdir_parent=tmp_path) as c:
+    with open_engine("vllm", path, "bfloat16", python=VLLM_PY, workdir_parent=tmp_path) as c:
         got = c.capture(SAMPLES, [1, 2, 4])
     for s, g in zip(SAMPLES, got):
         assert g["aux"].dtype == torch.bfloat16
@@ -196,7 +197,8 @@ def test_sglang_ids_in_vllms_key_show_the_drop_in_vllm_and_simulator(
 ):
     """The user's failure served for real: the exported drafter with SGLang's ids ([0, 1, 3]) written
     into vLLM's top-level key. vLLM then feeds boundaries [0, 1, 3]; its own counters drop, and
-    match the simulator fed the same boundaries."""
+    match the simulator fed the same boundaries. The folder is served right first, then rewritten
+    in place: the running worker serves what is there now."""
     import json
     import shutil
 
@@ -205,17 +207,19 @@ def test_sglang_ids_in_vllms_key_show_the_drop_in_vllm_and_simulator(
     rd = RunDir(p)
     wrong = tmp_path / "drafter-sglang-ids-in-vllm-key"
     shutil.copytree(rd.drafter, wrong)
+    eos = models.stop_token_ids(model, tok)
+    held = [r["prompt_ids"] for r in read_jsonl(rd.generated) if r["split"] == "heldout"][
+        : p.max_eval_prompts
+    ]
+    right = vllm.serve_acceptance(wrong, held, p.k, p.eval_max_new_tokens, eos)  # still the copy
     cfg = json.loads((wrong / "config.json").read_text())
     cfg["eagle_aux_hidden_state_layer_ids"] = cfg["eagle_config"][
         "eagle_aux_hidden_state_layer_ids"
     ]  # [0, 1, 3]
     (wrong / "config.json").write_text(json.dumps(cfg))
-    eos = models.stop_token_ids(model, tok)
-    held = [r["prompt_ids"] for r in read_jsonl(rd.generated) if r["split"] == "heldout"][
-        : p.max_eval_prompts
-    ]
     drafter, _ = load_drafter(rd.drafter, model.get_input_embeddings().weight.detach().float())
-    right = vllm.serve_acceptance(rd.drafter, held, p.k, p.eval_max_new_tokens, eos)
+    # the same folder written again: the running worker must build its engine again, not serve
+    # the copy it built above (worker.folder_stamp in the engine's key)
     got = vllm.serve_acceptance(wrong, held, p.k, p.eval_max_new_tokens, eos)
     sim = evaluate_acceptance(
         model, drafter, held, [0, 1, 3], p.k, p.eval_max_new_tokens, eos, check_greedy=False

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient
+from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
+from eagle3nb.engines.pool import open_engine
 from eagle3nb.engines.sglang_helpers import start_sglang
 from eagle3nb.rundir import REPO_ROOT
 from eagle3nb.target import models
@@ -73,7 +74,7 @@ def _engine_results(client, records, target, partial):
 )
 def test_vllm_regeneration_equals_hf(records, target, hf_results, tmp_path):
     path = models.resolve_model("stories260K-hd32")
-    with EngineClient(
+    with open_engine(
         "vllm", path, "float32", python=DEFAULT_ENGINE_PYTHONS["vllm"], param="vllm_python",
         workdir_parent=tmp_path,
     ) as client:  # fmt: skip

@@ -12,7 +12,8 @@ import torch
 from eagle3nb.drafter.card import serve_commands_markdown, vllm_command_args
 from eagle3nb.drafter.export import export_drafter
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
-from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient
+from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
+from eagle3nb.engines.pool import open_engine
 from eagle3nb.target import models
 
 VLLM_PY = DEFAULT_ENGINE_PYTHONS["vllm"]
@@ -44,7 +45,7 @@ def test_serve_commands_vllm_serve_the_drafter_losslessly(target, tmp_path):
         a = vllm_command_args(cmd)
         spec = a["speculative_config"] or {}
         k = spec.get("num_speculative_tokens", 3)  # the one-liner: k from the drafter's config
-        with EngineClient(
+        with open_engine(
             "vllm", a["model"], "float32", python=VLLM_PY, param="vllm_python",
             workdir_parent=tmp_path,
         ) as cl:  # fmt: skip
@@ -53,7 +54,7 @@ def test_serve_commands_vllm_serve_the_drafter_losslessly(target, tmp_path):
             if a["model"] == str(path):
                 plain_target = cl.generate(prompts, 24, eos)
         if plain_target is None:
-            with EngineClient(
+            with open_engine(
                 "vllm", str(path), "float32", python=VLLM_PY, param="vllm_python",
                 workdir_parent=tmp_path,
             ) as cl:  # fmt: skip

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient
+from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
+from eagle3nb.engines.pool import open_engine
 from eagle3nb.engines.sglang_helpers import start_sglang
 from eagle3nb.engines.twin_check import ENGINE_TOLERANCE, TWIN_ENGINE_OPTIONS, twin_proof
 from eagle3nb.target import models
@@ -74,7 +75,7 @@ class _OneEngine:
         if self.engine != engine:
             self.close()
             if engine == "vllm":
-                self.client = EngineClient(
+                self.client = open_engine(
                     "vllm", STORIES, "float32", python=DEFAULT_ENGINE_PYTHONS["vllm"],
                     param="vllm_python", workdir_parent=self.root,
                 )  # fmt: skip

@@ -16,7 +16,8 @@ from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.dataset.write import write_dataset
 from eagle3nb.drafter.acceptance import evaluate_acceptance, greedy_generate
 from eagle3nb.drafter.export import export_drafter, load_drafter
-from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient
+from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
+from eagle3nb.engines.pool import open_engine
 from eagle3nb.target import models
 from eagle3nb.target.capture import HFCaptureEngine
 from eagle3nb.training.loop import TrainConfig, train_drafter
@@ -62,7 +63,7 @@ def _train(model, rows, boundaries, tmp, **flags):
 
 @pytest.fixture(scope="module")
 def vllm(tmp_path_factory):
-    with EngineClient(
+    with open_engine(
         "vllm",
         models.resolve_model("stories260K-hd32"),
         "float32",

@@ -1,0 +1,121 @@
+"""The engine pool (eagle3nb.engines.pool) with the FAKE backend (tests/engines/fake) in worker
+subprocesses of this python: a worker is kept and handed back only for the same key, the idle ones
+are bounded, a dead one or a model written again starts a new one, and 0 keeps none.
+Real engines share it in tests/engines/test_engine_vllm.py and the steps (start_vllm, start_sglang)."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from eagle3nb.engines import pool
+from eagle3nb.engines.worker import folder_stamp
+
+FAKE_DIR = Path(__file__).parent / "fake"
+REPO = Path(__file__).resolve().parents[2]
+ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{FAKE_DIR}"}
+
+
+@pytest.fixture
+def keep(monkeypatch):
+    """A pool of its own (the session's kept workers are set aside and put back after)."""
+    saved = dict(pool._POOL)
+    pool._POOL.clear()
+
+    def set_keep(n):
+        monkeypatch.setenv(pool.KEEP_ENV, str(n))
+
+    yield set_keep
+    pool.stop_all()
+    pool._POOL.update(saved)
+
+
+def _open(model, dtype="float32", **opts):
+    return pool.open_engine(
+        "module:fake_engine_backend",
+        model,
+        dtype,
+        options=opts,
+        python=sys.executable,
+        env=ENV,
+        threads=1,
+        startup_timeout=60,
+    )
+
+
+def _model(tmp_path, name="m"):
+    d = tmp_path / name
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(json.dumps({"hidden_size": 4}))
+    return d
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_same_key_gets_the_running_worker_back(keep, tmp_path):
+    keep(2)
+    m = _model(tmp_path)
+    with _open(m) as a:
+        pid = a.pid
+        assert a.generate([[1, 2]], 2, [0]) == [[3, 4]]
+    assert _alive(pid) and pool.running()[0]["holders"] == 0  # closed by its holder, kept
+    with _open(m) as b:
+        assert b is a and b.pid == pid and b.generate([[5]], 1, [0]) == [[6]]
+        with _open(m) as c:  # an overlapping holder shares it
+            assert c.pid == pid and pool.running()[0]["holders"] == 2
+    with _open(m, dtype="bfloat16") as d:  # another start argument: another worker
+        assert d.pid != pid
+    with _open(m, flag=1) as e:
+        assert e.pid not in (pid, d.pid)
+    assert len(pool.running()) == 2  # the least recently used idle one was stopped
+    assert not _alive(pid) or pid not in [r["pid"] for r in pool.running()]
+
+
+def test_idle_workers_are_bounded_and_stopped_at_the_end(keep, tmp_path):
+    keep(1)
+    m = _model(tmp_path)
+    a = _open(m)
+    b = _open(m, dtype="bfloat16")
+    pa, pb = a.pid, b.pid
+    a.close()
+    assert _alive(pa)  # idle, within the bound
+    b.close()  # two idle: the older one (a) is stopped
+    assert [r["pid"] for r in pool.running()] == [pb]
+    assert a.pid is None and not os.path.exists(a.workdir)
+    pool.stop_all()
+    assert pool.running() == [] and b.pid is None and not _alive(pb)
+
+
+def test_dead_worker_or_rewritten_model_starts_a_new_one(keep, tmp_path):
+    keep(2)
+    m = _model(tmp_path)
+    with _open(m) as a:
+        pid = a.pid
+    a._kill()  # the worker died while idle
+    with _open(m) as b:
+        assert b.pid != pid and b.generate([[1]], 1, [0]) == [[2]]
+        pid_b = b.pid
+    stamp = folder_stamp(m)
+    (m / "model.safetensors").write_bytes(b"new weights")  # the model written again
+    assert folder_stamp(m) != stamp
+    with _open(m) as c:
+        assert c.pid != pid_b
+
+
+def test_zero_keeps_nothing_and_a_bad_value_is_refused(keep, tmp_path, monkeypatch):
+    keep(0)
+    with _open(_model(tmp_path)) as a:
+        pid = a.pid
+        assert a._release is None  # a plain client
+    assert a.pid is None and not _alive(pid) and pool.running() == []
+    monkeypatch.setenv(pool.KEEP_ENV, "two")
+    with pytest.raises(ValueError, match="EAGLE3NB_KEEP_ENGINES='two' is not an int >= 0"):
+        _open(_model(tmp_path))
