@@ -88,10 +88,13 @@ def test_kimi_k2_folder_loads_as_deepseek_v3(tmp_path):
         shutil.copy(models.resolve_model("stories260K-hd32") / f, d / f)
     model, _tok, _path = models.load_target(str(d))
     assert type(model).__name__ == "DeepseekV3ForCausalLM"
+    got, want = model.state_dict(), src.state_dict()
+    assert set(got) == set(want) and all(torch.equal(got[k], want[k]) for k in want)
     ids = torch.randint(0, V, (1, 7), generator=torch.Generator().manual_seed(3))
     a, b = capture_boundaries(model, ids, range(N + 1)), capture_boundaries(src, ids, range(N + 1))
-    for k in range(N + 1):
-        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+    for k in range(N + 1):  # same weights; the loaded ones may sit in other strides, so another
+        # matmul blocking may round the last float32 bits differently (4e-9 seen); wrong weights: ~1e-1
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
 
 
 # --- each engine's rule for the target's class (eagle3nb.target.engine_rules), before any notebook

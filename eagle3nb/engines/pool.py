@@ -11,8 +11,11 @@ How (:func:`open_engine`, called by :func:`eagle3nb.engines.vllm_helpers.start_v
 client closed by its holder is not stopped but kept idle, and the next :func:`open_engine` with the
 same key gets the same running worker back. The key is everything the worker was started with:
 engine, resolved model folder and its files' names, sizes and mtimes, dtype, options, python,
-environment, prefix and thread count; a worker that died is dropped. At most N idle workers are kept (the least recently used is stopped
-first), so idle memory stays bounded; all are stopped at exit (and a worker whose client process
+environment, prefix and thread count; a worker that died is dropped. A worker started with no thread count gets this process's budget
+(:func:`eagle3nb.threads.current`), or all its cores when none is applied, so a test's or script's
+own start and a step's share one key. At most N idle workers are kept (the one reused least, then
+the least recently used, is stopped first: a one-off target does not push out the one every step
+uses), so idle memory stays bounded; all are stopped at exit (and a worker whose client process
 dies ends on its closed stdin). Holders may overlap (a test module's client and a step's): calls
 are sequential in one process, and each call sets the engine's mode itself.
 
@@ -38,7 +41,7 @@ __all__ = ["KEEP_ENV", "kept_capacity", "open_engine", "running", "stop_all"]
 
 KEEP_ENV = "EAGLE3NB_KEEP_ENGINES"
 
-# key -> [client, holders]; order = least recently released first
+# key -> [client, holders, reuses]; order = least recently released first
 _POOL: OrderedDict[str, list] = OrderedDict()
 
 
@@ -101,8 +104,9 @@ def open_engine(
             engine, model_path, dtype, options, python, param, workdir_parent,
             env=env, prefix=prefix, threads=threads, **kw,
         )  # fmt: skip
-    if threads is None and (budget := thread_budget.current()) is not None:
-        threads = budget.worker  # what EngineClient would pick: part of the key
+    if threads is None:  # this process's budget, else all its cores: one key for both
+        budget = thread_budget.current() or thread_budget.plan(0)
+        threads = budget.worker
     key = _key(engine, model_path, dtype, dict(options or {}), python, env, prefix, threads)
     entry = _POOL.pop(key, None)
     if entry is not None and not _alive(entry[0]):
@@ -114,8 +118,10 @@ def open_engine(
             engine, model_path, dtype, options, python, param, None,
             env=env, prefix=prefix, threads=threads, **kw,
         )  # fmt: skip
-        entry = [client, 0]
+        entry = [client, 0, 0]
         client._release = lambda c, k=key: _release(k)
+    else:
+        entry[2] += 1  # reuses: the idle worker reused least is stopped first
     entry[1] += 1
     _POOL[key] = entry
     return entry[0]
@@ -133,7 +139,8 @@ def _release(key: str) -> bool:
 
 
 def _trim(cap: int) -> None:
-    idle = [k for k, e in _POOL.items() if e[1] == 0]
+    # fewest reuses first, then least recently released (_POOL's order; sorted() is stable)
+    idle = sorted((k for k, e in _POOL.items() if e[1] == 0), key=lambda k: _POOL[k][2])
     for k in idle[: max(0, len(idle) - cap)]:
         client = _POOL.pop(k)[0]
         client._release = None
@@ -143,7 +150,7 @@ def _trim(cap: int) -> None:
 def running() -> list[dict]:
     """The workers the pool holds: ``{"engine", "model_path", "dtype", "holders", "pid"}`` each."""
     out = []
-    for k, (c, n) in _POOL.items():
+    for k, (c, n, _) in _POOL.items():
         engine, model_path, dtype = json.loads(k)[:3]
         out.append(
             {"engine": engine, "model_path": model_path, "dtype": dtype, "holders": n, "pid": c.pid}

@@ -96,6 +96,7 @@ class Backend(OtherModelCapture):
         self._llm = None
         self._key = None
         self._req = 0
+        self._transport = None  # how the last capture's states came: "memory" or "file"
 
     # ---- engine lifecycle -------------------------------------------------------------------
     def _make(self, key: tuple, **extra):
@@ -146,7 +147,8 @@ class Backend(OtherModelCapture):
 
     def info(self) -> dict:
         """``engine_name``, ``engine_version``, ``torch_version``, ``convention`` (of the ids
-        :meth:`capture` takes), ``n_layers``, ``device``."""
+        :meth:`capture` takes), ``n_layers``, ``device``, ``dtype``, ``hidden_states_transport``
+        (how the last capture's states reached this process: ``memory`` or ``file``)."""
         import vllm
 
         return {
@@ -157,6 +159,7 @@ class Backend(OtherModelCapture):
             "n_layers": self.n_layers,
             "device": "cuda" if torch.cuda.is_available() else "cpu",
             "dtype": self.dtype,
+            "hidden_states_transport": self._transport,  # memory or file (vllm_connector)
         }
 
     # ---- generation -------------------------------------------------------------------------
@@ -241,6 +244,10 @@ class Backend(OtherModelCapture):
             "kv_connector_extra_config": {
                 "shared_storage_path": path,
                 "use_synchronization_lock": False,
+                # in memory when vLLM's runner is in this process (vllm_connector); 0: files
+                "handover_pid": os.getpid()
+                if os.environ.get("EAGLE3NB_VLLM_STATES_IN_MEMORY", "1") != "0"
+                else None,
             },
         }
         return self._make(("capture", tuple(ids)), speculative_config=spec, kv_transfer_config=kv)
@@ -275,6 +282,9 @@ class Backend(OtherModelCapture):
                     f"samples[{i}] has {len(s)} tokens; vLLM capture needs 1..{self.max_model_len - 1} (max_model_len - 1)"
                 )
         llm = self._capture_llm(want)
+        from eagle3nb.engines.vllm_connector import HANDOVER
+
+        HANDOVER.clear()  # what a failed call left
         # one generated token per request: the prefill's states cover exactly the sample's tokens
         sp = self._sampling(
             1, [], 0.0, 1.0, 0, extra={"kv_transfer_params": {"include_output_tokens": False}}
@@ -283,42 +293,41 @@ class Backend(OtherModelCapture):
             [{"prompt_token_ids": list(map(int, s))} for s in samples], sp, use_tqdm=False
         )
         paths = [o.kv_transfer_params["hidden_states_path"] for o in outs]
-        # the connector writes a finished request's states on the engine's next step
+
+        # the connector hands a finished request's states over on the engine's next step
+        def ready(p):
+            return p in HANDOVER or os.path.exists(p)
+
         t0 = time.time()
-        while not all(os.path.exists(p) for p in paths):
+        while not all(ready(p) for p in paths):
             if time.time() - t0 > 120:
-                missing = [p for p in paths if not os.path.exists(p)]
+                missing = [p for p in paths if not ready(p)]
                 raise RuntimeError(
                     f"vLLM connector wrote no hidden states for {len(missing)} requests after 120 s (e.g. {missing[0]})"
                 )
             llm.llm_engine.step()
         res = []
         for i, (s, p) in enumerate(zip(samples, paths)):
-            d = load_file(p)
-            os.remove(p)
+            d = HANDOVER.pop(p, None)
+            self._transport = "memory" if d is not None else "file"
+            if d is None:  # written by a rank in another process, or in-memory switched off
+                d = load_file(p)
+                os.remove(p)
             hs, tok = d["hidden_states"], d["token_ids"].tolist()
             if tok != list(map(int, s)) or hs.shape[0] != len(s) or hs.shape[1] != len(want):
                 raise ValueError(
                     f"vLLM returned {tuple(hs.shape)} states for tokens {tok[:8]}... but sample {i} has {len(s)} tokens {list(s)[:8]}... and {len(want)} ids were asked: rows from another request or a truncated capture"
                 )
-            T = hs.shape[0]
-            out = {
-                "aux": hs[:, : len(ids)].reshape(T, len(ids) * self.hidden_size).contiguous(),
-                "final": hs[:, len(want) - 1].contiguous(),
-            }
-            res.append(out)
+            aux = hs[:, : len(ids)].reshape(hs.shape[0], len(ids) * self.hidden_size)
+            res.append({"aux": aux.contiguous(), "final": hs[:, len(want) - 1].contiguous()})
         return res
 
     # ---- EAGLE-3 serving --------------------------------------------------------------------
     @staticmethod
     def _counters(llm) -> dict:
         """vLLM's speculative-decoding counters (cumulative since the engine started)."""
-        out = {
-            "num_drafts": 0,
-            "num_draft_tokens": 0,
-            "num_accepted_tokens": 0,
-            "accepted_per_pos": [],
-        }
+        out = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
+        out["accepted_per_pos"] = []
         names = {
             "vllm:spec_decode_num_drafts": "num_drafts",
             "vllm:spec_decode_num_draft_tokens": "num_draft_tokens",

@@ -9,6 +9,12 @@ in the model dtype, ``token_ids [T]``) atomically (temp file + rename), so a rea
 half-written file and no lock file is needed. Everything else (which slots, when a request is
 finished, the file name in ``kv_transfer_params["hidden_states_path"]``) is vLLM's own code.
 
+When vLLM's model runner is in the process that asked for the capture (``handover_pid`` in
+``kv_connector_extra_config`` equals this process's pid: vLLM's single-process engine,
+``VLLM_ENABLE_V1_MULTIPROCESSING=0`` with one rank, as on CPU), the states are handed over in
+memory (:data:`HANDOVER`, keyed by the same file name) instead of through a file per request;
+with ranks in other processes (tensor parallel) the file is written as before.
+
 Loaded by vLLM in its engine process through ``kv_transfer_config={"kv_connector":
 "SyncHiddenStatesConnector", "kv_connector_module_path": "eagle3nb.engines.vllm_connector", ...}``;
 imports vLLM, so only the engine environment imports this module.
@@ -26,7 +32,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.example_hidden_states_connecto
     extract_from_kv_cache,
 )
 
-__all__ = ["SyncHiddenStatesConnector"]
+__all__ = ["HANDOVER", "SyncHiddenStatesConnector"]
+
+# file name -> {"hidden_states": [T, n_ids, H], "token_ids": [T]}: the in-memory hand-over to the
+# backend of this process (eagle3nb.engines.vllm_backend pops each entry as it reads it)
+HANDOVER: dict[str, dict] = {}
 
 
 class _Done:
@@ -58,10 +68,15 @@ class SyncHiddenStatesConnector(ExampleHiddenStatesConnector):
             .to("cpu")
             .clone()
         )
-        os.makedirs(os.path.dirname(pending.filename) or ".", exist_ok=True)
-        tmp = pending.filename + ".tmp"
-        save_file({"hidden_states": hs.contiguous(), "token_ids": pending.token_ids.clone()}, tmp)
-        os.replace(tmp, pending.filename)
+        states = {"hidden_states": hs.contiguous(), "token_ids": pending.token_ids.clone()}
+        cfg = self._kv_transfer_config
+        if cfg.get_from_extra_config("handover_pid", None) == os.getpid():
+            HANDOVER[pending.filename] = states  # the reader is in this process: no file
+        else:
+            os.makedirs(os.path.dirname(pending.filename) or ".", exist_ok=True)
+            tmp = pending.filename + ".tmp"
+            save_file(states, tmp)
+            os.replace(tmp, pending.filename)
         fd = self._lock_fds.pop(pending.req_id, None)
         if fd is not None:
             os.close(fd)  # releases the LOCK_EX vLLM took in wait_for_save

@@ -81,6 +81,20 @@ def test_captured_states_equal_hf_boundaries_float32(vllm, target):
         )  # HF's hidden_states[N] is after the norm
 
 
+def test_states_through_files_equal_states_in_memory(vllm):
+    """The connector hands the states over in memory in vLLM's single-process engine; the file
+    path (ranks in other processes, or EAGLE3NB_VLLM_STATES_IN_MEMORY=0) gives the same bits."""
+    mem = vllm.capture(SAMPLES, [1, 2, 4])
+    assert vllm.info(live=True)["hidden_states_transport"] == "memory"
+    path = models.resolve_model("stories260K-hd32")
+    off = {"EAGLE3NB_VLLM_STATES_IN_MEMORY": "0"}
+    with open_engine("vllm", path, "float32", python=VLLM_PY, param="vllm_python", env=off) as c:
+        got = c.capture(SAMPLES, [1, 2, 4])
+        assert c.info(live=True)["hidden_states_transport"] == "file"
+    for a, b in zip(mem, got):
+        assert torch.equal(a["aux"], b["aux"]) and torch.equal(a["final"], b["final"])
+
+
 def test_one_by_one_equals_batched(vllm):
     ids = [1, 2, 4]
     batched = vllm.capture(SAMPLES, ids)

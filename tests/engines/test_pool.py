@@ -72,11 +72,31 @@ def test_same_key_gets_the_running_worker_back(keep, tmp_path):
         with _open(m) as c:  # an overlapping holder shares it
             assert c.pid == pid and pool.running()[0]["holders"] == 2
     with _open(m, dtype="bfloat16") as d:  # another start argument: another worker
-        assert d.pid != pid
+        pid_d = d.pid
+        assert pid_d != pid
     with _open(m, flag=1) as e:
-        assert e.pid not in (pid, d.pid)
-    assert len(pool.running()) == 2  # the least recently used idle one was stopped
-    assert not _alive(pid) or pid not in [r["pid"] for r in pool.running()]
+        assert e.pid not in (pid, pid_d)
+    # three idle, two kept: the one reused least (d, used once, older than e) was stopped
+    assert [r["pid"] for r in pool.running()] == [pid, e.pid] and not _alive(pid_d)
+
+
+def test_threads_default_to_the_budget_a_step_gives(keep, tmp_path):
+    keep(2)
+    from eagle3nb import threads
+
+    m = _model(tmp_path)
+    threads.clear()
+    a = pool.open_engine(
+        "module:fake_engine_backend", m, options={}, python=sys.executable, env=ENV
+    )
+    assert a.threads["torch_threads"] == threads.plan(0).worker  # all the cores, not unset
+    a.close()
+    b = pool.open_engine(
+        "module:fake_engine_backend", m, python=sys.executable, env=ENV,
+        threads=threads.plan(0).worker,
+    )  # fmt: skip
+    assert b is a
+    b.close()
 
 
 def test_idle_workers_are_bounded_and_stopped_at_the_end(keep, tmp_path):
