@@ -136,3 +136,13 @@ def planted_draft_chain(greedy: dict, miss):
         raise AssertionError("unknown prompt")
 
     return fake
+
+
+def sglang_ctx(path) -> int:
+    """The ``context_length`` the steps give :func:`eagle3nb.engines.sglang_helpers.start_sglang`
+    for this target (its ``max_position_embeddings``): a test's own start with it shares the steps'
+    kept worker (eagle3nb.engines.pool keys on the options)."""
+    import json
+    from pathlib import Path
+
+    return int(json.loads((Path(path) / "config.json").read_text())["max_position_embeddings"])

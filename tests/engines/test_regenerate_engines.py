@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from testkit import sglang_ctx
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
 from eagle3nb.engines.pool import open_engine
 from eagle3nb.engines.sglang_helpers import start_sglang
@@ -89,7 +90,7 @@ def test_vllm_regeneration_equals_hf(records, target, hf_results, tmp_path):
 )
 def test_sglang_regeneration_equals_hf(records, target, hf_results, tmp_path):
     path = models.resolve_model("stories260K-hd32")
-    with start_sglang(path, "float32", "cpu", 0, None, tmp_path) as client:
+    with start_sglang(path, "float32", "cpu", 0, None, tmp_path, sglang_ctx(path)) as client:
         got = _engine_results(client, records, target, tmp_path / "p.jsonl")
     assert _first_difference(hf_results, got) is None, _first_difference(hf_results, got)
     assert [r["rows"] for r in got] == [r["rows"] for r in hf_results]

@@ -15,6 +15,7 @@ import subprocess
 import pytest
 import torch
 
+from testkit import sglang_ctx
 from eagle3nb.target import models
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
 from eagle3nb.text.generation import generate_batch
@@ -40,7 +41,9 @@ def sgl(tmp_path_factory):
     from eagle3nb.engines.sglang_helpers import start_sglang
 
     path = models.resolve_model("stories260K-hd32")
-    client = start_sglang(path, "float32", "cpu", 0, None, tmp_path_factory.mktemp("sglang"))
+    client = start_sglang(
+        path, "float32", "cpu", 0, None, tmp_path_factory.mktemp("sglang"), sglang_ctx(path)
+    )
     first = client.capture(SAMPLES, IDS, logprobs=True)  # starts the capture engine once
     yield client, path, first
     client.close()

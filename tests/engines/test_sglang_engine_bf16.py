@@ -16,6 +16,7 @@ import os
 import pytest
 import torch
 
+from testkit import sglang_ctx
 from eagle3nb.target import models
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
 
@@ -35,7 +36,9 @@ def captured(tmp_path_factory):
     from eagle3nb.engines.sglang_helpers import start_sglang
 
     path = models.resolve_model("stories260K-hd32")
-    with start_sglang(path, "bfloat16", "cpu", 0, None, tmp_path_factory.mktemp("sglang")) as c:
+    with start_sglang(
+        path, "bfloat16", "cpu", 0, None, tmp_path_factory.mktemp("sglang"), sglang_ctx(path)
+    ) as c:
         batched = c.capture(SAMPLES, IDS)
         single = [c.capture([s], IDS)[0] for s in SAMPLES]
     return batched, single

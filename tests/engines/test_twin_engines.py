@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from testkit import sglang_ctx
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
 from eagle3nb.engines.pool import open_engine
 from eagle3nb.engines.sglang_helpers import start_sglang
@@ -80,7 +81,9 @@ class _OneEngine:
                     param="vllm_python", workdir_parent=self.root,
                 )  # fmt: skip
             else:
-                self.client = start_sglang(STORIES, "float32", "cpu", 0, None, self.root)
+                self.client = start_sglang(
+                    STORIES, "float32", "cpu", 0, None, self.root, sglang_ctx(STORIES)
+                )
             self.engine = engine
         return self.client
 
