@@ -144,7 +144,10 @@ class OtherModelCapture:
 def folder_stamp(path) -> tuple:
     """``(name, size, mtime_ns)`` of each file directly in folder ``path``, sorted: a model or
     drafter written again at the same path gets another stamp, so a running worker (kept for reuse,
-    :mod:`eagle3nb.engines.pool`) builds its engine again instead of serving the old weights."""
+    :mod:`eagle3nb.engines.pool`) builds its engine again instead of serving the old weights.
+    ``()`` for a path that is not a folder (the engine then reports it as before)."""
+    if not os.path.isdir(str(path)):
+        return ()
     out = []
     for e in os.scandir(str(path)):
         if e.is_file():

@@ -125,7 +125,7 @@ def test_dead_worker_or_rewritten_model_starts_a_new_one(keep, tmp_path):
         pid_b = b.pid
     stamp = folder_stamp(m)
     (m / "model.safetensors").write_bytes(b"new weights")  # the model written again
-    assert folder_stamp(m) != stamp
+    assert folder_stamp(m) != stamp and folder_stamp(tmp_path / "absent") == ()
     with _open(m) as c:
         assert c.pid != pid_b
 
