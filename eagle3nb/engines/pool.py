@@ -85,25 +85,28 @@ def open_engine(
     dtype: str = "float32",
     options: dict | None = None,
     python: str | None = None,
-    param: str = "engine python",
     workdir_parent=None,
     env: dict | None = None,
     prefix: list[str] | None = None,
     threads: int | None = None,
     **kw,
 ) -> EngineClient:
-    """An :class:`EngineClient` for these arguments (same meaning as its constructor's): a kept
-    running one with the same key, or a new one (kept for reuse when closed, if the pool keeps any).
+    """An :class:`EngineClient` for these arguments (same meaning as its constructor's; ``kw``:
+    its other keywords, e.g. ``param``, timeouts): a kept running one with the same key, or a new
+    one (kept for reuse when closed, if the pool keeps any; its temp folder then in the system's).
 
     Raises:
         ValueError: a bad ``$EAGLE3NB_KEEP_ENGINES``; and whatever :class:`EngineClient` raises.
     """
-    cap = kept_capacity()
-    if cap == 0:
+
+    def start(parent) -> EngineClient:
         return EngineClient(
-            engine, model_path, dtype, options, python, param, workdir_parent,
+            engine, model_path, dtype, options, python, workdir_parent=parent,
             env=env, prefix=prefix, threads=threads, **kw,
         )  # fmt: skip
+
+    if kept_capacity() == 0:
+        return start(workdir_parent)
     if threads is None:  # this process's budget, else all its cores: one key for both
         budget = thread_budget.current() or thread_budget.plan(0)
         threads = budget.worker
@@ -114,10 +117,7 @@ def open_engine(
         entry[0].close()  # a dead worker: clean up its temp folder, start again
         entry = None
     if entry is None:
-        client = EngineClient(
-            engine, model_path, dtype, options, python, param, None,
-            env=env, prefix=prefix, threads=threads, **kw,
-        )  # fmt: skip
+        client = start(None)  # a later holder may outlive the first run's folder
         entry = [client, 0, 0]
         client._release = lambda c, k=key: _release(k)
     else:
