@@ -115,6 +115,9 @@ class TimedCapture:
         return out
 
 
+GENERATE_PROMPTS = 128  # prompts timed for generation speed: a CPU engine runs ~128 at once
+
+
 def measure_speed(
     client,
     prompts: Sequence[Sequence[int]],
@@ -122,42 +125,81 @@ def measure_speed(
     max_new_tokens: int,
     stop_token_ids,
     seed: int,
-    capture_seconds: float,
-    capture_tokens: int,
+    capture,
+    dataset_seconds: float = 0.0,
+    dataset_tokens: int = 0,
     batch_size: int = 32,
     generate_kw: dict | None = None,
+    interleave: bool = False,
+    generate_prompts: int = GENERATE_PROMPTS,
 ) -> dict:
-    """vLLM's tokens/s in this run: plain generation of the train prompts (one call), prefill of the
-    dataset's samples without capture (one generated token each, in calls of ``batch_size`` samples
-    as the extraction made them), and the capture timed during extraction (engine transfer included).
-    ``generate_kw`` goes to every ``client.generate`` call (02b: SGLang's ``on_capture_engine``, the
-    plain requests then run on the capture engine already started, see ``plain_engine`` below).
+    """An engine's tokens/s in this run, each engine warm (engine starts and first calls excluded).
+
+    - generation: the first ``generate_prompts`` prompts, greedy, in one call;
+    - prefill without capture: every sample, one generated token each, in calls of ``batch_size``;
+    - extraction: the same calls through ``capture`` (``samples -> states``, transfer to this
+      process included), timed again here rather than taken from the dataset's pass, whose first
+      calls pay the engine's warm-up and whose calls alternate with shard writes.
+
+    With ``interleave`` (one engine serves both kinds of request, as SGLang's capture engine does
+    with ``generate_kw={"on_capture_engine": True}``) the two passes alternate call by call, so a
+    change of machine load hits both alike. Otherwise (vLLM builds another engine for each kind)
+    the capture pass runs first, on the capture engine the dataset pass left running, then the
+    plain engine's pass. ``capture_overhead_ratio`` = prefill tokens/s / extraction tokens/s.
+    ``dataset_seconds`` / ``dataset_tokens`` (the dataset pass, :class:`TimedCapture`) are
+    reported as ``dataset_pass_tokens_per_s``, first calls and writes' interleaving included.
 
     Returns:
-        ``{"generate_tokens_per_s", "generated_tokens", "prefill_tokens_per_s_without_capture",
-        "extract_tokens_per_s", "capture_overhead_ratio", "ratio_is"}``; engine starts excluded
-        (a first small call warms each engine up).
+        ``{"generate_tokens_per_s", "generated_tokens", "generate_prompts",
+        "prefill_tokens_per_s_without_capture", "extract_tokens_per_s",
+        "capture_overhead_ratio", "dataset_pass_tokens_per_s", "ratio_is", "plain_engine",
+        "hidden_states_transport"?}``.
     """
     kw = dict(generate_kw or {})
-    client.generate([list(prompts[0])], 1, [], 0.0, 1.0, seed, **kw)  # warms (or starts) the engine
+    batches = [samples[i : i + batch_size] for i in range(0, len(samples), batch_size)]
+    pre_s = ext_s = 0.0
+
+    def timed(fn, xs) -> float:
+        t0 = time.perf_counter()
+        fn(xs)
+        return time.perf_counter() - t0
+
+    def plain(xs):
+        return client.generate(xs, 1, [], 0.0, 1.0, seed, **kw)
+
+    capture(batches[0])  # warm-up: the capture engine is running and has seen a batch
+    if interleave:
+        plain(batches[0])
+        for i, xs in enumerate(batches):  # alternate which kind goes first
+            order = (capture, plain) if i % 2 == 0 else (plain, capture)
+            a, b = timed(order[0], xs), timed(order[1], xs)
+            ext_s, pre_s = (ext_s + a, pre_s + b) if i % 2 == 0 else (ext_s + b, pre_s + a)
+    else:
+        ext_s = sum(timed(capture, xs) for xs in batches)
+    gen = [list(x) for x in prompts[: max(1, generate_prompts)]]
+    client.generate(gen[:1], 1, [], 0.0, 1.0, seed, **kw)  # warms (or starts) the plain engine
     t0 = time.perf_counter()
-    outs = client.generate(prompts, max_new_tokens, stop_token_ids, 0.0, 1.0, seed, **kw)
+    outs = client.generate(gen, max_new_tokens, stop_token_ids, 0.0, 1.0, seed, **kw)
     gen_s = time.perf_counter() - t0
+    if not interleave:
+        pre_s = sum(timed(plain, xs) for xs in batches)
+    n_tok = sum(len(s) for s in samples)
     n_gen = sum(len(o) for o in outs)
-    t0 = time.perf_counter()
-    for i in range(0, len(samples), batch_size):
-        client.generate(samples[i : i + batch_size], 1, [], 0.0, 1.0, seed, **kw)
-    pre_s = time.perf_counter() - t0
-    pre = sum(len(s) for s in samples) / pre_s if pre_s else None
-    ext = capture_tokens / capture_seconds if capture_seconds else None
+    pre = n_tok / pre_s if pre_s else None
+    ext = n_tok / ext_s if ext_s else None
     how = client.info(live=True).get("hidden_states_transport")  # SGLang: tensor or float lists
+    order = "alternating call by call" if interleave else "capture pass, then the plain pass"
     return {
         "generate_tokens_per_s": round(n_gen / gen_s, 1) if gen_s else None,
         "generated_tokens": n_gen,
+        "generate_prompts": len(gen),
         "prefill_tokens_per_s_without_capture": round(pre, 1) if pre else None,
         "extract_tokens_per_s": round(ext, 1) if ext else None,
         "capture_overhead_ratio": round(pre / ext, 3) if pre and ext else None,
-        "ratio_is": f"prefill tokens/s without capture / with aux capture returned to the notebook (same samples in calls of {batch_size}, same engine version; engine start excluded)",
+        "dataset_pass_tokens_per_s": (
+            round(dataset_tokens / dataset_seconds, 1) if dataset_seconds else None
+        ),
+        "ratio_is": f"prefill tokens/s without capture / with aux capture returned to the notebook (the same samples in the same calls of {batch_size}, both engines warm, {order}; engine starts excluded)",
         "plain_engine": (
             "the capture engine, requests without hidden states (aux clones in its forward run)"
             if kw.get("on_capture_engine")

@@ -180,17 +180,16 @@ def engine_speed(
     tok,
     batch_size: int = 32,
     generate_kw: dict | None = None,
+    interleave: bool = False,
 ) -> dict:
     """An engine server's tokens/s in this run (see
-    :func:`eagle3nb.engines.vllm_helpers.measure_speed`, which gets ``generate_kw``): generation
-    of 01's train prompts, prefill without capture in calls of ``batch_size`` samples, and the
-    capture ``timed`` (a ``TimedCapture``) measured during extraction, or now if the dataset was
-    complete already."""
+    :func:`eagle3nb.engines.vllm_helpers.measure_speed`, which gets ``generate_kw`` and
+    ``interleave``): generation of 01's train prompts, prefill without capture and extraction of
+    the dataset's samples in calls of ``batch_size``, both on warm engines; the dataset pass
+    ``timed`` (a ``TimedCapture``; no calls when the dataset was complete already) is reported
+    apart."""
     from eagle3nb.engines.vllm_helpers import measure_speed
 
-    if not timed.tokens:  # the dataset was complete already (resumed): time one capture pass now
-        for i in range(0, len(samples), p.capture_batch_size):
-            timed.capture([s[1] for s in samples[i : i + p.capture_batch_size]], engine_ids)
     recs = [r for r in read_jsonl(RunDir(p).generated) if r["split"] == "train"]
     return measure_speed(
         client,
@@ -199,10 +198,12 @@ def engine_speed(
         p.max_new_tokens,
         models.stop_token_ids(model, tok),
         p.seed,
+        lambda xs: timed.client.capture(xs, engine_ids),
         timed.seconds,
         timed.tokens,
         batch_size,
         generate_kw,
+        interleave,
     )
 
 

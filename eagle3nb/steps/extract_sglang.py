@@ -311,7 +311,7 @@ def _speeds(p: RunParams, rd: RunDir, client, cap: _Capture, model, tok, samples
         # the plain requests run on the capture engine already started (no restart)
         kw = {"on_capture_engine": True}
         extra["speed"] = extract.engine_speed(
-            p, client, cap.timed, samples, cap.ids, model, tok, generate_kw=kw
+            p, client, cap.timed, samples, cap.ids, model, tok, generate_kw=kw, interleave=True
         )
         merge_engine_metrics(
             rd,

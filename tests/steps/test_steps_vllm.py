@@ -19,6 +19,8 @@ from eagle3nb.steps.generate import generate_step
 from eagle3nb.steps.train import train_step
 from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
+from eagle3nb.engines import vllm_helpers
+from eagle3nb.text.generation import read_jsonl
 
 pytestmark = pytest.mark.skipif(
     not Path(DEFAULT_ENGINE_PYTHONS["vllm"]).is_file(),
@@ -93,8 +95,11 @@ def test_engine_speed_metrics(run):
         "prefill_tokens_per_s_without_capture",
         "extract_tokens_per_s",
         "generate_tokens_per_s_01",
+        "dataset_pass_tokens_per_s",  # 02a wrote the dataset in this run
     ):
         assert e[k] > 0
+    n_train = sum(1 for r in read_jsonl(RunDir(p).generated) if r["split"] == "train")
+    assert e["generate_prompts"] == min(n_train, vllm_helpers.GENERATE_PROMPTS)
     assert e["capture_overhead_ratio"] == pytest.approx(
         e["prefill_tokens_per_s_without_capture"] / e["extract_tokens_per_s"], rel=1e-2
     )

@@ -1,0 +1,72 @@
+"""``measure_speed``'s arithmetic and call order, on a fake engine client and a fake clock: every
+request advances the clock by a known number of seconds per token, so each tokens/s it reports is
+known by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from eagle3nb.engines import vllm_helpers
+
+PLAIN_S, CAPTURE_S, GEN_S = 1e-3, 3e-3, 1e-2  # fake seconds per token
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeClient:
+    """Records every request; ``generate`` with 1 new token is a prefill, else a generation."""
+
+    def __init__(self, clock: FakeClock):
+        self.clock, self.calls = clock, []
+
+    def generate(self, prompts, max_new, stops, temperature, top_p, seed, **kw):
+        kind = "plain" if max_new == 1 else "gen"
+        self.calls.append((kind, len(prompts), kw))
+        if kind == "plain":
+            self.clock.now += PLAIN_S * sum(len(p) for p in prompts)
+            return [[7] for _ in prompts]
+        self.clock.now += GEN_S * max_new * len(prompts)
+        return [[7] * max_new for _ in prompts]
+
+    def capture(self, samples):
+        self.calls.append(("capture", len(samples), {}))
+        self.clock.now += CAPTURE_S * sum(len(s) for s in samples)
+
+    def info(self, live=False):
+        return {"hidden_states_transport": "tensor"}
+
+
+@pytest.mark.parametrize("interleave", [True, False])
+def test_speeds_from_warm_calls_and_order(monkeypatch, interleave):
+    clock = FakeClock()
+    monkeypatch.setattr(vllm_helpers.time, "perf_counter", clock)
+    client = FakeClient(clock)
+    samples = [[1] * (10 + i % 5) for i in range(70)]  # 3 calls of 32, 32, 6
+    prompts = [[1, 2]] * 200
+    kw = {"on_capture_engine": True} if interleave else {}
+    r = vllm_helpers.measure_speed(
+        client, prompts, samples, 4, [0], 0, client.capture, 2.0, 500, 32, kw, interleave, 128
+    )
+    assert r["prefill_tokens_per_s_without_capture"] == pytest.approx(1 / PLAIN_S, abs=0.05)
+    assert r["extract_tokens_per_s"] == pytest.approx(1 / CAPTURE_S, abs=0.05)
+    assert r["capture_overhead_ratio"] == pytest.approx(CAPTURE_S / PLAIN_S, rel=1e-3)
+    assert r["generate_tokens_per_s"] == pytest.approx(1 / GEN_S, abs=0.05)
+    assert r["generated_tokens"] == 128 * 4 and r["generate_prompts"] == 128
+    assert r["dataset_pass_tokens_per_s"] == 250.0
+    kinds = [(k, n) for k, n, _ in client.calls]
+    warm = [("capture", 32)]
+    if interleave:  # one warm-up each, then capture/plain alternating which goes first
+        timed = [("capture", 32), ("plain", 32), ("plain", 32), ("capture", 32)]
+        timed += [("capture", 6), ("plain", 6)]
+        assert kinds == warm + [("plain", 32)] + timed + [("plain", 1), ("gen", 128)]
+        assert all(kw == {"on_capture_engine": True} for k, _, kw in client.calls if k != "capture")
+    else:  # the capture engine's pass, then the plain engine (warm-up, generation, prefill)
+        caps = [("capture", 32), ("capture", 32), ("capture", 6)]
+        plains = [("plain", 32), ("plain", 32), ("plain", 6)]
+        assert kinds == warm + caps + [("plain", 1), ("gen", 128)] + plains
