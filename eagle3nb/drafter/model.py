@@ -147,15 +147,22 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dt)
 
 
-def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary embedding (HF rotate_half layout). x: [B, h, T, d]; pos: [B, T] int64."""
-    d = x.shape[-1]
+def _rope_tables(
+    pos: torch.Tensor, d: int, theta: float, dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of the rotary angles (HF rotate_half layout). pos: [B, T] int64 ->
+    ([B, 1, T, d], [B, 1, T, d]), shared by the queries and keys of one step."""
     inv = 1.0 / (
-        theta ** (torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+        theta ** (torch.arange(0, d, 2, device=pos.device, dtype=torch.float32) / d)
     )  # [d/2]
     ang = pos.to(torch.float32)[..., None] * inv  # [B, T, d/2]
     emb = torch.cat([ang, ang], dim=-1)[:, None]  # [B, 1, T, d]
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding: x [B, h, T, d] with the tables of :func:`_rope_tables`."""
+    d = x.shape[-1]
     x1, x2 = x[..., : d // 2], x[..., d // 2 :]
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
@@ -199,7 +206,8 @@ class Eagle3Attention(nn.Module):
         key_mask: Optional[torch.Tensor],
     ):
         """x: [B, Tq, 2H]; pos: [B, Tq] RoPE positions; cache: earlier steps' KV (step 0 first);
-        q_index: [Tq] sequence index of each query (for the causal mask over step 0);
+        q_index: [Tq], or [B, Tq] per row, sequence index of each query (the causal mask over
+        step 0; steps after 0 may hold a subset of the positions, the same subset in each);
         key_mask: [B, T0] bool, False on padding keys. Returns ([B, Tq, H], this step's KV).
         With ``attn_impl == "flex"`` and Tq == T0 (the training layout) q_index must be arange(T0)
         and every cached step must hold the same T0 positions, as :func:`eagle3nb.training.objective.ttt_loss`
@@ -210,7 +218,8 @@ class Eagle3Attention(nn.Module):
         q = self.q_proj(x).view(B, Tq, nh, hd).transpose(1, 2)  # [B, nh, Tq, hd]
         k = self.k_proj(x).view(B, Tq, nkv, hd).transpose(1, 2)  # [B, nkv, Tq, hd]
         v = self.v_proj(x).view(B, Tq, nkv, hd).transpose(1, 2)  # [B, nkv, Tq, hd]
-        q, k = _rope(q, pos, c.rope_theta), _rope(k, pos, c.rope_theta)
+        cos, sin = _rope_tables(pos, hd, c.rope_theta, q.dtype)  # each [B, 1, Tq, hd]
+        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         steps = cache + [(k, v)]  # per step [B, nkv, T_s, hd]
         scale = 1.0 / math.sqrt(hd)
         T0 = steps[0][0].shape[2]
@@ -239,8 +248,9 @@ class Eagle3Attention(nn.Module):
         k0, v0 = steps[0]  # [B, nh, T0, hd]
         s0 = (q @ k0.transpose(-1, -2)) * scale  # [B, nh, Tq, T0]
         T0 = k0.shape[2]
-        allowed = torch.arange(T0, device=q.device)[None, :] <= q_index[:, None]  # [Tq, T0] causal
-        allowed = allowed[None, None]
+        # causal: [Tq, T0] -> [1, 1, Tq, T0]; per-row q_index [B, Tq] -> [B, 1, Tq, T0]
+        allowed = torch.arange(T0, device=q.device) <= q_index[..., None]
+        allowed = allowed[None, None] if q_index.dim() == 1 else allowed[:, None]
         if key_mask is not None:
             allowed = allowed & key_mask[:, None, None, :]
         s0 = s0.masked_fill(~allowed, torch.finfo(s0.dtype).min)
@@ -360,7 +370,8 @@ class Eagle3Drafter(nn.Module):
                 ``fc``) or ``[B, Tq, H]`` the previous step's pre-norm output.
             pos: ``[B, Tq]`` int64 RoPE positions.
             cache: KV of earlier steps of this chain, step 0 first.
-            q_index: ``[Tq]`` int64 index of each query among the step-0 keys.
+            q_index: ``[Tq]`` (or ``[B, Tq]``, per row) int64 index of each query among the
+                step-0 keys.
             key_mask: ``[B, T0]`` bool, False on padding.
             layer: the callable run as the decoder layer (None: ``midlayer``; training passes a
                 compiled wrapper of it, see :mod:`eagle3nb.training.fastpath`).

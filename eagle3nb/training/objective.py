@@ -14,6 +14,7 @@ SpecForge ``core/eagle3.py``, with positions shifted by j as at serve time:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -96,6 +97,39 @@ class TTTResult:
             self.step_total = list(self.step_count)
 
 
+class _Rows(NamedTuple):
+    index: torch.Tensor  # [B, Tq] int64 positions, in order, padded with unscored ones
+    valid: torch.Tensor  # [B, Tq] bool, False on the padding
+
+
+def _scored_rows(masks: list[torch.Tensor]) -> _Rows:
+    """Per row, the positions scored at any of ``masks`` (each ``[B, T]`` bool), in order; rows
+    with fewer are padded (valid False) with unscored positions of their own row."""
+    need = torch.stack(masks).any(0)  # [B, T]
+    n = need.sum(1)  # [B]
+    tq = max(int(n.max()), 1)
+    index = torch.argsort((~need).to(torch.int8), dim=1, stable=True)[:, :tq]  # scored first
+    valid = torch.arange(tq, device=need.device)[None] < n[:, None]  # [B, Tq]
+    return _Rows(index, valid)
+
+
+def _take(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x[b, index[b, i], ...]``: x ``[B, T, ...]``, index ``[B, Tq]`` -> ``[B, Tq, ...]``."""
+    idx = index.reshape(*index.shape, *([1] * (x.dim() - 2))).expand(-1, -1, *x.shape[2:])
+    return x.gather(1, idx)
+
+
+def _eager_layout(drafter: Eagle3Drafter, layer, scored_only: bool | None) -> bool:
+    """May steps >= 1 run on a subset of the positions? Only on the eager attention path."""
+    ok = layer is None and drafter.midlayer.self_attn.attn_impl == "eager"
+    if scored_only and not ok:
+        raise ValueError(
+            "scored_only=True needs the eager attention and no compiled layer (flex attention "
+            "and compiled layers take every position); pass scored_only=None or False"
+        )
+    return ok
+
+
 def ttt_loss(
     drafter: Eagle3Drafter,
     input_ids,
@@ -110,6 +144,7 @@ def ttt_loss(
     count_reduce=None,
     layer=None,
     ce=soft_ce,
+    scored_only: bool | None = None,
 ) -> TTTResult:
     """Unroll the drafter k steps and return the weighted soft cross-entropy.
 
@@ -123,12 +158,19 @@ def ttt_loss(
         layer: the decoder layer callable (None: the drafter's ``midlayer``; a compiled wrapper
             on the fast path). ce: the per-position soft cross-entropy (:func:`soft_ce` or a
             compiled copy of it).
+        scored_only: TTT steps 1..k-1 run only on the positions that carry a loss in one of them
+            (a position's step j reads step j-1 at the same position and the step-0 keys, never
+            another position's later steps, so the loss and gradients are the same): prompt
+            tokens, unscored turns and padding are skipped. None: on where the attention takes
+            the eager path (no compiled layer, ``attn_impl == "eager"``), where the gathered
+            layout is allowed; False: every position (the layout flex attention and compiled
+            layers need); True: on, and raises where the layout is not allowed.
 
     Returns:
         :class:`TTTResult`. Steps with no loss-bearing position contribute 0 (never NaN).
 
     Raises:
-        ValueError: k < 1.
+        ValueError: k < 1; ``scored_only=True`` with a compiled layer or flex attention.
     """
     if k < 1:
         raise ValueError(f"k={k}: the number of TTT steps must be >= 1")
@@ -152,14 +194,24 @@ def ttt_loss(
     local = torch.stack([m.sum() for _, m in steps])  # [k] int64
     total_n = count_reduce(local.clone()) if count_reduce is not None else local
     denom = total_n.clamp(min=1)  # [k]
+    amax_pad = torch.cat([amax, amax.new_zeros(B, k)], dim=1)  # [B, T+k], shifted by views
+    rows = None  # steps >= 1 on every position, or only on the scored ones (rows [B, Tq])
+    if k > 1 and scored_only is not False and _eager_layout(drafter, layer, scored_only):
+        rows = _scored_rows([m for _, m in steps[1:]])
     hidden, cache = aux, []
     total = torch.zeros((), device=dev)
     losses, accs = [], []
     for j, (tokens, mask) in enumerate(steps):
         p_j = probs[:, 1 + j : 1 + j + T]  # [B, T, draft_vocab] target of x[t+2+j]
-        out, logits, kv = drafter.step(
-            tokens, hidden, base_pos + j, cache, q_index, key_mask, layer
-        )
+        a_j = amax_pad[:, 1 + j : 1 + j + T]  # [B, T] the target's argmax there
+        pos, qi = base_pos + j, q_index
+        if j == 1 and rows is not None:  # from here on only the rows' positions [B, Tq]
+            hidden = _take(hidden, rows.index)  # [B, Tq, H]
+        if j >= 1 and rows is not None:
+            tokens, mask = _take(tokens, rows.index), _take(mask, rows.index) & rows.valid
+            p_j, a_j = _take(p_j, rows.index), _take(a_j, rows.index)  # [B, Tq, V], [B, Tq]
+            pos, qi = rows.index + j, rows.index
+        out, logits, kv = drafter.step(tokens, hidden, pos, cache, qi, key_mask, layer)
         cache.append(kv)
         hidden = out  # pre-norm output feeds the next step (EAGLE-3)
         m = mask.float()
@@ -167,7 +219,7 @@ def ttt_loss(
         total = total + (decay**j) * lj
         with torch.no_grad():
             pred = drafter.draft_to_target(logits.argmax(-1))  # [B, T] target ids
-            accs.append(((pred == shift_left(amax, 1 + j)).float() * m).sum() / denom[j])
+            accs.append(((pred == a_j).float() * m).sum() / denom[j])
         losses.append(lj.detach())
     stats = torch.stack(losses + accs).tolist()  # one device sync for all logged numbers
     return TTTResult(total, stats[:k], stats[k:], local.tolist(), total_n.tolist())

@@ -126,3 +126,62 @@ def test_empty_mask_gives_zero_loss_not_nan():
     assert math.isfinite(r.loss.item()) and r.loss.item() > 0
     r.loss.backward()
     assert d.fc.weight.grad is not None and d.embed_tokens.weight.grad is None  # embeddings frozen
+
+
+def test_scored_positions_only_gives_the_loss_and_gradients_of_every_position():
+    """TTT steps 1..k-1 on the scored positions only (the default on the eager path) against the
+    same loss computed on every position: prompts of different lengths, a scored span in the
+    middle of a row (a later turn), padding, a draft vocab half the target's, GQA."""
+    d = tiny_drafter(seed=3, vocab=11, dv=6)
+    d.set_vocab(
+        torch.tensor([0, 1, 2, 4, 5, 7]) - torch.arange(6), torch.zeros(11, dtype=torch.bool)
+    )
+    d.t2d[[0, 1, 3, 5, 6, 8]] = True
+    norm, head = torch.nn.Identity(), torch.nn.Linear(6, 11, bias=False)
+    B, T, k = 3, 16, 4
+    ids = torch.randint(0, 11, (B, T))
+    aux, final = torch.randn(B, T, 18), torch.randn(B, T, 6)
+    loss_mask, attn = torch.zeros(B, T), torch.ones(B, T)
+    loss_mask[0, 3:] = 1  # prompt of 3
+    loss_mask[1, 9:12] = 1  # one scored span in the middle (a later turn)
+    loss_mask[2, 6:13] = 1
+    attn[2, 13:] = 0  # padding
+    shapes = []
+    step = d.step
+
+    def spy(tokens, *a, **kw):
+        shapes.append(tuple(tokens.shape))
+        return step(tokens, *a, **kw)
+
+    d.step = spy
+    res, grads = {}, {}
+    for so in (False, None):
+        d.zero_grad()
+        r = ttt_loss(d, ids, aux, final, loss_mask, attn, norm, head, k=k, scored_only=so)
+        r.loss.backward()
+        res[so] = r
+        grads[so] = {n: p.grad.clone() for n, p in d.named_parameters() if p.grad is not None}
+    assert shapes[:k] == [(B, T)] * k  # every position at every step
+    # scored only: step 0 on all; steps >= 1 on the widest row's scored positions, fewer than T
+    tq = shapes[k + 1][1]
+    assert shapes[k:] == [(B, T)] + [(B, tq)] * (k - 1) and tq < T
+    a, b = res[False], res[None]
+    torch.testing.assert_close(b.loss, a.loss, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(torch.tensor(b.step_loss), torch.tensor(a.step_loss))
+    assert b.step_acc == a.step_acc and b.step_count == a.step_count and sum(a.step_count) > 0
+    assert grads[False].keys() == grads[None].keys() and len(grads[None]) > 5
+    for n, g in grads[False].items():
+        torch.testing.assert_close(grads[None][n], g, rtol=1e-5, atol=1e-6, msg=n)
+
+
+def test_scored_only_refused_where_every_position_is_needed():
+    d = tiny_drafter().set_attention("flex")
+    norm, head = torch.nn.Identity(), torch.nn.Linear(6, 11, bias=False)
+    ids = torch.randint(0, 11, (1, 5))
+    args = (d, ids, torch.randn(1, 5, 18), torch.randn(1, 5, 6), torch.ones(1, 5), torch.ones(1, 5))
+    try:
+        ttt_loss(*args, norm, head, k=2, scored_only=True)
+    except ValueError as e:
+        assert "scored_only=True" in str(e)
+    else:
+        raise AssertionError("scored_only=True with flex attention was not refused")
