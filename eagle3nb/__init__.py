@@ -52,6 +52,7 @@ engines/            real engines (vLLM, SGLang) behind one interface, across a p
     vllm_connector  engine side: synchronous hidden-states connector that vLLM loads
     sglang_backend  engine side: SGLang generation and aux capture through sglang.Engine
     sglang_transport  engine side: SGLang's scheduler hands captured states over as tensors
+    sglang_forkserver  engine side: SGLang's scheduler and detokenizer forked from one preloaded server
     client          notebook side: EngineClient starts, talks to and stops the worker
     pool            notebook side: workers kept running for reuse in one process ($EAGLE3NB_KEEP_ENGINES)
     versions        the version of an engine installed for a python, read without starting it

@@ -33,8 +33,21 @@ PKG = "eagle3nb"
 
 LIBRARIES = ("target", "text", "dataset", "training", "drafter", "viz")
 ABOVE_LIBRARIES = ("eagle3nb.params", "eagle3nb.steps", "eagle3nb.engines")
-ENGINE_SIDE = ("worker", "vllm_backend", "sglang_backend", "sglang_transport", "vllm_connector")
-ENGINE_SIDE_THIRD_PARTY = {"torch", "safetensors", "vllm", "sglang"}
+ENGINE_SIDE = (
+    "worker",
+    "vllm_backend",
+    "sglang_backend",
+    "sglang_transport",
+    "sglang_forkserver",
+    "vllm_connector",
+)
+ENGINE_SIDE_THIRD_PARTY = {
+    "torch",
+    "safetensors",
+    "vllm",
+    "sglang",
+    "psutil",
+}  # psutil: SGLang's own
 MAX_MODULE_LINES = 400
 MAX_STEP_FUNCTION_LINES = 80
 

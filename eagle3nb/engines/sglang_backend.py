@@ -32,9 +32,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import importlib
 from pathlib import Path
 
-from eagle3nb.engines import sglang_transport
+from eagle3nb.engines import sglang_forkserver, sglang_transport
 from eagle3nb.engines.worker import OtherModelCapture, check_aux_width, text_hidden_size
 
 __all__ = [
@@ -228,13 +229,12 @@ class Backend(OtherModelCapture):
         if self.device == "cpu":  # unchunked, 0.5.23 derives a negative fraction on CPU
             kw.setdefault("mem_fraction_static", 0.3)  # the pool is capped by max_total_tokens
         if mode[0] == "capture":
-            kw.update(
-                enable_return_aux_hidden_states=True,
-                speculative_algorithm="EAGLE3",
-                return_aux_hidden_state_layer_ids=list(mode[1]),
-            )
+            kw.update(enable_return_aux_hidden_states=True, speculative_algorithm="EAGLE3")
+            kw.update(return_aux_hidden_state_layer_ids=list(mode[1]))
         kw.update(self.options.get("engine_kwargs") or {})
         os.environ.setdefault(sglang_transport.ENV, "1")  # read by the spawned scheduler
+        if sglang_forkserver.enabled(self.device):  # children forked with SGLang imported
+            sglang_forkserver.install(importlib.import_module("sglang.srt.entrypoints.engine"))
         self._engine = sglang.Engine(**kw)
         self._mode = mode
 

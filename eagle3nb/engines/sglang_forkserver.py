@@ -1,0 +1,85 @@
+"""SGLang's scheduler and detokenizer forked from a preloaded server process instead of spawned.
+
+SGLang 0.5.23 sets the start method to ``spawn`` (``srt/entrypoints/engine.py``,
+``_set_envs_and_config``: ``mp.set_start_method("spawn", force=True)``) and starts its scheduler
+and detokenizer with ``mp.Process`` (``_launch_scheduler_processes``, ``_launch_detokenizer``).
+Each spawned child imports SGLang from scratch: ~12-14 s per child on 2 cores (``python -c
+"import sglang.srt.managers.scheduler"``: 14.0 s, ``...detokenizer_manager``: 12.1 s, measured
+2026-12-02), paid again by every engine a worker builds (the run's dtype, the drift's other dtype,
+each twin of the twin proof).
+
+With :func:`install`, the worker's first engine starts one ``forkserver`` process that imports
+those two modules once (:data:`PRELOAD`); every later child is forked from it with SGLang already
+imported. ``Engine.shutdown`` kills every process under the worker
+(``kill_process_tree(os.getpid(), include_parent=False)``, ``engine.py``); the installed stand-in
+kills the same processes but spares the forkserver and multiprocessing's resource tracker (the
+engine's processes under the forkserver are still killed), so the next engine finds it running. The children still run multiprocessing's preparation, which imports the worker module
+as ``__mp_main__``, so :mod:`eagle3nb.engines.sglang_transport` still patches them. The server
+keeps the environment of the worker's first engine start; the backend sets the same variables
+for every engine. CPU only (the engines this project starts there); ``EAGLE3NB_SGLANG_FORKSERVER=0``
+keeps SGLang's own spawn. Imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+__all__ = ["ENV", "PRELOAD", "enabled", "install"]
+
+ENV = "EAGLE3NB_SGLANG_FORKSERVER"
+PRELOAD = ("sglang.srt.managers.scheduler", "sglang.srt.managers.detokenizer_manager")
+
+
+class _ForkserverStart:
+    """Stands in for ``multiprocessing`` as SGLang's engine module names it (``mp``): its
+    ``set_start_method("spawn")`` picks ``forkserver``; everything else is multiprocessing's."""
+
+    def __getattr__(self, name):
+        return getattr(multiprocessing, name)
+
+    def set_start_method(self, method, force=False):
+        method = "forkserver" if method == "spawn" else method
+        multiprocessing.set_start_method(method, force=force)
+
+
+def _servers() -> set[int]:
+    """Pids of this process's forkserver and resource tracker (multiprocessing's own records)."""
+    from multiprocessing import forkserver, resource_tracker
+
+    pids = (forkserver._forkserver._forkserver_pid, resource_tracker._resource_tracker._pid)
+    return {p for p in pids if p}
+
+
+def _sparing_servers(kill_process_tree):
+    """SGLang's ``kill_process_tree`` that, for this process's own tree, spares :func:`_servers`."""
+
+    def kill(parent_pid=None, include_parent=True, skip_pid=None, wait_timeout=60):
+        keep = _servers()
+        if parent_pid not in (None, os.getpid()) or (include_parent and parent_pid) or not keep:
+            return kill_process_tree(parent_pid, include_parent, skip_pid, wait_timeout)
+        import psutil
+
+        for child in psutil.Process().children():
+            if child.pid == skip_pid:
+                continue
+            # a server: only what runs under it (the engine's scheduler and detokenizer)
+            kill_process_tree(child.pid, child.pid not in keep, skip_pid, wait_timeout)
+
+    kill.spares_servers = True
+    return kill
+
+
+def enabled(device: str) -> bool:
+    """Whether engines on ``device`` start their children from the forkserver."""
+    return device == "cpu" and os.environ.get(ENV, "1") != "0"
+
+
+def install(engine_module) -> None:
+    """Make ``engine_module`` (``sglang.srt.entrypoints.engine``) start its children from a
+    forkserver that preloads :data:`PRELOAD`. Idempotent."""
+    if isinstance(engine_module.mp, _ForkserverStart):
+        return
+    multiprocessing.set_forkserver_preload(list(PRELOAD))
+    engine_module.mp = _ForkserverStart()
+    engine_module.kill_process_tree = _sparing_servers(engine_module.kill_process_tree)
