@@ -192,9 +192,10 @@ class Backend(OtherModelCapture):
                 )
         self.options = options
         self.hidden_size = text_hidden_size(self.model_path)  # aux width = n_ids x this
-        self._engine = None
-        # None: no engine; ("plain", dtype) or ("capture", ids, dtype)
-        self._mode: tuple | None = None
+        os.environ.setdefault(sglang_transport.ENV, "1")  # read by SGLang's scheduler
+        if sglang_forkserver.enabled(self.device):  # imports SGLang there while this process does
+            sglang_forkserver.start()
+        self._engine, self._mode = None, None  # mode: ("plain", dtype) or ("capture", ids, dtype)
         self._torch = torch
         self._transport: str | None = None  # "tensor" or "lists", once a capture ran
 
@@ -232,7 +233,6 @@ class Backend(OtherModelCapture):
             kw.update(enable_return_aux_hidden_states=True, speculative_algorithm="EAGLE3")
             kw.update(return_aux_hidden_state_layer_ids=list(mode[1]))
         kw.update(self.options.get("engine_kwargs") or {})
-        os.environ.setdefault(sglang_transport.ENV, "1")  # read by the spawned scheduler
         if sglang_forkserver.enabled(self.device):  # children forked with SGLang imported
             sglang_forkserver.install(importlib.import_module("sglang.srt.entrypoints.engine"))
         self._engine = sglang.Engine(**kw)

@@ -8,9 +8,10 @@ Each spawned child imports SGLang from scratch: ~12-14 s per child on 2 cores (`
 2026-12-02), paid again by every engine a worker builds (the run's dtype, the drift's other dtype,
 each twin of the twin proof).
 
-With :func:`install`, the worker's first engine starts one ``forkserver`` process that imports
-those two modules once (:data:`PRELOAD`); every later child is forked from it with SGLang already
-imported. ``Engine.shutdown`` kills every process under the worker
+:func:`start` (at the backend's creation) starts one ``forkserver`` process that imports those
+two modules (:data:`PRELOAD`) while the worker imports SGLang itself; with :func:`install`, every
+child of every engine is then forked from it with SGLang already imported. Each child gets the
+worker's environment as it is at the child's start (:class:`_EnvProcess`), as a spawned one would. ``Engine.shutdown`` kills every process under the worker
 (``kill_process_tree(os.getpid(), include_parent=False)``, ``engine.py``); the installed stand-in
 kills the same processes but spares the forkserver and multiprocessing's resource tracker (the
 engine's processes under the forkserver are still killed), so the next engine finds it running. The children still run multiprocessing's preparation, which imports the worker module
@@ -25,15 +26,34 @@ from __future__ import annotations
 import multiprocessing
 import os
 
-__all__ = ["ENV", "PRELOAD", "enabled", "install"]
+__all__ = ["ENV", "PRELOAD", "enabled", "start", "install"]
 
 ENV = "EAGLE3NB_SGLANG_FORKSERVER"
 PRELOAD = ("sglang.srt.managers.scheduler", "sglang.srt.managers.detokenizer_manager")
 
 
+class _EnvProcess(multiprocessing.Process):
+    """A process that runs with the environment its parent had at ``start()`` (a forked child
+    would otherwise keep the forkserver's, from the server's own start)."""
+
+    def start(self):
+        self._parent_env = dict(os.environ)
+        super().start()
+
+    def run(self):
+        for k in set(os.environ) - set(self._parent_env):
+            del os.environ[k]
+        for k, v in self._parent_env.items():  # only what differs: SGLang sets its title in
+            if os.environ.get(k) != v:  # the memory of the original environment
+                os.environ[k] = v
+        super().run()
+
+
 class _ForkserverStart:
     """Stands in for ``multiprocessing`` as SGLang's engine module names it (``mp``): its
     ``set_start_method("spawn")`` picks ``forkserver``; everything else is multiprocessing's."""
+
+    Process = _EnvProcess
 
     def __getattr__(self, name):
         return getattr(multiprocessing, name)
@@ -75,11 +95,20 @@ def enabled(device: str) -> bool:
     return device == "cpu" and os.environ.get(ENV, "1") != "0"
 
 
+def start() -> None:
+    """Start this process's forkserver now, preloading :data:`PRELOAD` (it imports them in the
+    background; a child asked for before that is done waits for it). Idempotent."""
+    from multiprocessing import forkserver
+
+    multiprocessing.set_forkserver_preload(list(PRELOAD))
+    forkserver.ensure_running()
+
+
 def install(engine_module) -> None:
-    """Make ``engine_module`` (``sglang.srt.entrypoints.engine``) start its children from a
-    forkserver that preloads :data:`PRELOAD`. Idempotent."""
+    """Make ``engine_module`` (``sglang.srt.entrypoints.engine``) start its children from the
+    forkserver of :func:`start` (started here if it is not running). Idempotent."""
     if isinstance(engine_module.mp, _ForkserverStart):
         return
-    multiprocessing.set_forkserver_preload(list(PRELOAD))
+    start()
     engine_module.mp = _ForkserverStart()
     engine_module.kill_process_tree = _sparing_servers(engine_module.kill_process_tree)

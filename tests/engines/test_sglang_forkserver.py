@@ -4,6 +4,8 @@ back again) forks from the same server, SGLang's shutdown kills the old engine's
 the server, and the states are the same numbers after a rebuild."""
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -56,6 +58,38 @@ def test_switch_reads_the_environment(monkeypatch):
     assert sglang_forkserver.enabled("cpu") and not sglang_forkserver.enabled("cuda")
     monkeypatch.setenv(sglang_forkserver.ENV, "0")
     assert not sglang_forkserver.enabled("cpu")
+
+
+_ENV_SCRIPT = """
+import multiprocessing as mp, os, sys
+from multiprocessing import forkserver
+from eagle3nb.engines import sglang_forkserver as f
+
+def child(path):
+    open(path, "w").write(os.environ.get("EAGLE3NB_T", "unset"))
+
+if __name__ == "__main__":
+    mp.set_start_method("forkserver")
+    os.environ["EAGLE3NB_T"] = "at the server's start"
+    forkserver.ensure_running()
+    os.environ["EAGLE3NB_T"] = "at the child's start"
+    for cls, out in ((mp.Process, sys.argv[1]), (f._EnvProcess, sys.argv[2])):
+        p = cls(target=child, args=(out,))
+        p.start()
+        p.join()
+"""
+
+
+def test_forked_child_runs_with_the_environment_of_its_start(tmp_path):
+    """A plain forkserver child keeps the server's environment; _EnvProcess gets its parent's at
+    start, as a spawned child does."""
+    script = tmp_path / "env_child.py"
+    script.write_text(_ENV_SCRIPT)
+    plain, ours = tmp_path / "plain.txt", tmp_path / "ours.txt"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    subprocess.run([sys.executable, str(script), str(plain), str(ours)], env=env, check=True)
+    assert plain.read_text() == "at the server's start"
+    assert ours.read_text() == "at the child's start"
 
 
 @pytest.mark.skipif(not os.path.isfile(PY), reason=f"SGLang venv absent ({PY})")
