@@ -23,6 +23,7 @@ keeps SGLang's own spawn. Imports only the standard library.
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing
 import os
 
@@ -90,9 +91,19 @@ def _sparing_servers(kill_process_tree):
     return kill
 
 
+def _sglang_installed() -> bool:
+    """SGLang's package is importable here (its spec, without importing it): not a stand-in."""
+    try:
+        spec = importlib.util.find_spec("sglang")
+    except (ImportError, ValueError):  # a module object without a spec, as tests put in place
+        return False
+    return spec is not None and spec.submodule_search_locations is not None
+
+
 def enabled(device: str) -> bool:
-    """Whether engines on ``device`` start their children from the forkserver."""
-    return device == "cpu" and os.environ.get(ENV, "1") != "0"
+    """Whether engines on ``device`` start their children from the forkserver: on CPU, with
+    SGLang installed, unless :data:`ENV` is ``0``."""
+    return device == "cpu" and os.environ.get(ENV, "1") != "0" and _sglang_installed()
 
 
 def start() -> None:

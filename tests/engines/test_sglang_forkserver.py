@@ -53,11 +53,17 @@ def _server_and_schedulers(tree) -> tuple[int, set[int]]:
     return servers[0], sched
 
 
-def test_switch_reads_the_environment(monkeypatch):
+def test_switch_reads_the_environment_and_needs_sglang(monkeypatch):
+    import types
+
     monkeypatch.delenv(sglang_forkserver.ENV, raising=False)
+    monkeypatch.setattr(sglang_forkserver, "_sglang_installed", lambda: True)
     assert sglang_forkserver.enabled("cpu") and not sglang_forkserver.enabled("cuda")
     monkeypatch.setenv(sglang_forkserver.ENV, "0")
     assert not sglang_forkserver.enabled("cpu")
+    monkeypatch.undo()
+    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace())  # a stand-in, no spec
+    assert not sglang_forkserver._sglang_installed()
 
 
 _ENV_SCRIPT = """
