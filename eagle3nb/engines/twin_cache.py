@@ -54,6 +54,7 @@ _CODE = (
     "engines/worker.py",
     "engines/adapter.py",
     "engines/sglang_backend.py",
+    "engines/sglang_transport.py",  # how the states leave SGLang's scheduler
     "engines/vllm_backend.py",
     "engines/vllm_connector.py",
     "engines/twin_check.py",
