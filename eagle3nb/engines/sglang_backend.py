@@ -29,10 +29,10 @@ log-probabilities (``input_logprobs`` below, from SGLang's lm_head over its fina
 
 from __future__ import annotations
 
+import importlib
 import os
 import shutil
 import subprocess
-import importlib
 from pathlib import Path
 
 from eagle3nb.engines import sglang_forkserver, sglang_transport

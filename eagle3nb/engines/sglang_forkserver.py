@@ -10,15 +10,20 @@ each twin of the twin proof).
 
 :func:`start` (at the backend's creation) starts one ``forkserver`` process that imports those
 two modules (:data:`PRELOAD`) while the worker imports SGLang itself; with :func:`install`, every
-child of every engine is then forked from it with SGLang already imported. Each child gets the
-worker's environment as it is at the child's start (:class:`_EnvProcess`), as a spawned one would. ``Engine.shutdown`` kills every process under the worker
-(``kill_process_tree(os.getpid(), include_parent=False)``, ``engine.py``); the installed stand-in
-kills the same processes but spares the forkserver and multiprocessing's resource tracker (the
-engine's processes under the forkserver are still killed), so the next engine finds it running. The children still run multiprocessing's preparation, which imports the worker module
-as ``__mp_main__``, so :mod:`eagle3nb.engines.sglang_transport` still patches them. The server
-keeps the environment of the worker's first engine start; the backend sets the same variables
-for every engine. CPU only (the engines this project starts there); ``EAGLE3NB_SGLANG_FORKSERVER=0``
-keeps SGLang's own spawn. Imports only the standard library.
+child of every engine is forked from it with SGLang already imported:
+
+- the environment: each child runs with the worker's environment as of the child's start
+  (:class:`_EnvProcess`), as a spawned child would (a forked one would keep the server's);
+- the transport patch: the children still run multiprocessing's preparation, which imports the
+  worker module as ``__mp_main__``, so :mod:`eagle3nb.engines.sglang_transport` still patches them;
+- shutdown: ``Engine.shutdown`` kills every process under the worker
+  (``kill_process_tree(os.getpid(), include_parent=False)``, ``engine.py``); the installed
+  stand-in kills the same processes but spares the forkserver and multiprocessing's resource
+  tracker (the engine's processes under the server are still killed), so the next engine finds
+  the server running.
+
+CPU only (the engines this project starts there), and only where SGLang is installed;
+``EAGLE3NB_SGLANG_FORKSERVER=0`` keeps SGLang's own spawn. Imports only the standard library.
 """
 
 from __future__ import annotations
