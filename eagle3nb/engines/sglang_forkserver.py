@@ -82,7 +82,9 @@ def _sparing_servers(kill_process_tree):
 
     def kill(parent_pid=None, include_parent=True, skip_pid=None, wait_timeout=60):
         keep = _servers()
-        if parent_pid not in (None, os.getpid()) or (include_parent and parent_pid) or not keep:
+        # SGLang's own meaning: parent_pid None is this process, without itself
+        own_tree = parent_pid is None or (parent_pid == os.getpid() and not include_parent)
+        if not own_tree or not keep:
             return kill_process_tree(parent_pid, include_parent, skip_pid, wait_timeout)
         import psutil
 

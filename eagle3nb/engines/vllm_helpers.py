@@ -157,36 +157,38 @@ def measure_speed(
     """
     kw = dict(generate_kw or {})
     batches = [samples[i : i + batch_size] for i in range(0, len(samples), batch_size)]
-    pre_s = ext_s = 0.0
-
-    def timed(fn, xs) -> float:
-        t0 = time.perf_counter()
-        fn(xs)
-        return time.perf_counter() - t0
 
     def plain(xs):
         return client.generate(xs, 1, [], 0.0, 1.0, seed, **kw)
+
+    secs = {capture: 0.0, plain: 0.0}  # seconds per kind of request
+
+    def timed(fn, xs) -> None:
+        t0 = time.perf_counter()
+        fn(xs)
+        secs[fn] += time.perf_counter() - t0
 
     capture(batches[0])  # warm-up: the capture engine is running and has seen a batch
     if interleave:
         plain(batches[0])
         for i, xs in enumerate(batches):  # alternate which kind goes first
-            order = (capture, plain) if i % 2 == 0 else (plain, capture)
-            a, b = timed(order[0], xs), timed(order[1], xs)
-            ext_s, pre_s = (ext_s + a, pre_s + b) if i % 2 == 0 else (ext_s + b, pre_s + a)
+            for fn in (capture, plain) if i % 2 == 0 else (plain, capture):
+                timed(fn, xs)
     else:
-        ext_s = sum(timed(capture, xs) for xs in batches)
+        for xs in batches:
+            timed(capture, xs)
     gen = [list(x) for x in prompts[: max(1, generate_prompts)]]
     client.generate(gen[:1], 1, [], 0.0, 1.0, seed, **kw)  # warms (or starts) the plain engine
     t0 = time.perf_counter()
     outs = client.generate(gen, max_new_tokens, stop_token_ids, 0.0, 1.0, seed, **kw)
     gen_s = time.perf_counter() - t0
     if not interleave:
-        pre_s = sum(timed(plain, xs) for xs in batches)
+        for xs in batches:
+            timed(plain, xs)
     n_tok = sum(len(s) for s in samples)
     n_gen = sum(len(o) for o in outs)
-    pre = n_tok / pre_s if pre_s else None
-    ext = n_tok / ext_s if ext_s else None
+    pre = n_tok / secs[plain] if secs[plain] else None
+    ext = n_tok / secs[capture] if secs[capture] else None
     how = client.info(live=True).get("hidden_states_transport")  # SGLang: tensor or float lists
     order = "alternating call by call" if interleave else "capture pass, then the plain pass"
     return {
