@@ -53,68 +53,123 @@ BASE = dict(extract_engine="hf", measure_engine_speed=False, drift_samples=0,
     eval_every=0, interactive=False, tracking=[])  # fmt: skip
 
 
+DATA_KEYS = ("sampled_prefix_tokens",)  # run overrides that change 01's data, not 03's training
+
+
+def _data(d: int, tr: dict) -> tuple[str, dict]:
+    """``(run name, 01 parameters)`` of a run's data setting: ``D<n>``, with ``p<N>`` when the
+    extra continuations sample only their first N tokens."""
+    pre = tr.get("sampled_prefix_tokens", 0)
+    return f"data_D{d}" + (f"p{pre}" if pre else ""), {
+        "sampled_continuations": d,
+        "sampled_prefix_tokens": pre,
+    }
+
+
 def _name(d: int, tr: dict) -> str:
     return f"D{d}_" + "_".join(f"{k}{v}" for k, v in tr.items())
 
 
-def sweep(a) -> dict:
-    from eagle3nb.params import load_params
+def _train_eval(a, name: str, d: int, tr: dict, kw: dict) -> dict:
+    """One run: a copy of data setting ``d``'s run folder, 03's ``train_step`` with ``tr`` over
+    :data:`RECIPE`, 04's ``eval_step``. Keys of ``tr`` that are TrainConfig fields but no run
+    parameters (``grad_clip``, ``min_lr_ratio``) are set on the TrainConfig 03 builds."""
+    from dataclasses import replace
+
+    from eagle3nb.params import RunParams, load_params
     from eagle3nb.rundir import RunDir
+    from eagle3nb.steps import train as train_mod
     from eagle3nb.steps.evaluate import eval_step
+
+    tc_only = {k: v for k, v in tr.items() if k not in RunParams.model_fields}
+    if tc_only:
+        base = train_mod._train_config
+        train_mod._train_config = lambda p: replace(base(p), **tc_only)
+    rp = {k: v for k, v in tr.items() if k not in tc_only and k not in DATA_KEYS}
+    data_name, data_kw = _data(d, tr)
+    src = RunDir(load_params(a.params, run_name=data_name, **kw, **data_kw)).root
+    p = load_params(a.params, run_name=name, **kw, **data_kw, **{**RECIPE, **rp})
+    dst = RunDir(p).root
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("train", "drafter", "figures"))
+    t0 = time.time()
+    out = train_mod.train_step(p, progress=False)
+    t1 = time.time()
+    ev = eval_step(p, progress=False)["stats"]
+    return {
+        "data": data_name,
+        "train": tr,
+        "train_s_on_device": round(t1 - t0, 1),
+        "eval_s": round(time.time() - t1, 1),
+        "tau": ev["tau"]["trained"],
+        "final_loss": out["stats"]["final_loss"],
+        "steps": out["stats"]["steps"],
+    }
+
+
+def sweep(a) -> dict:
+    """Generate and extract each data setting once, then train and evaluate every run: one after
+    another, or ``--parallel`` N at a time in processes of their own (``threads`` pinned to
+    ``--threads`` each, so N x threads should not exceed the cores)."""
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    import multiprocessing as mp
+
+    from eagle3nb.params import load_params
     from eagle3nb.steps.extract_sglang import extract_sglang_step
     from eagle3nb.steps.generate import generate_step
-    from eagle3nb.steps.train import train_step
 
     od = Path(a.out_dir)
     od.mkdir(parents=True, exist_ok=True)
     res = {"started": time.time(), "device": a.device, "runs": {}, "data": {}}
+    res["parallel"], res["threads"] = a.parallel, a.threads
     t_start = time.time()
 
     def save():
         res["wall_s"] = time.time() - t_start
         (od / "quality_sweep.json").write_text(json.dumps(res, indent=1, default=str))
 
+    kw = dict(BASE, device=a.device, outputs_dir=str(od / "runs"), **a.extra)
     runs = RUNS[: a.max_runs] if a.max_runs else RUNS
-    for d, tr in runs:
-        if time.time() - t_start > a.budget:
-            res.setdefault("skipped", []).append(_name(d, tr))
-            continue
-        kw = dict(BASE, device=a.device, outputs_dir=str(od / "runs"), **a.extra)
-        data_name = f"data_D{d}"
-        if data_name not in res["data"]:
-            p = load_params(a.params, run_name=data_name, sampled_continuations=d, **kw)
-            t0 = time.time()
-            g = generate_step(p, progress=False)
-            t1 = time.time()
-            extract_sglang_step(p, progress=False)
-            res["data"][data_name] = {
-                "sampled_continuations": d,
-                "train_records": sum(1 for r in g["records"] if r["split"] == "train"),
-                "generated_tokens": g["stats"]["generated_tokens"],
-                "generate_s": round(t1 - t0, 1),
-                "extract_s": round(time.time() - t1, 1),
-            }
-        name = _name(d, tr)
-        src = RunDir(load_params(a.params, run_name=data_name, **kw)).root
-        p = load_params(a.params, run_name=name, sampled_continuations=d, **kw, **{**RECIPE, **tr})
-        dst = RunDir(p).root
-        shutil.rmtree(dst, ignore_errors=True)
-        shutil.copytree(src, dst, ignore=shutil.ignore_patterns("train", "drafter", "figures"))
+    for data_name, data_kw in sorted(dict(_data(d, tr) for d, tr in runs).items()):
+        p = load_params(a.params, run_name=data_name, **kw, **data_kw)  # all cores: one at a time
         t0 = time.time()
-        out = train_step(p, progress=False)
+        g = generate_step(p, progress=False)
         t1 = time.time()
-        ev = eval_step(p, progress=False)["stats"]
-        res["runs"][name] = {
-            "data": data_name,
-            "train": tr,
-            "train_s_on_device": round(t1 - t0, 1),
-            "eval_s": round(time.time() - t1, 1),
-            "tau": ev["tau"]["trained"],
-            "final_loss": out["stats"]["final_loss"],
-            "steps": out["stats"]["steps"],
+        extract_sglang_step(p, progress=False)
+        res["data"][data_name] = {
+            **data_kw,
+            "train_records": sum(1 for r in g["records"] if r["split"] == "train"),
+            "generated_tokens": g["stats"]["generated_tokens"],
+            "generate_s": round(t1 - t0, 1),
+            "extract_s": round(time.time() - t1, 1),
         }
-        print(name, res["runs"][name], flush=True)
+    save()
+    if a.threads:
+        kw["threads"] = a.threads
+
+    def done(name, rec):
+        res["runs"][name] = rec
+        print(name, rec, flush=True)
         save()
+
+    if a.parallel <= 1:
+        for d, tr in runs:
+            if time.time() - t_start > a.budget:
+                res.setdefault("skipped", []).append(_name(d, tr))
+                continue
+            done(_name(d, tr), _train_eval(a, _name(d, tr), d, tr, kw))
+    else:
+        ctx = mp.get_context("spawn")  # no fork of a process that already ran torch threads
+        with ProcessPoolExecutor(a.parallel, mp_context=ctx, max_tasks_per_child=1) as ex:
+            futs = {
+                ex.submit(_train_eval, a, _name(d, tr), d, tr, kw): _name(d, tr) for d, tr in runs
+            }
+            for f in as_completed(futs):
+                try:
+                    done(futs[f], f.result())
+                except Exception as e:  # one failed run must not lose the others
+                    res.setdefault("failed", {})[futs[f]] = repr(e)
+                    save()
     save()
     return res
 
@@ -225,6 +280,13 @@ def figure(ref: Path, out_dir: Path) -> Path:
     return f
 
 
+def _value(v: str):
+    """A ``--runs`` value: int, float, or the strings true/false."""
+    if v in ("true", "false"):
+        return v == "true"
+    return float(v) if "." in v or "e" in v else int(v)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--params", default=str(ROOT / "params" / "default.yaml"))
@@ -232,6 +294,8 @@ def main():
     ap.add_argument("--out-dir", default=str(ROOT / "bench" / "results" / "quality_sweep"))
     ap.add_argument("--budget", type=float, default=480.0, help="seconds; no new run after it")
     ap.add_argument("--max-runs", type=int, default=0)
+    ap.add_argument("--parallel", type=int, default=1, help="runs at a time, one process each")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads per run (0: the budget)")
     ap.add_argument("--cpu-step-seconds", action="store_true")
     ap.add_argument("--cpu-outputs", default=str(ROOT / "outputs"))
     ap.add_argument("--cpu-run", default="default", help="run whose dataset the CPU timing reads")
@@ -248,16 +312,13 @@ def main():
         RUNS = []
         for part in a.runs.split(";"):
             d, _, kv = part.partition(":")
-            tr = {
-                k: (float(v) if "." in v else int(v))
-                for k, v in (x.split("=") for x in kv.split(","))
-            }
+            tr = {k: _value(v) for k, v in (x.split("=") for x in kv.split(","))}
             RUNS.append((int(d), tr))
     a.extra = {}
     if a.tiny:
         a.extra = dict(max_train_prompts=6, max_new_tokens=8, eval_max_new_tokens=8)
         a.extra["max_eval_prompts"] = 2
-        RUNS = [(0, {"max_steps": 3}), (1, {"max_steps": 3})]
+        RUNS = RUNS if a.runs else [(0, {"max_steps": 3}), (1, {"max_steps": 3})]
     if a.merge:
         merge([Path(x) for x in a.merge[2:]], Path(a.merge[1]), Path(a.merge[0]))
         return

@@ -143,6 +143,12 @@ class InputFields(BaseModel):
     sample_temperature: float = _p(
         0.8, "temperature of the extra sampled continuations", [GENERATE], gt=0
     )
+    sampled_prefix_tokens: int = _p(
+        0,
+        "sample only the first N tokens of each extra continuation, then continue greedily (greedy-style data from varied contexts; 0 samples it whole)",
+        [GENERATE],
+        ge=0,
+    )
     gen_batch_size: int = _p(64, "prompts or dialogues per batched generate call", [GENERATE], ge=1)
     generate_engine: Literal["hf", "vllm", "sglang"] = _p(
         "hf", "hf (transformers generate), vllm or sglang (each engine in its venv)", [GENERATE]

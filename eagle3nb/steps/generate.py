@@ -59,8 +59,7 @@ def generate_step(p: RunParams, progress=True) -> dict:
     engine, secs = _generate(p, rd, model, tok, path, todo, eos, progress)
     if p.sampled_continuations:
         extra = _sampled_records(p, recs, todo)
-        sp = p.model_copy(update={"temperature": p.sample_temperature, "seed": p.seed + 1})
-        secs += _generate(sp, rd, model, tok, path, extra, eos, progress)[1]
+        secs += _sampled(p, rd, model, tok, path, extra, eos, progress)
         recs = recs + extra  # todo stays 01's own decoding (the speed comparison below)
     write_jsonl(rd.generated, recs)
     n_tok = sum(len(r["output_ids"]) for r in recs if r["split"] == "train")
@@ -131,6 +130,26 @@ def _sampled_records(p: RunParams, recs: list[dict], train: list[dict]) -> list[
             rec = {k: r[k] for k in ("split", "prompt", "prompt_ids")}
             out.append({"id": len(recs) + len(out), **rec, "variant": v})
     return out
+
+
+def _sampled(p: RunParams, rd: RunDir, model, tok, path, extra, eos, progress) -> float:
+    """Fill ``extra``'s continuations: sampled at ``p.sample_temperature`` (seed + 1), whole, or
+    for their first ``p.sampled_prefix_tokens`` tokens and then greedy from prompt + that prefix
+    (the rest of ``max_new_tokens``; none after an EOS). Returns the seconds spent generating."""
+    n = min(p.sampled_prefix_tokens or p.max_new_tokens, p.max_new_tokens)
+    upd = {"temperature": p.sample_temperature, "seed": p.seed + 1, "max_new_tokens": n}
+    secs = _generate(p.model_copy(update=upd), rd, model, tok, path, extra, eos, progress)[1]
+    if n == p.max_new_tokens:
+        return secs
+    stops = set(eos if isinstance(eos, (list, tuple)) else [eos])
+    open_ = [r for r in extra if not (r["output_ids"] and r["output_ids"][-1] in stops)]
+    rest = [{"prompt_ids": r["prompt_ids"] + r["output_ids"]} for r in open_]
+    greedy = p.model_copy(update={"temperature": 0.0, "max_new_tokens": p.max_new_tokens - n})
+    secs += _generate(greedy, rd, model, tok, path, rest, eos, progress)[1]
+    for r, c in zip(open_, rest):
+        r["output_ids"] = r["output_ids"] + c["output_ids"]
+        r["text"] = tok.decode(r["output_ids"], skip_special_tokens=True)
+    return secs
 
 
 def _generate(
@@ -205,6 +224,7 @@ def _manifest(p: RunParams, rd: RunDir, model, path, engine, eos, template, n_tr
         "stop_token_ids": eos,
         "sampled_continuations": p.sampled_continuations,
         "sample_temperature": p.sample_temperature if p.sampled_continuations else None,
+        "sampled_prefix_tokens": p.sampled_prefix_tokens if p.sampled_continuations else None,
     }
     return provenance(
         p.seed,

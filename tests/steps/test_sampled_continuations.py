@@ -54,3 +54,35 @@ def test_sampled_continuations_refused_with_a_dataset():
     with pytest.raises(ValueError, match="sampled_continuations=1"):
         params.RunParams(dataset="eagle3nb/data/chat_stories.openai.jsonl", sampled_continuations=1,
             interactive=False)  # fmt: skip
+
+
+def test_sampled_prefix_then_greedy(tmp_path):
+    """``sampled_prefix_tokens``: each extra record is N sampled tokens, then the target's own
+    greedy continuation of prompt + those N tokens (checked with HF ``generate`` one prompt at a
+    time), max_new_tokens in all unless an EOS ends it."""
+    n, total = 3, 10
+    p = params.RunParams(outputs_dir=str(tmp_path), run_name="pre", max_train_prompts=4,
+        max_new_tokens=total, sampled_continuations=2, sample_temperature=1.5,
+        sampled_prefix_tokens=n, interactive=False)  # fmt: skip
+    out = generate_step(p, progress=False)
+    train = [r for r in read_jsonl(RunDir(p).generated) if r["split"] == "train"]
+    model, tok, _ = models.load_target(p.model, "float32", "cpu")
+    eos = models.stop_token_ids(model, tok)
+    extra = [r for r in train if r.get("variant")]
+    assert len(extra) == 8
+    left_greedy = 0
+    for r in extra:
+        o = r["output_ids"]
+        if any(t in eos for t in o[:n]):  # an EOS inside the sampled prefix ends the record
+            assert o[-1] in eos and len(o) <= n
+            continue
+        ids = torch.tensor([r["prompt_ids"] + o[:n]])
+        with torch.no_grad():
+            g = model.generate(ids, max_new_tokens=total - n, do_sample=False)[0, ids.shape[1] :]
+        g = g.tolist()
+        assert o[n:] == g[: len(o) - n] and (len(o) == total or o[-1] in eos)
+        with torch.no_grad():  # the prefix alone is not what greedy decoding gives
+            g0 = model.generate(torch.tensor([r["prompt_ids"]]), max_new_tokens=n, do_sample=False)
+        left_greedy += o[:n] != g0[0, -n:].tolist()
+    assert left_greedy >= 2  # temperature 1.5 over 3 tokens: some prefixes leave the greedy path
+    assert out["manifest"]["decoding"]["sampled_prefix_tokens"] == n
