@@ -304,6 +304,10 @@ class RunParams(InputFields):
             raise ValueError(
                 f"sampled_continuations={self.sampled_continuations} applies to prompts_file runs; with dataset set use 0 (conversations are regenerated turn by turn)"
             )
+        if self.sampled_prefix_tokens and not self.sampled_continuations:
+            raise ValueError(
+                f"sampled_prefix_tokens={self.sampled_prefix_tokens} shapes the extra continuations, and sampled_continuations=0 asks for none; set sampled_continuations >= 1 or sampled_prefix_tokens: 0"
+            )
         return self
 
     @model_validator(mode="after")

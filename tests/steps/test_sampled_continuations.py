@@ -86,3 +86,8 @@ def test_sampled_prefix_then_greedy(tmp_path):
         left_greedy += o[:n] != g0[0, -n:].tolist()
     assert left_greedy >= 2  # temperature 1.5 over 3 tokens: some prefixes leave the greedy path
     assert out["manifest"]["decoding"]["sampled_prefix_tokens"] == n
+
+
+def test_sampled_prefix_without_continuations_refused():
+    with pytest.raises(ValueError, match="sampled_prefix_tokens=8 .*sampled_continuations >= 1"):
+        params.RunParams(sampled_prefix_tokens=8, interactive=False)
