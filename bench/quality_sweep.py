@@ -82,9 +82,6 @@ def _train_eval(a, name: str, d: int, tr: dict, kw: dict) -> dict:
     from eagle3nb.steps.evaluate import eval_step
 
     tc_only = {k: v for k, v in tr.items() if k not in RunParams.model_fields}
-    if tc_only:
-        base = train_mod._train_config
-        train_mod._train_config = lambda p: replace(base(p), **tc_only)
     rp = {k: v for k, v in tr.items() if k not in tc_only and k not in DATA_KEYS}
     data_name, data_kw = _data(d, tr)
     src = RunDir(load_params(a.params, run_name=data_name, **kw, **data_kw)).root
@@ -92,9 +89,14 @@ def _train_eval(a, name: str, d: int, tr: dict, kw: dict) -> dict:
     dst = RunDir(p).root
     shutil.rmtree(dst, ignore_errors=True)
     shutil.copytree(src, dst, ignore=shutil.ignore_patterns("train", "drafter", "figures"))
-    t0 = time.time()
-    out = train_mod.train_step(p, progress=False)
-    t1 = time.time()
+    base = train_mod._train_config  # patched for this run only: sequential runs share a process
+    train_mod._train_config = lambda q: replace(base(q), **tc_only)
+    try:
+        t0 = time.time()
+        out = train_mod.train_step(p, progress=False)
+        t1 = time.time()
+    finally:
+        train_mod._train_config = base
     ev = eval_step(p, progress=False)["stats"]
     return {
         "data": data_name,
