@@ -141,8 +141,7 @@ def _sampled(p: RunParams, rd: RunDir, model, tok, path, extra, eos, progress) -
     secs = _generate(p.model_copy(update=upd), rd, model, tok, path, extra, eos, progress)[1]
     if n == p.max_new_tokens:
         return secs
-    stops = set(eos if isinstance(eos, (list, tuple)) else [eos])
-    open_ = [r for r in extra if not (r["output_ids"] and r["output_ids"][-1] in stops)]
+    open_ = [r for r in extra if not (r["output_ids"] and r["output_ids"][-1] in eos)]
     rest = [{"prompt_ids": r["prompt_ids"] + r["output_ids"]} for r in open_]
     greedy = p.model_copy(update={"temperature": 0.0, "max_new_tokens": p.max_new_tokens - n})
     secs += _generate(greedy, rd, model, tok, path, rest, eos, progress)[1]
