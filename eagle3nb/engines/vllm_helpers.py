@@ -116,6 +116,10 @@ class TimedCapture:
 
 
 GENERATE_PROMPTS = 128  # prompts timed for generation speed: a CPU engine runs ~128 at once
+# samples timed for prefill and extraction speed (12 calls of 32): the measurement is a second
+# and third pass over them, so it must not grow with the dataset (3 records per prompt since the
+# default job's sampled continuations)
+SPEED_SAMPLES = 384
 
 
 def measure_speed(
@@ -132,11 +136,13 @@ def measure_speed(
     generate_kw: dict | None = None,
     interleave: bool = False,
     generate_prompts: int = GENERATE_PROMPTS,
+    speed_samples: int = SPEED_SAMPLES,
 ) -> dict:
     """An engine's tokens/s in this run, each engine warm (engine starts and first calls excluded).
 
     - generation: the first ``generate_prompts`` prompts, greedy, in one call;
-    - prefill without capture: every sample, one generated token each, in calls of ``batch_size``;
+    - prefill without capture: the first ``speed_samples`` samples, one generated token each, in
+      calls of ``batch_size``;
     - extraction: the same calls through ``capture`` (``samples -> states``, transfer to this
       process included), timed again here rather than taken from the dataset's pass, whose first
       calls pay the engine's warm-up and whose calls alternate with shard writes.
@@ -152,10 +158,11 @@ def measure_speed(
     Returns:
         ``{"generate_tokens_per_s", "generated_tokens", "generate_prompts",
         "prefill_tokens_per_s_without_capture", "extract_tokens_per_s",
-        "capture_overhead_ratio", "dataset_pass_tokens_per_s", "ratio_is", "plain_engine",
-        "hidden_states_transport"?}``.
+        "capture_overhead_ratio", "speed_samples", "speed_tokens", "dataset_pass_tokens_per_s",
+        "ratio_is", "plain_engine", "hidden_states_transport"?}``.
     """
     kw = dict(generate_kw or {})
+    samples = samples[: max(1, speed_samples)]
     batches = [samples[i : i + batch_size] for i in range(0, len(samples), batch_size)]
 
     def plain(xs):
@@ -198,6 +205,8 @@ def measure_speed(
         "prefill_tokens_per_s_without_capture": round(pre, 1) if pre else None,
         "extract_tokens_per_s": round(ext, 1) if ext else None,
         "capture_overhead_ratio": round(pre / ext, 3) if pre and ext else None,
+        "speed_samples": len(samples),
+        "speed_tokens": n_tok,
         "dataset_pass_tokens_per_s": (
             round(dataset_tokens / dataset_seconds, 1) if dataset_seconds else None
         ),

@@ -70,3 +70,22 @@ def test_speeds_from_warm_calls_and_order(monkeypatch, interleave):
         caps = [("capture", 32), ("capture", 32), ("capture", 6)]
         plains = [("plain", 32), ("plain", 32), ("plain", 6)]
         assert kinds == warm + caps + [("plain", 1), ("gen", 128)] + plains
+
+
+def test_speed_passes_time_the_first_speed_samples_only(monkeypatch):
+    """The timed prefill and extraction passes read the first ``speed_samples`` samples, whatever
+    the dataset's size: 70 samples capped at 40 are the calls of 32 and 8, and the tokens/s are
+    those of these 40 (their token count by hand)."""
+    clock = FakeClock()
+    monkeypatch.setattr(vllm_helpers.time, "perf_counter", clock)
+    client = FakeClient(clock)
+    samples = [[1] * (10 + i % 5) for i in range(70)]
+    r = vllm_helpers.measure_speed(
+        client, [[1, 2]] * 4, samples, 4, [0], 0, client.capture, 2.0, 500, 32, {}, False,
+        speed_samples=40,
+    )  # fmt: skip
+    assert r["speed_samples"] == 40
+    assert r["speed_tokens"] == sum(10 + i % 5 for i in range(40))
+    assert r["capture_overhead_ratio"] == pytest.approx(CAPTURE_S / PLAIN_S, rel=1e-3)
+    sizes = [n for k, n, _ in client.calls if k in ("capture", "plain")]
+    assert sizes == [32, 32, 8, 1, 32, 8]  # warm-up, capture pass, plain warm-up, plain pass
