@@ -20,7 +20,7 @@ from eagle3nb.steps.common import (
 )
 from eagle3nb.target import models
 from eagle3nb.text import chat
-from eagle3nb.text.generation import generate_batch, write_jsonl
+from eagle3nb.text.generation import generate_batch, generation_attention, write_jsonl
 from eagle3nb.text.prompts import load_prompts, split_prompts
 
 
@@ -173,6 +173,7 @@ def _generate(
                 client.generate([todo[0]["prompt_ids"]], 1, eos, 0.0, 1.0, p.seed)
         else:
             engine = {"name": "hf-transformers", "version": __import__("transformers").__version__}
+            engine["attention"] = generation_attention(model)
         t0 = time.time()
         desc = f"generate ({engine['name']})"
         for s in progress_bar()(batches, desc=desc) if progress else batches:
