@@ -5,7 +5,7 @@
 
 Writes bench/results/quality.json: tau (k=5, held-out prompts) of the trained drafter, of an
 untrained drafter and of the trained drafter fed boundaries shifted by +1 (all measured in the same
-run), the floor (tau >= 3.5), and what data and training budget produced them. Exit code 1 when the
+run), the floor (tau >= 3.9), and what data and training budget produced them. Exit code 1 when the
 floor or either baseline comparison fails.
 """
 
@@ -26,7 +26,7 @@ from eagle3nb.rundir import RunDir
 from eagle3nb.params import load_params
 from eagle3nb.run import run_notebooks
 
-FLOOR = 3.5
+FLOOR = 3.9  # issue 16: the default job reaches 3.95 (was 3.5)
 
 
 def main(
