@@ -243,26 +243,32 @@ def merge(sweeps: list[Path], cpu: Path, out: Path) -> dict:
 
 
 def figure(ref: Path, out_dir: Path) -> Path:
-    """tau against estimated CPU training seconds, one trace per data setting, from a sweep JSON
-    (``bench/reference_quality_sweep.json``); writes ``quality_sweep.html`` (plotly, standalone)."""
+    """tau against estimated CPU training seconds, one trace per data setting and recipe, from a
+    sweep JSON (``bench/reference_quality_sweep.json``): a point per training budget at the mean
+    tau over the seeds that ran it, its bar spanning their min to max (seed noise is ~0.1 here);
+    writes ``quality_sweep.html`` (plotly, standalone)."""
     import plotly.graph_objects as go
 
     r = json.loads(ref.read_text())
     fig = go.Figure()
-    by_recipe: dict[str, list] = {}
+    by_recipe: dict[str, dict] = {}  # label -> (cpu s, steps) -> [tau per seed]
     for name, v in r["runs"].items():  # one line per recipe, its points = training budgets
         n = r["data"][v["data"]]["sampled_continuations"]
-        rest = {k: x for k, x in v["train"].items() if k != "max_steps"}
+        rest = {k: x for k, x in v["train"].items() if k not in ("max_steps", "seed")}
         label = (f"+{n} sampled/prompt" if n else "greedy") + "".join(
-            f", {k.replace('_size', '').replace('_steps', '')} {x}" for k, x in rest.items()
+            f", {k.replace('_size', '').replace('_steps', '')} {x}" for k, x in sorted(rest.items())
         )
-        by_recipe.setdefault(label, []).append((v["cpu_seconds_est"], v["tau"], v["steps"]))
+        pts = by_recipe.setdefault(label, {})
+        pts.setdefault((v["cpu_seconds_est"], v["steps"]), []).append(v["tau"])
     for label, pts in sorted(by_recipe.items()):
-        pts.sort()
-        fig.add_trace(go.Scatter(x=[x for x, _, _ in pts], y=[y for _, y, _ in pts],
-            mode="lines+markers+text", name=label,
-            text=[f"{y:.3f} ({st} steps)" for _, y, st in pts], textposition="bottom right",
-            hovertemplate="%{x} s: tau %{y:.4f}<extra>" + label + "</extra>"))  # fmt: skip
+        keys = sorted(pts)
+        mean = [sum(pts[k]) / len(pts[k]) for k in keys]
+        fig.add_trace(go.Scatter(x=[x for x, _ in keys], y=mean, mode="lines+markers", name=label,
+            error_y=dict(type="data", symmetric=False,
+                array=[max(pts[k]) - m for k, m in zip(keys, mean)],
+                arrayminus=[m - min(pts[k]) for k, m in zip(keys, mean)]),
+            text=[f"{st} steps, {len(pts[(x, st)])} seed(s)" for x, st in keys],
+            hovertemplate="%{x} s: mean tau %{y:.4f}, %{text}<extra>" + label + "</extra>"))  # fmt: skip
     fig.add_hline(
         y=3.9,
         line_dash="dot",
@@ -272,9 +278,11 @@ def figure(ref: Path, out_dir: Path) -> Path:
     fig.update_layout(
         title="Default job: held-out tau (k=5) vs 03 training time on 2 CPU cores "
         "(estimated: steps x measured seconds per step of that shape)",
-        xaxis_title="03 training seconds on 2 idle CPU cores (estimated)",
+        xaxis_title="03 training seconds on 2 idle CPU cores (estimated); legend: changes from "
+        "batch 16, TTT 7, MLP 688; bars: min-max over seeds",
         yaxis_title="tau (simulator, held-out prompts)",
-        width=1100, height=560, margin=dict(b=70),
+        width=1100, height=980, margin=dict(b=70),
+        legend=dict(orientation="h", yanchor="top", y=-0.12, font=dict(size=10)),
     )  # fmt: skip
     out_dir.mkdir(parents=True, exist_ok=True)
     f = out_dir / "quality_sweep.html"

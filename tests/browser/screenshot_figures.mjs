@@ -16,7 +16,7 @@ for (const f of fs.readdirSync(src).filter((f) => f.endsWith(".html")).sort()) {
   await page.waitForSelector(".js-plotly-plot .main-svg", { timeout: 30000 });
   await page.waitForTimeout(500);
   const out = path.join(dst, f.replace(/\.html$/, ".png"));
-  await page.screenshot({ path: out });
+  await page.screenshot({ path: out, fullPage: true });
   console.log("wrote", out);
 }
 await browser.close();
