@@ -21,6 +21,7 @@ Writes ``quality_sweep.json`` (rewritten after every run, so a cut-short sweep k
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import sys
@@ -207,7 +208,8 @@ def cpu_step_seconds(a) -> dict:
             draft_intermediate_size=w, batch_size=b, ttt_steps=t)  # fmt: skip
         shutil.rmtree(RunDir(p).root, ignore_errors=True)
         shutil.copytree(src, RunDir(p).root, ignore=shutil.ignore_patterns("train", "drafter"))
-        train_step(p, progress=False)
+        with contextlib.redirect_stdout(sys.stderr):  # progress lines: stdout keeps the JSON
+            train_step(p, progress=False)
         secs = json.loads((RunDir(p).train / "step_times.json").read_text())["seconds"][3:]
         out[_shape_key(shape)] = round(sum(secs) / len(secs), 4)
         shutil.rmtree(RunDir(p).root, ignore_errors=True)
