@@ -2,12 +2,15 @@
 capture, and aux-state extraction (tokens/s), and the capture overhead ratio.
 
     PYTHONPATH=. .venv/bin/python bench/engines.py [--engines hf,vllm] [--dtype float32] \
-        [--n-prompts 64] [--max-new-tokens 64] [--repeats 3] [--out bench/results/engines.json]
+        [--n-prompts 384] [--max-new-tokens 64] [--repeats 3] [--out bench/results/engines.json]
 
 Workload: the first ``n_prompts`` train prompts of the default prompts file (completion mode), greedy
 ``max_new_tokens`` each; the samples for prefill and extraction are prompt + generated ids (what
-02a/02b capture), at the default boundaries of the model (+ boundary N). Each number is the median
-of ``repeats`` timed calls after one untimed warm-up call (engine start excluded; reported apart).
+02a/02b capture), at the default boundaries of the model (+ boundary N). vLLM and SGLang are timed
+by the function 02a and 02b call in a run (:func:`eagle3nb.engines.vllm_helpers.measure_speed`,
+with the notebooks' settings: calls of 32, warm engines, vLLM's separate plain and capture engines
+the fastest of 3 passes each, SGLang's two kinds alternating call by call on one engine); HF is the
+median of ``repeats`` one-batch calls after a warm-up. Engine starts are excluded (reported apart).
 ``--random-target 8x1024`` benches a random-weight Llama of 8 layers x hidden 1024 instead
 (the default target's config and tokenizer, head_dim 64, MLP 8/3 x hidden, seed 0; written once
 under ``bench/results/``): a target where the forward's compute is not negligible next to the
@@ -87,18 +90,22 @@ def bench_hf(model, prompts, samples, ids_hf, eos, max_new, repeats) -> dict:
     )
 
 
-def bench_client(client, prompts, samples, ids, eos, max_new, repeats) -> dict:
-    """An engine client (vLLM, SGLang): ``generate`` of the prompts, ``generate(samples, 1)`` as the
-    prefill without capture, ``capture(samples, ids)``; the engine batches inside each call."""
-    gen_s, outs = _median_time(lambda: client.generate(prompts, max_new, eos, 0.0, 1.0, 0), repeats)
-    pre_s, _ = _median_time(lambda: client.generate(samples, 1, [], 0.0, 1.0, 0), repeats)
-    ext_s, _ = _median_time(lambda: client.capture(samples, ids), repeats)
-    n_tok = sum(len(s) for s in samples)
-    return dict(
-        _numbers(gen_s, sum(len(o) for o in outs), pre_s, n_tok, ext_s, n_tok),
-        engine_version=client.info()["engine_version"],
-        hidden_states_transport=client.info(live=True).get("hidden_states_transport"),
-    )
+def bench_client(client, prompts, samples, ids, eos, max_new, interleave: bool) -> dict:
+    """An engine client (vLLM, SGLang) measured as 02a / 02b measure it in a run:
+    :func:`eagle3nb.engines.vllm_helpers.measure_speed` with the notebooks' settings (calls of 32;
+    vLLM, whose plain and capture engines are separate: the fastest of ``PASS_REPEATS`` passes
+    over ``SPEED_SAMPLES // PASS_REPEATS`` samples each; SGLang: plain requests on the running
+    capture engine, alternating call by call with the captures over ``SPEED_SAMPLES``)."""
+    from eagle3nb.engines.vllm_helpers import PASS_REPEATS, SPEED_SAMPLES, measure_speed
+
+    repeats = 1 if interleave else PASS_REPEATS
+    r = measure_speed(
+        client, prompts, samples, max_new, eos, 0, lambda xs: client.capture(xs, ids),
+        generate_kw={"on_capture_engine": True} if interleave else None, interleave=interleave,
+        speed_samples=SPEED_SAMPLES // repeats, repeats=repeats,
+    )  # fmt: skip
+    r.pop("dataset_pass_tokens_per_s", None)  # no dataset pass here
+    return dict(r, engine_version=client.info()["engine_version"])
 
 
 def random_target(spec: str, base: str, out_root: Path) -> Path:
@@ -133,7 +140,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--engines", default="hf,vllm")
     ap.add_argument("--model", default="stories260K-hd32")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--n-prompts", type=int, default=64)
+    ap.add_argument("--n-prompts", type=int, default=384)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument(
@@ -173,7 +180,7 @@ def main(argv=None) -> dict:
             "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(),
         },
-        "definitions": "tokens/s = tokens / median seconds of one call over the whole workload; generate: new tokens; prefill and extract: prompt + generated tokens of every sample; capture_overhead_ratio = prefill tokens/s without capture / extract tokens/s (same engine, same samples)",
+        "definitions": "hf: tokens/s = tokens / median seconds of one call over the whole workload (--repeats); vllm, sglang: eagle3nb.engines.vllm_helpers.measure_speed as 02a/02b call it (each engine's ratio_is says how); generate: new tokens; prefill and extract: prompt + generated tokens of the samples timed; capture_overhead_ratio = prefill tokens/s without capture / extract tokens/s (same engine, same samples)",
         "engines": {},
     }
     for eng in a.engines.split(","):
@@ -200,7 +207,7 @@ def main(argv=None) -> dict:
                     conventions.get_convention("vllm").boundaries_to_ids(bnds, n),
                     eos,
                     a.max_new_tokens,
-                    a.repeats,
+                    interleave=False,
                 )
             res["engines"]["vllm"] = dict(r, worker_start_seconds=round(t_start, 1))
         elif eng == "sglang":
@@ -222,7 +229,7 @@ def main(argv=None) -> dict:
                     conventions.get_convention("sglang").boundaries_to_ids(bnds, n),
                     eos,
                     a.max_new_tokens,
-                    a.repeats,
+                    interleave=True,
                 )
             res["engines"]["sglang"] = r
         else:

@@ -89,3 +89,46 @@ def test_speed_passes_time_the_first_speed_samples_only(monkeypatch):
     assert r["capture_overhead_ratio"] == pytest.approx(CAPTURE_S / PLAIN_S, rel=1e-3)
     sizes = [n for k, n, _ in client.calls if k in ("capture", "plain")]
     assert sizes == [32, 32, 8, 1, 32, 8]  # warm-up, capture pass, plain warm-up, plain pass
+
+
+def test_separate_passes_keep_the_fastest_of_repeats(monkeypatch):
+    """vLLM's two kinds run on separate engines, so each pass runs ``repeats`` times in a row and
+    the fastest is kept: a neighbour's load that slows one capture pass 2x and one plain pass 3x
+    leaves the ratio at the engine's own CAPTURE_S / PLAIN_S; every pass time is reported."""
+    clock = FakeClock()
+    monkeypatch.setattr(vllm_helpers.time, "perf_counter", clock)
+    client = FakeClient(clock)
+    slow = {("capture", 1): 2.0, ("plain", 2): 3.0}  # (kind, pass index) -> slowdown
+    seen = {"capture": 0, "plain": 0}
+    inner_cap, inner_gen = client.capture, client.generate
+
+    def capture(xs):  # one call per pass (the samples fit one call of 32)
+        t0 = clock.now
+        inner_cap(xs)
+        k = seen["capture"] = seen["capture"] + 1
+        clock.now = t0 + (clock.now - t0) * slow.get(("capture", k - 2), 1.0)  # k=1: warm-up
+
+    def generate(prompts, max_new, *a, **kw):
+        t0 = clock.now
+        out = inner_gen(prompts, max_new, *a, **kw)
+        if max_new == 1 and len(prompts) > 1:  # a timed prefill pass (warm-up has 1 prompt)
+            k = seen["plain"] = seen["plain"] + 1
+            clock.now = t0 + (clock.now - t0) * slow.get(("plain", k - 1), 1.0)
+        return out
+
+    client.generate = generate
+    samples = [[1] * 10 for _ in range(20)]  # 200 tokens per pass
+    r = vllm_helpers.measure_speed(
+        client, [[1, 2]] * 4, samples, 4, [0], 0, capture, 2.0, 500, 32, {}, False, repeats=3
+    )
+    assert r["pass_seconds"]["capture"] == pytest.approx([0.6, 1.2, 0.6])  # 200 x 3e-3 s
+    assert r["pass_seconds"]["plain"] == pytest.approx([0.2, 0.2, 0.6])  # 200 x 1e-3 s
+    assert r["capture_overhead_ratio"] == pytest.approx(3.0, rel=1e-3)
+    assert r["extract_tokens_per_s"] == pytest.approx(200 / 0.6, abs=0.05)
+    assert "fastest of 3" in r["ratio_is"]
+
+
+def test_repeats_with_interleave_refused():
+    """Alternating calls already pair both kinds under one load; repeats there is refused by name."""
+    with pytest.raises(ValueError, match="repeats=3"):
+        vllm_helpers.measure_speed(None, [[1]], [[1]], 1, [0], 0, None, interleave=True, repeats=3)
