@@ -346,9 +346,13 @@ class EngineClient:
         flat = load_file(res["file"])
         os.remove(res["file"])
         out = [{} for _ in range(res["n"])]
-        for key, t in flat.items():
+        for key, t in flat.items():  # protocol: eagle3nb.engines.worker's module docstring
             i, name = key.split(".", 1)
-            out[int(i)][name] = t
+            if i == "cat":  # one tensor for all samples: per-sample views, no copy
+                for d, part in zip(out, t.split(flat[f"len.{name}"].tolist())):
+                    d[name] = part
+            elif i != "len":
+                out[int(i)][name] = t
         return out
 
     def serve_acceptance(

@@ -19,9 +19,13 @@ engines themselves are told to stay on loopback):
 - request ``{"id": n, "method": "generate" | "capture" | "serve_acceptance" | "info" | "close",
   "args": {...}}``; answer ``{"id": n, "ok": true, "result": ...}`` or ``{"id": n, "ok": false,
   "error": str, "type": exception class name, "traceback": str}``.
-- tensors (capture results) are not sent as JSON: the worker writes them into a safetensors file
-  in ``workdir`` (temp file + rename; keys ``{i}.aux``, ``{i}.final``) and answers ``{"file": path,
-  "n": count}``; the client loads and deletes it.
+- tensors (capture results) are not sent as JSON: the worker writes them into one safetensors file
+  per call in ``workdir`` (temp file + rename) and answers ``{"file": path, "n": count}``; the
+  client loads and deletes it. A key every sample has, with one dtype and trailing shape, travels
+  as one tensor concatenated along dim 0 (``cat.{key}``, with ``len.{key}`` int64 ``[n]`` the
+  per-sample lengths); the client splits it back into per-sample views. Other keys travel per
+  sample (``{i}.{key}``). One tensor per key instead of one per sample halves the hand-over of a
+  call of 32 samples (7.5 -> 3.4 ms for 32 x 100 tokens x 256 floats here).
 - the engines' own prints go to stderr (fd 1 is redirected there at start), which the client
   writes to ``workdir/engine.log``; the protocol uses a private copy of the original stdout.
 
@@ -170,12 +174,28 @@ def backend_module(engine: str) -> str:
 
 
 def _save_tensors(workdir: str, rid: int, items: list[dict]) -> dict:
+    """Write one call's per-sample tensors to ``workdir`` (see the protocol in the module
+    docstring) and return ``{"file", "n"}``."""
+    import torch
     from safetensors.torch import save_file
 
     flat = {}
-    for i, d in enumerate(items):
-        for k, v in d.items():
-            flat[f"{i}.{k}"] = v.detach().cpu().contiguous()
+    keys = list(dict.fromkeys(k for d in items for k in d))
+    for k in keys:
+        ts = [d.get(k) for d in items]
+        if all(
+            t is not None
+            and t.dim() >= 1
+            and t.dtype == ts[0].dtype
+            and t.shape[1:] == ts[0].shape[1:]
+            for t in ts
+        ):
+            flat[f"cat.{k}"] = torch.cat([t.detach().cpu() for t in ts])
+            flat[f"len.{k}"] = torch.tensor([t.shape[0] for t in ts], dtype=torch.int64)
+            continue
+        for i, t in enumerate(ts):
+            if t is not None:
+                flat[f"{i}.{k}"] = t.detach().cpu().contiguous()
     path = os.path.join(workdir, f"capture-{os.getpid()}-{rid}.safetensors")
     save_file(flat, path + ".tmp")
     os.replace(path + ".tmp", path)

@@ -44,6 +44,38 @@ def test_protocol_roundtrip_and_tensors(tmp_path):
     assert not wd.exists() and c.pid is None  # closed: worker gone, temp folder removed
 
 
+def test_tensor_handover_concatenates_shared_keys_and_splits_them_back(tmp_path):
+    """The worker's file of one call (``_save_tensors``) read back by the client (``_tensors``):
+    a key every sample has with one dtype and trailing shape travels as one tensor plus lengths
+    (an empty sample included), keys some samples lack or whose dtype differs travel per sample;
+    every tensor comes back equal, in its sample, with its dtype."""
+    from safetensors.torch import load_file
+
+    from eagle3nb.engines.worker import _save_tensors
+
+    g = torch.Generator().manual_seed(0)
+    lens = [3, 0, 5, 1]
+    items = [
+        {"aux": torch.randn(n, 6, generator=g), "ids": torch.arange(n) + 7 * i}
+        for i, n in enumerate(lens)
+    ]
+    for i in (0, 2):  # "final" in two samples only
+        items[i]["final"] = torch.randn(lens[i], 2, generator=g).to(torch.bfloat16)
+    items[3]["ids"] = items[3]["ids"].to(torch.int32)  # another dtype: per sample
+    res = _save_tensors(str(tmp_path), 1, items)
+    stored = set(load_file(res["file"]))
+    assert {"cat.aux", "len.aux", "0.ids", "3.ids", "0.final", "2.final"} <= stored
+    assert not {"cat.ids", "cat.final", "1.final", "0.aux"} & stored
+    client = object.__new__(EngineClient)
+    client._backend = None  # the worker-process path of EngineClient._tensors
+    out = client._tensors(res)
+    assert not Path(res["file"]).exists() and len(out) == len(items)
+    for want, got in zip(items, out):
+        assert set(got) == set(want)
+        for k, t in want.items():
+            assert got[k].dtype == t.dtype and torch.equal(got[k], t), k
+
+
 def test_engine_errors_are_raised_with_the_engine_message(tmp_path):
     with _client(tmp_path) as c:
         with pytest.raises(
