@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from eagle3nb import threads as thread_budget
-from eagle3nb.engines.worker import ENGINE_PACKAGES, backend_module
+from eagle3nb.engines.worker import ENGINE_PACKAGES, backend_module, load_tensors
 
 __all__ = ["EngineClient", "EngineError", "DEFAULT_ENGINE_PYTHONS", "check_engine_python"]
 
@@ -339,21 +339,7 @@ class EngineClient:
         )
 
     def _tensors(self, res):
-        if self._backend is not None:
-            return res
-        from safetensors.torch import load_file
-
-        flat = load_file(res["file"])
-        os.remove(res["file"])
-        out = [{} for _ in range(res["n"])]
-        for key, t in flat.items():  # protocol: eagle3nb.engines.worker's module docstring
-            i, name = key.split(".", 1)
-            if i == "cat":  # one tensor for all samples: per-sample views, no copy
-                for d, part in zip(out, t.split(flat[f"len.{name}"].tolist())):
-                    d[name] = part
-            elif i != "len":
-                out[int(i)][name] = t
-        return out
+        return res if self._backend is not None else load_tensors(res)
 
     def serve_acceptance(
         self, drafter_dir, prompts, k: int, max_new_tokens: int, stop_token_ids

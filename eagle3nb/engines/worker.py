@@ -60,6 +60,7 @@ __all__ = [
     "REPORTED_ENV",
     "OtherModelCapture",
     "backend_module",
+    "load_tensors",
     "folder_stamp",
     "size_threads",
     "serve",
@@ -200,6 +201,24 @@ def _save_tensors(workdir: str, rid: int, items: list[dict]) -> dict:
     save_file(flat, path + ".tmp")
     os.replace(path + ".tmp", path)
     return {"file": path, "n": len(items)}
+
+
+def load_tensors(res: dict) -> list[dict]:
+    """The client's half of :func:`_save_tensors`: read ``res["file"]`` (then delete it) into
+    ``res["n"]`` per-sample dicts; concatenated keys come back as per-sample views (no copy)."""
+    from safetensors.torch import load_file
+
+    flat = load_file(res["file"])
+    os.remove(res["file"])
+    out = [{} for _ in range(res["n"])]
+    for key, t in flat.items():
+        i, name = key.split(".", 1)
+        if i == "cat":
+            for d, part in zip(out, t.split(flat[f"len.{name}"].tolist())):
+                d[name] = part
+        elif i != "len":
+            out[int(i)][name] = t
+    return out
 
 
 # the pool-size variables a worker reports back (eagle3nb.threads.THREAD_ENV and the engines' own)

@@ -45,13 +45,13 @@ def test_protocol_roundtrip_and_tensors(tmp_path):
 
 
 def test_tensor_handover_concatenates_shared_keys_and_splits_them_back(tmp_path):
-    """The worker's file of one call (``_save_tensors``) read back by the client (``_tensors``):
+    """The worker's file of one call (``_save_tensors``) read back as the client does (``load_tensors``):
     a key every sample has with one dtype and trailing shape travels as one tensor plus lengths
     (an empty sample included), keys some samples lack or whose dtype differs travel per sample;
     every tensor comes back equal, in its sample, with its dtype."""
     from safetensors.torch import load_file
 
-    from eagle3nb.engines.worker import _save_tensors
+    from eagle3nb.engines.worker import _save_tensors, load_tensors
 
     g = torch.Generator().manual_seed(0)
     lens = [3, 0, 5, 1]
@@ -66,9 +66,7 @@ def test_tensor_handover_concatenates_shared_keys_and_splits_them_back(tmp_path)
     stored = set(load_file(res["file"]))
     assert {"cat.aux", "len.aux", "0.ids", "3.ids", "0.final", "2.final"} <= stored
     assert not {"cat.ids", "cat.final", "1.final", "0.aux"} & stored
-    client = object.__new__(EngineClient)
-    client._backend = None  # the worker-process path of EngineClient._tensors
-    out = client._tensors(res)
+    out = load_tensors(res)  # what EngineClient does with a worker's answer
     assert not Path(res["file"]).exists() and len(out) == len(items)
     for want, got in zip(items, out):
         assert set(got) == set(want)
