@@ -96,13 +96,12 @@ def bench_client(client, prompts, samples, ids, eos, max_new, interleave: bool) 
     vLLM, whose plain and capture engines are separate: the fastest of ``PASS_REPEATS`` passes
     over ``SPEED_SAMPLES // PASS_REPEATS`` samples each; SGLang: plain requests on the running
     capture engine, alternating call by call with the captures over ``SPEED_SAMPLES``)."""
-    from eagle3nb.engines.vllm_helpers import PASS_REPEATS, SPEED_SAMPLES, measure_speed
+    from eagle3nb.engines.vllm_helpers import measure_speed, speed_settings
 
-    repeats = 1 if interleave else PASS_REPEATS
     r = measure_speed(
         client, prompts, samples, max_new, eos, 0, lambda xs: client.capture(xs, ids),
         generate_kw={"on_capture_engine": True} if interleave else None, interleave=interleave,
-        speed_samples=SPEED_SAMPLES // repeats, repeats=repeats,
+        **speed_settings(interleave),
     )  # fmt: skip
     r.pop("dataset_pass_tokens_per_s", None)  # no dataset pass here
     return dict(r, engine_version=client.info()["engine_version"])

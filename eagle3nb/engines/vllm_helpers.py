@@ -21,6 +21,7 @@ __all__ = [
     "start_vllm",
     "TimedCapture",
     "measure_speed",
+    "speed_settings",
     "served_acceptance",
 ]
 
@@ -125,6 +126,14 @@ SPEED_SAMPLES = 384
 # machine swung vLLM's single-pass ratio from 0.95 to 1.34 between runs of the same job
 # (2026-12-03); 3 passes of 128 cost what one pass of 384 did.
 PASS_REPEATS = 3
+
+
+def speed_settings(interleave: bool) -> dict:
+    """:func:`measure_speed`'s ``repeats`` and ``speed_samples`` as 02a and 02b run it: alternating
+    calls (SGLang) one pass over :data:`SPEED_SAMPLES`; separate engine passes (vLLM)
+    :data:`PASS_REPEATS` passes over a third of them (the same number of calls)."""
+    repeats = 1 if interleave else PASS_REPEATS
+    return {"repeats": repeats, "speed_samples": SPEED_SAMPLES // repeats}
 
 
 def measure_speed(

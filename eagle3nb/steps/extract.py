@@ -190,9 +190,7 @@ def engine_speed(
     apart. Without ``interleave`` (separate engines per kind) each pass runs
     :data:`~eagle3nb.engines.vllm_helpers.PASS_REPEATS` times over a third of the samples and the
     fastest is kept: the same calls in all, less sensitive to a neighbour's load."""
-    from eagle3nb.engines.vllm_helpers import PASS_REPEATS, SPEED_SAMPLES, measure_speed
-
-    repeats = 1 if interleave else PASS_REPEATS
+    from eagle3nb.engines.vllm_helpers import measure_speed, speed_settings
 
     recs = [r for r in read_jsonl(RunDir(p).generated) if r["split"] == "train"]
     return measure_speed(
@@ -208,8 +206,7 @@ def engine_speed(
         batch_size,
         generate_kw,
         interleave,
-        speed_samples=SPEED_SAMPLES // repeats,
-        repeats=repeats,
+        **speed_settings(interleave),
     )
 
 
