@@ -18,7 +18,9 @@ text/               the text side: prompts, chat samples and loss masks, the tar
     chat            (input_ids, loss_mask) training samples, chat template or plain text
     generation      the target regenerates continuations, written as JSONL
     conversations   users' chat datasets (OpenAI, ShareGPT, text) via datasets; bad records refused
+    jsonlines       JSON-lines files read line by line: a line that is not a JSON object refused by number
     regenerate      chat datasets regenerated turn by turn, resumable; rows from served ids
+    benchmarks      benchmark sets (MT-Bench, GSM8K, HumanEval, MATH, chat) per record; bad ones refused
 dataset/            the offline aux-state dataset: safetensors shards plus a manifest
     layout          shard layout, exact byte counts, optional int8 storage of aux states
     write           write shards from a capture engine (atomic, resumable, per-shard sha256)
@@ -64,6 +66,7 @@ engines/            real engines (vLLM, SGLang) behind one interface, across a p
 viz/                figures and interactive views
     plots           Plotly figures, standalone HTML that opens offline
     drift_plots     05's figures: drift per source and boundary, the train x serve matrix
+    served          04's served results: tau per category and engine, speedup per batch size
     views           JupyterLab views (ipywidgets + plotly FigureWidget)
 steps/              one module per notebook, called from its cells and from eagle3nb.run
     common          what the steps share: target info, aux ids, checks, metrics
@@ -85,7 +88,8 @@ steps/              one module per notebook, called from its cells and from eagl
     drift_report    05's reading of the matrix: noise bars, the diagonal, the recommendation
     recorded        02a/02b/04/05's results recorded in the run folder, read back on a re-run
 data/               package data: prompts_tinystories.txt (default prompts), chat_stories.*.jsonl
-                    (chat dataset, two forms), chat_template_stories.jinja
+                    (chat dataset, two forms), chat_template_stories.jinja,
+                    bench_tinystories_mtbench.jsonl (04's benchmark set, MT-Bench form)
 params/             run parameters: one validated model for params/*.yaml and the parameters cells
     fields          the common, 01 and 02 fields of RunParams (InputFields), the notebook groups
     schema          RunParams: every parameter's default, range, help and notebooks, once

@@ -35,6 +35,7 @@ DATA_FILES = {
     "eagle3nb/data/chat_stories.openai.jsonl",
     "eagle3nb/data/chat_stories.sharegpt.jsonl",
     "eagle3nb/data/chat_template_stories.jinja",
+    "eagle3nb/data/bench_tinystories_mtbench.jsonl",
 }
 
 
