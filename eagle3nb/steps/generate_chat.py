@@ -235,6 +235,9 @@ def _reason_kind(reason: str) -> str:
         "duplicate id",
         "too long",
         "no user turn",
+        "not JSON",
+        "not a JSON object",
+        "not UTF-8",
     ):
         if reason.startswith(kind):
             return kind

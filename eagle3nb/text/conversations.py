@@ -29,11 +29,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 from pathlib import Path
+
+from eagle3nb.text import jsonlines
 
 __all__ = [
     "FORMATS",
     "DATA_SUFFIXES",
+    "check_not_empty",
     "detect_format",
     "load_records",
     "looks_like_dataset",
@@ -90,8 +94,9 @@ def _is_json_object(s: str) -> bool:
         return False
 
 
-def _load(path: Path):
-    """The ``datasets.Dataset`` in ``path``. Raises ValueError naming the file and the fix."""
+def _load(path: Path, shown: Path | None = None):
+    """The ``datasets.Dataset`` in ``path`` (``shown``: the file to name in errors, when ``path``
+    is a copy). Raises ValueError naming the file and the fix."""
     import datasets
 
     datasets.disable_progress_bars()
@@ -108,7 +113,7 @@ def _load(path: Path):
             ds = datasets.load_dataset(kind[path.suffix.lower()], data_files=str(path))
     except Exception as e:  # datasets raises many types; the user needs the file and the cause
         raise ValueError(
-            f"dataset={str(path)!r} could not be read by the datasets library ({type(e).__name__}: "
+            f"dataset={str(shown or path)!r} could not be read by the datasets library ({type(e).__name__}: "
             f"{str(e)[:300]}); give a JSONL/JSON/Parquet file or a save_to_disk folder"
         ) from e
     if isinstance(ds, datasets.DatasetDict):
@@ -153,12 +158,22 @@ def _where(path: Path, rows_to_lines: list[int] | None, i: int) -> str:
     return f"{path.name}:row {i}"
 
 
-def _jsonl_lines(path: Path) -> list[int] | None:
-    """1-based line numbers of the non-blank lines of a JSONL file (row i is on line out[i])."""
-    if path.is_dir() or path.suffix.lower() != ".jsonl":
-        return None
-    with open(path, encoding="utf-8") as f:
-        return [n for n, line in enumerate(f, 1) if line.strip()]
+def check_not_empty(path: Path, shown: str | None = None) -> None:
+    """Refuse a dataset file that holds nothing but white space (reads up to its first other byte).
+
+    Raises:
+        ValueError: ``dataset=<shown or path>: the file is empty`` with the fix.
+    """
+    if not path.is_file():
+        return
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 16):
+            if chunk.strip(b" \t\r\n\xef\xbb\xbf"):  # a BOM alone is empty too
+                return
+    raise ValueError(
+        f"dataset={shown or str(path)!r}: the file is empty; give a chat dataset with at least one "
+        "record (one JSON object per line in a .jsonl), or dataset: null to use prompts_file"
+    )
 
 
 def load_records(path: str | Path, fmt: str = "auto") -> tuple[str, list[dict], list[dict]]:
@@ -170,24 +185,38 @@ def load_records(path: str | Path, fmt: str = "auto") -> tuple[str, list[dict], 
 
     Returns:
         ``(format, records, refused)``: records in file order (module docstring), refused =
-        ``[{"where", "id", "reason"}]`` for unknown roles, empty contents, a conversation starting
-        with an assistant turn, malformed tool calls, no user turn, duplicate ids.
+        ``[{"where", "id", "reason"}]`` for a line of a JSON-lines file that is not a JSON object
+        (:func:`eagle3nb.text.jsonlines.read_lines`), unknown roles, empty contents, a
+        conversation starting with an assistant turn, malformed tool calls, no user turn,
+        duplicate ids.
 
     Raises:
-        FileNotFoundError: no such path. ValueError: not readable as a dataset, no known format
-        column, or ``fmt`` unknown.
+        FileNotFoundError: no such path. ValueError: an empty file (:func:`check_not_empty`), a
+        JSON-lines file none of whose lines is a JSON object, not readable as a dataset, no known
+        format column, or ``fmt`` unknown.
     """
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"dataset={str(p)!r} does not exist")
     if fmt != "auto" and fmt not in FORMATS:
         raise ValueError(f"dataset_format={fmt!r} is unknown; use auto or one of {FORMATS}")
-    ds = _load(p)
+    check_not_empty(p)
+    scan = jsonlines.read_lines(p)
+    lines, refused = scan if scan is not None else (None, [])
+    if refused and not lines:
+        raise ValueError(
+            f"dataset={str(p)!r}: no line holds a JSON object ({len(refused)} refused, first: "
+            f"{refused[0]['where']}: {refused[0]['reason']}); give one JSON object per line"
+        )
+    if refused:  # read what is left; the bad lines are refused like bad records
+        with tempfile.TemporaryDirectory() as tmp:
+            ds = _load(jsonlines.keep_lines(p, lines, tmp), shown=p)
+    else:
+        ds = _load(p)
     found = fmt if fmt != "auto" else detect_format(ds.column_names)
     if fmt == "auto" and found == "sharegpt" and _role_content(ds):
         found = "openai"  # SpecForge's rows: conversations of role/content dicts
-    lines = _jsonl_lines(p)
-    records, refused, seen = [], [], set()
+    records, seen = [], set()
     for i, row in enumerate(ds):
         where = _where(p, lines, i)
         rid = str(row["id"]) if row.get("id") is not None else None

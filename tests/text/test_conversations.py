@@ -164,3 +164,68 @@ def test_dataset_as_prompts_file_refused_before_work(tmp_path):
     with pytest.raises(ValueError, match="needs mode: chat"):
         RunParams(dataset=str(OPENAI))
     assert RunParams(dataset=str(OPENAI), mode="chat").dataset == str(OPENAI)
+
+
+NOT_JSON = BAD.with_name("not_json_line.jsonl")
+
+
+def test_a_line_that_is_not_json_is_refused_by_line_rest_kept():
+    # issue 32 item 2: 35 good records and one line `this line is not json` (line 18)
+    text = NOT_JSON.read_text().splitlines()
+    assert text[17] == "this line is not json" and len(text) == 36
+    fmt, recs, refused = load_records(NOT_JSON)
+    assert fmt == "openai"
+    assert refused == [
+        {
+            "where": "not_json_line.jsonl:line 18",
+            "id": None,
+            "reason": "not JSON (Expecting value at column 1)",
+        }
+    ]
+    good = [(n, json.loads(x)["id"]) for n, x in enumerate(text, 1) if n != 18]
+    assert [(r["where"], r["id"]) for r in recs] == [
+        (f"not_json_line.jsonl:line {n}", i) for n, i in good
+    ]
+    table = refusal_table(refused)
+    assert table.splitlines()[:2] == ["refused records: 1", "      1  not JSON"]
+    assert "not_json_line.jsonl:line 18" in table and "id=None: not JSON" in table
+
+
+def test_other_bad_lines_bom_and_json_lines_under_json(tmp_path):
+    ok = [json.dumps({"id": f"c{i}", "text": f"<s>User: {i}\nAssistant:"}) for i in range(3)]
+    body = "\ufeff" + ok[0] + "\r\n[1, 2]\r\n" + ok[1] + "\r\n"
+    p = tmp_path / "mixed.jsonl"
+    p.write_bytes(body.encode() + b"\xff\xfe not utf-8\n" + ok[2].encode() + b"\n")
+    fmt, recs, refused = load_records(p)
+    assert fmt == "text" and [r["id"] for r in recs] == ["c0", "c1", "c2"]
+    assert [r["where"] for r in recs] == [
+        "mixed.jsonl:line 1",
+        "mixed.jsonl:line 3",
+        "mixed.jsonl:line 5",
+    ]
+    assert [(x["where"], x["reason"]) for x in refused] == [
+        ("mixed.jsonl:line 2", "not a JSON object (a list)"),
+        ("mixed.jsonl:line 4", "not UTF-8 text (byte 1)"),
+    ]
+    j = tmp_path / "lines.json"  # JSON lines under a .json suffix: named by line too
+    j.write_text(ok[0] + "\nnot json\n" + ok[1] + "\n")
+    fmt, recs, refused = load_records(j)
+    assert [r["where"] for r in recs] == ["lines.json:line 1", "lines.json:line 3"]
+    assert refused[0]["where"] == "lines.json:line 2"
+
+
+def test_no_json_line_at_all_and_an_empty_file_refused_by_name(tmp_path):
+    p = tmp_path / "junk.jsonl"
+    p.write_text("this line is not json\n\nnor this\n")
+    with pytest.raises(
+        ValueError,
+        match=r"^dataset='.*junk\.jsonl': no line holds a JSON object \(2 refused, first: "
+        r"junk\.jsonl:line 1: not JSON \(Expecting value at column 1\)\); give one JSON object per line$",
+    ):
+        load_records(p)
+    with pytest.raises(
+        ValueError,
+        match=r"^dataset='.*empty\.jsonl': the file is empty; give a chat dataset with at least "
+        r"one record \(one JSON object per line in a \.jsonl\), or dataset: null to use prompts_file$",
+    ):
+        load_records(BAD.with_name("empty.jsonl"))
