@@ -18,6 +18,7 @@ text/               the text side: prompts, chat samples and loss masks, the tar
     chat            (input_ids, loss_mask) training samples, chat template or plain text
     generation      the target regenerates continuations, written as JSONL
     conversations   users' chat datasets (OpenAI, ShareGPT, text) via datasets; bad records refused
+    jsonlines       JSON-lines files read line by line: a line that is not a JSON object refused by number
     regenerate      chat datasets regenerated turn by turn, resumable; rows from served ids
     benchmarks      benchmark sets (MT-Bench, GSM8K, HumanEval, MATH, chat) per record; bad ones refused
 dataset/            the offline aux-state dataset: safetensors shards plus a manifest
