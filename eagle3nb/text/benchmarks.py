@@ -59,6 +59,10 @@ _MARKS = (
     ("problem", "math"),
     ("prompt", "humaneval"),
     ("question", "gsm8k"),
+    # a format's id alone still marks it, so that the record's refusal names the missing field
+    ("question_id", "mtbench"),
+    ("task_id", "humaneval"),
+    ("unique_id", "math"),
 )
 _DEFAULT_CATEGORY = {"gsm8k": "gsm8k", "humaneval": "humaneval", "math": "math"}
 RESERVED_CATEGORY = "all"  # the whole set in 04's per-category results
@@ -297,7 +301,7 @@ def load_benchmark(path: str | Path, fmt: str = "auto") -> BenchmarkFile:
             rid = None if rid is None else str(rid)
             mark = detect_record_format(row)
             if mark is None and fmt == "auto":
-                known = ", ".join(f for f, _ in _MARKS)
+                known = ", ".join(f for f, _ in _MARKS[:6])
                 raise RecordError(f"unknown format: fields {sorted(row)}, none of {known}")
             rid, category, turns, ref = _record(row, found)
         except RecordError as e:
