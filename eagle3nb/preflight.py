@@ -168,3 +168,94 @@ def check_engine_rules(
                 )
         out[engine] = {"version": version, "ids": ids, "rule": rule.kind, "source": rule.source}
     return out
+
+
+def check_inputs(p: RunParams) -> dict:
+    """01's input read as 01 reads it, before any notebook: the prompts file, or with ``dataset``
+    set the chat dataset (an empty file, records all refused), and the train / held-out split of
+    what it holds (:func:`split_checked`). Reads no model.
+
+    Returns:
+        ``{"source", "n", "n_train", "n_heldout", "refused"}``: the parameter read, its prompts or
+        kept records, the split's sizes (before ``max_train_prompts``), the records refused.
+
+    Raises:
+        FileNotFoundError: no such prompts file or dataset. ValueError: naming the parameter, the
+            value and the fix: ``the file is empty``, no prompt or duplicates in the prompts file,
+            every record refused, a split with no train or no held-out item.
+    """
+    from eagle3nb.rundir import resolve_path
+    from eagle3nb.text import conversations
+    from eagle3nb.text.prompts import load_prompts
+
+    refused: list[dict] = []
+    if p.dataset is None:
+        source, unit = f"prompts_file={p.prompts_file!r}", "prompts"
+        items = load_prompts(resolve_path(p.prompts_file))
+    else:
+        source, unit = f"dataset={p.dataset!r}", "conversations"
+        path = resolve_path(p.dataset)
+        conversations.check_not_empty(path, p.dataset)
+        _, recs, refused = conversations.load_records(path, p.dataset_format)
+        check_records_left(p, recs, refused)
+        items = [r["id"] for r in recs]
+    train, held = split_checked(items, p, source, unit)
+    return {
+        "source": source,
+        "n": len(items),
+        "n_train": len(train),
+        "n_heldout": len(held),
+        "refused": len(refused),
+    }
+
+
+def check_records_left(p: RunParams, records: list, refused: list[dict]) -> None:
+    """Refuse a chat dataset whose records were all refused.
+
+    Raises:
+        ValueError: naming ``dataset``, the count and the first refusal.
+    """
+    if not records:
+        raise ValueError(
+            f"dataset={p.dataset!r}: all {len(refused)} records were refused (first: "
+            f"{refused[0] if refused else None}); fix the records or the dataset_format"
+        )
+
+
+def split_checked(items: list[str], p: RunParams, source: str, unit: str) -> tuple[list, list]:
+    """:func:`eagle3nb.text.prompts.split_prompts` of ``items`` (prompts or conversation ids) at
+    ``p.heldout_fraction`` and ``p.seed``, refused unless both sides hold one: 03 trains on the
+    train side and evaluates on the held-out one, and 04 measures acceptance on the held-out one.
+
+    Returns:
+        ``(train, heldout)``.
+
+    Raises:
+        ValueError: ``heldout_fraction=F holds out H of the N <unit> of <source> (T left to
+            train on)`` with the fix: a fraction that gives both sides one at this seed (found by
+            splitting again), or more items; fewer than 2 items: how many a run needs.
+    """
+    from eagle3nb.text.prompts import split_prompts
+
+    f, n = p.heldout_fraction, len(items)
+    train, held = split_prompts(items, f, p.seed)
+    if train and held:
+        return train, held
+    if n < 2:
+        raise ValueError(
+            f"{source} holds {n} {unit}; a run needs at least 2 (one to train on, one held out "
+            f"for evaluation at heldout_fraction={f}): add {unit}"
+        )
+    fix = f"add {unit}"
+    grid = sorted((round(0.05 * i, 2) for i in range(1, 20)), key=lambda g: abs(g - f))
+    for g in grid:  # the nearest fraction that splits these items at this seed
+        t, h = split_prompts(items, g, p.seed)
+        if t and h:
+            fix = (
+                f"set heldout_fraction: {g} (holds out {len(h)} of {n} at seed={p.seed}), or {fix}"
+            )
+            break
+    raise ValueError(
+        f"heldout_fraction={f} holds out {len(held)} of the {n} {unit} of {source} ({len(train)} "
+        f"left to train on); 03 needs one to train on and one held out, 04 one held out: {fix}"
+    )

@@ -1,7 +1,8 @@
 """Run the ordered notebooks headless with papermill: ``python -m eagle3nb.run params/default.yaml``.
 
 Validates the whole params file first (unknown keys, types, ranges) and checks it against the
-model's config.json (:func:`eagle3nb.preflight.check_against_model`), then executes each notebook
+model's config.json (:func:`eagle3nb.preflight.check_against_model`) and 01's input (the prompts
+file or chat dataset, and its held-out split: :func:`eagle3nb.preflight.check_inputs`), then executes each notebook
 with the parameters it declares, writes the executed copies to ``outputs/<run>/notebooks/`` and
 records each notebook's wall time in ``metrics.json``.
 """
@@ -17,10 +18,9 @@ from typing import Optional
 import typer
 import yaml
 
-from eagle3nb.rundir import REPO_ROOT, RunDir, resolve_path, update_metrics
-from eagle3nb.preflight import check_against_model
+from eagle3nb.rundir import REPO_ROOT, RunDir, update_metrics
+from eagle3nb.preflight import check_against_model, check_inputs
 from eagle3nb.params import NOTEBOOKS, load_params
-from eagle3nb.text.prompts import load_prompts
 
 __all__ = ["NOTEBOOKS", "run_notebooks", "main"]
 
@@ -44,8 +44,9 @@ def run_notebooks(
     """Execute the notebooks in order for one params file; returns the run directory.
 
     Raises:
-        ValueError: invalid params, or params that do not fit the model's config.json (before
-            anything runs); unknown notebook name in ``only``.
+        ValueError: invalid params, params that do not fit the model's config.json, or 01's input
+            refused (:func:`eagle3nb.preflight.check_inputs`), before anything runs; unknown
+            notebook name in ``only``.
         FileNotFoundError: the params file or the model is not found (before anything runs).
         papermill.PapermillExecutionError: a notebook failed (its executed copy shows where).
     """
@@ -53,9 +54,7 @@ def run_notebooks(
 
     p = load_params(params_file, **(overrides or {}))
     check_against_model(p)  # model, vocab, layer ids, heads: fail before any notebook runs
-    load_prompts(
-        resolve_path(p.prompts_file)
-    )  # no prompt / duplicates: refused before any notebook
+    check_inputs(p)  # empty or bad prompts / dataset, a split with no held-out item: same
     names = only or NOTEBOOKS
     unknown = [n for n in names if n not in NOTEBOOKS]
     if unknown:

@@ -20,7 +20,7 @@ from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3nb.drafter.export import export_drafter, load_drafter
 from eagle3nb.rundir import REPO_ROOT
 from eagle3nb.params import RunParams, load_params
-from eagle3nb.preflight import check_against_model
+from eagle3nb.preflight import check_against_model, check_inputs
 from eagle3nb.drafter.vocab import build_draft_vocab
 
 BAD = Path(__file__).parent / "bad_inputs"
@@ -49,13 +49,18 @@ def test_every_params_kind_is_present():
         "missing_prompts",
         "completion_with_template",
         "run_name_slash",
+        "dataset_empty",
+        "heldout_split_prompts",
+        "heldout_split_dataset",
     } <= names
 
 
 @pytest.mark.parametrize("path", PARAM_FILES, ids=[f.stem for f in PARAM_FILES])
 def test_bad_params_file(path):
     with pytest.raises((ValueError, FileNotFoundError), match=_expect(path)):
-        check_against_model(load_params(path))
+        p = load_params(path)
+        check_against_model(p)
+        check_inputs(p)  # 01's input: the prompts file or dataset, and its held-out split
 
 
 @pytest.mark.parametrize(
@@ -74,6 +79,8 @@ def test_shipped_params_pass_model_checks(path):
     )
     if not p.model.startswith("twin:"):
         assert (info["n_layers"], info["vocab_size"]) == (5, 512)  # stories260K-hd32
+    split = check_inputs(p)  # 01's input as shipped: both sides of the split hold one
+    assert split["n_train"] >= 1 and split["n_heldout"] >= 1
 
 
 def test_model_checks_return_what_the_run_captures():
@@ -243,3 +250,78 @@ def test_broken_drafter_refused(exported, tmp_path, case):
         (out / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match=expect):
         load_drafter(out)
+
+
+# --- 01's input: empty, or too small for the held-out split (issue 32 items 3 and 4) ---------------
+
+
+def _hand_split_message(items, unit, source, f=0.15, seed=0):
+    """The refusal computed here by hand: the hash rule of split_prompts written out, and the grid
+    fraction nearest ``f`` that puts one item on each side."""
+    import hashlib
+
+    h = [
+        int.from_bytes(hashlib.sha256(f"{seed}\x00{x}".encode()).digest()[:8], "big") / 2**64
+        for x in items
+    ]
+    held = sum(x < f for x in h)
+    grid = sorted((round(0.05 * i, 2) for i in range(1, 20)), key=lambda g: abs(g - f))
+    g = next(g for g in grid if 0 < sum(x < g for x in h) < len(h))
+    n = len(items)
+    return (
+        f"heldout_fraction={f} holds out {held} of the {n} {unit} of {source} ({n - held} left to "
+        f"train on); 03 needs one to train on and one held out, 04 one held out: set "
+        f"heldout_fraction: {g} (holds out {sum(x < g for x in h)} of {n} at seed={seed}), or add {unit}"
+    )
+
+
+def test_split_refusal_names_both_numbers_and_the_fix(tmp_path):
+    three = BAD / "prompts" / "three.txt"
+    prompts = [x for x in three.read_text().splitlines() if x and not x.startswith("#")]
+    want = _hand_split_message(
+        prompts, "prompts", "prompts_file='tests/bad_inputs/prompts/three.txt'"
+    )
+    assert "holds out 0 of the 3 prompts" in want  # the file reproduces the case
+    with pytest.raises(ValueError) as e:
+        check_inputs(load_params(BAD / "params" / "heldout_split_prompts.yaml"))
+    assert str(e.value) == want
+    chat = BAD / "chat" / "three_conversations.jsonl"
+    ids = [json.loads(x)["id"] for x in chat.read_text().splitlines()]
+    src = "dataset='tests/bad_inputs/chat/three_conversations.jsonl'"
+    with pytest.raises(ValueError) as e:
+        check_inputs(load_params(BAD / "params" / "heldout_split_dataset.yaml"))
+    assert str(e.value) == _hand_split_message(ids, "conversations", src)
+    one = tmp_path / "one.txt"
+    one.write_text("Tom had a red ball.\n")
+    with pytest.raises(ValueError) as e:
+        check_inputs(RunParams(prompts_file=str(one)))
+    assert str(e.value) == (
+        f"prompts_file={str(one)!r} holds 1 prompts; a run needs at least 2 (one to train on, one "
+        "held out for evaluation at heldout_fraction=0.15): add prompts"
+    )
+
+
+@pytest.mark.parametrize(
+    "case", ["heldout_split_prompts", "heldout_split_dataset", "dataset_empty"]
+)
+def test_01_refuses_before_the_target_loads(tmp_path, case):
+    # 01 in a notebook (no runner): refused before the run folder is made or the model read
+    from eagle3nb.steps.generate import generate_step
+
+    p = load_params(
+        BAD / "params" / f"{case}.yaml", outputs_dir=str(tmp_path), model="no/such/model"
+    )
+    with pytest.raises(ValueError, match=_expect(BAD / "params" / f"{case}.yaml")):
+        generate_step(p, progress=False)
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("case", ["heldout_split_prompts", "dataset_empty"])
+def test_runner_refuses_01_input_before_any_notebook(tmp_path, case):
+    pytest.importorskip("papermill")
+    from eagle3nb.run import run_notebooks
+
+    f = BAD / "params" / f"{case}.yaml"
+    with pytest.raises(ValueError, match=_expect(f)):
+        run_notebooks(f, overrides={"outputs_dir": str(tmp_path), "run_name": "bad"})
+    assert not any(tmp_path.iterdir())

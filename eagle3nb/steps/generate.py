@@ -6,6 +6,7 @@ import time
 
 from eagle3nb.manifest import atomic_write_json, provenance, sha256_file
 from eagle3nb.params import RunParams, resolve_device
+from eagle3nb.preflight import split_checked
 from eagle3nb.rundir import RunDir, resolve_path, update_metrics
 from eagle3nb.steps.generate_workers import start_engine
 from eagle3nb.steps.common import (
@@ -21,7 +22,7 @@ from eagle3nb.steps.common import (
 from eagle3nb.target import models
 from eagle3nb.text import chat
 from eagle3nb.text.generation import generate_batch, generation_attention, write_jsonl
-from eagle3nb.text.prompts import load_prompts, split_prompts
+from eagle3nb.text.prompts import load_prompts
 
 
 def generate_step(p: RunParams, progress=True) -> dict:
@@ -38,18 +39,21 @@ def generate_step(p: RunParams, progress=True) -> dict:
     (:func:`eagle3nb.steps.generate_chat.generate_chat_step`).
 
     Raises:
-        ValueError: a prompt plus ``max_new_tokens`` exceeds the target's context.
+        ValueError: no prompt, duplicates, or a split with no train or no held-out prompt
+            (:func:`eagle3nb.preflight.split_checked`), before the target loads; a prompt plus
+            ``max_new_tokens`` exceeds the target's context.
     """
     if p.dataset is not None:
         from eagle3nb.steps.generate_chat import generate_chat_step
 
         return generate_chat_step(p, progress)
+    prompts = load_prompts(resolve_path(p.prompts_file))
+    source = f"prompts_file={p.prompts_file!r}"
+    train, held = split_checked(prompts, p, source, "prompts")  # before the target loads
     rd = RunDir(p).make()
     use_thread_budget(p, rd)
     model, tok, path = models.load_target(p.model, p.dtype, resolve_device(p))
     template = template_of(p, tok)
-    prompts = load_prompts(resolve_path(p.prompts_file))
-    train, held = split_prompts(prompts, p.heldout_fraction, p.seed)
     if p.max_train_prompts:
         train = train[: p.max_train_prompts]
     ctx = model.config.max_position_embeddings

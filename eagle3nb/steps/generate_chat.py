@@ -7,6 +7,7 @@ from collections import Counter
 
 from eagle3nb.manifest import atomic_write_json, provenance, sha256_file
 from eagle3nb.params import RunParams, resolve_device
+from eagle3nb.preflight import check_records_left, split_checked
 from eagle3nb.rundir import RunDir, resolve_path, update_metrics
 from eagle3nb.steps import generate_workers
 from eagle3nb.steps.common import (
@@ -19,7 +20,6 @@ from eagle3nb.steps.common import (
 from eagle3nb.target import models
 from eagle3nb.text import chat, conversations
 from eagle3nb.text.generation import write_jsonl
-from eagle3nb.text.prompts import split_prompts
 from eagle3nb.text.regenerate import run_key
 
 __all__ = ["generate_chat_step", "refusal_table", "trained_fractions"]
@@ -41,23 +41,24 @@ def generate_chat_step(p: RunParams, progress=True) -> dict:
         "id", "reason"}]}``.
 
     Raises:
-        ValueError: the dataset cannot be read, has no format column, or no record is left; a
-            train row whose loss mask is all zeros or all ones (a template that renders no
+        ValueError: the dataset cannot be read, is empty, has no format column, or no record is
+            left; a split with no train or no held-out conversation (before the target loads,
+            :func:`eagle3nb.preflight.split_checked`); a train row whose loss mask is all zeros or all ones (a template that renders no
             header).
     """
+    conversations.check_not_empty(resolve_path(p.dataset), p.dataset)  # named as the user wrote it
+    fmt, recs, refused = conversations.load_records(resolve_path(p.dataset), p.dataset_format)
+    source = f"dataset={p.dataset!r}"
+    check_records_left(p, recs, refused)  # refused before the target loads
+    split_checked([r["id"] for r in recs], p, source, "conversations")
     rd = RunDir(p).make()
     model, tok, path = models.load_target(p.model, p.dtype, resolve_device(p))
     template = template_of(p, tok)
     kwargs = dict(p.chat_template_kwargs)
     ctx = model.config.max_position_embeddings
-    fmt, recs, refused = conversations.load_records(resolve_path(p.dataset), p.dataset_format)
     recs = _fit_context(recs, refused, tok, template, kwargs, ctx, p.max_new_tokens)
-    if not recs:
-        raise ValueError(
-            f"dataset={p.dataset!r}: all {len(refused)} records were refused (first: "
-            f"{refused[0] if refused else None}); fix the records or the dataset_format"
-        )
-    train_ids, held_ids = split_prompts([r["id"] for r in recs], p.heldout_fraction, p.seed)
+    check_records_left(p, recs, refused)
+    train_ids, held_ids = split_checked([r["id"] for r in recs], p, source, "conversations")
     if p.max_train_prompts:
         train_ids = train_ids[: p.max_train_prompts]
     by_id = {r["id"]: r for r in recs}
