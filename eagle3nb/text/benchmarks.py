@@ -71,7 +71,8 @@ DEFAULT_BENCHMARK = Path(__file__).resolve().parents[1] / "data" / "bench_tinyst
 
 @dataclass(frozen=True)
 class BenchRecord:
-    """One benchmark question.
+    """One benchmark question (frozen; ``turns`` is a list, so a record is not hashable: key
+    sets by ``id``).
 
     Attributes:
         id: the format's id (``question_id``, ``task_id``, ``unique_id``, ``id``) as text, else
