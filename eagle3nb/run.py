@@ -1,4 +1,5 @@
-"""Run the ordered notebooks headless with papermill: ``python -m eagle3nb.run params/default.yaml``.
+"""Run the ordered notebooks headless with papermill: ``python -m eagle3nb.run params/default.yaml``
+(``--set key=value``, repeatable, changes one parameter without copying the file).
 
 Validates the whole params file first (unknown keys, types, ranges) and checks it against the
 model's config.json (:func:`eagle3nb.preflight.check_against_model`) and 01's input (the prompts
@@ -20,7 +21,7 @@ import yaml
 
 from eagle3nb.rundir import REPO_ROOT, RunDir, update_metrics
 from eagle3nb.preflight import check_against_model, check_inputs
-from eagle3nb.params import NOTEBOOKS, load_params
+from eagle3nb.params import NOTEBOOKS, load_params, parse_sets
 
 __all__ = ["NOTEBOOKS", "run_notebooks", "main"]
 
@@ -130,10 +131,14 @@ def main(
     params_file: Path = typer.Argument(..., help="params YAML, e.g. params/default.yaml"),
     only: Optional[list[str]] = typer.Option(None, help="run only these notebooks (repeatable)"),
     log_output: bool = typer.Option(False, help="stream notebook output to the terminal"),
+    set_: Optional[list[str]] = typer.Option(
+        None, "--set", help="override a parameter, key=value (repeatable), e.g. --set max_steps=200"
+    ),
 ):
     """Run the workbook's notebooks on one params file."""
-    try:
-        root = run_notebooks(params_file, only=only, log_output=log_output)
+    try:  # --set is parsed as 03's entry point parses it, validated with the file's own messages
+        over = parse_sets(set_)
+        root = run_notebooks(params_file, only=only, overrides=over, log_output=log_output)
     except (ValueError, FileNotFoundError) as e:  # bad input: the message says what and how to fix
         typer.echo(f"eagle3nb: {e}", err=True)
         raise typer.Exit(2) from None

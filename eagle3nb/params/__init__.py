@@ -15,7 +15,13 @@ Modules: ``schema`` (RunParams and the notebook groups), ``load`` (YAML files, a
 globals, the device; errors that name the fix), ``sync`` (rendering into notebooks and README).
 """
 
-from eagle3nb.params.load import collect, load_params, load_run_params, resolve_device
+from eagle3nb.params.load import (
+    collect,
+    load_params,
+    load_run_params,
+    parse_sets,
+    resolve_device,
+)
 from eagle3nb.params.schema import ALL, NOTEBOOKS, RENAMED, RUN_LEVEL, VLLM, RunParams
 
 __all__ = [
@@ -27,6 +33,7 @@ __all__ = [
     "RENAMED",
     "load_params",
     "load_run_params",
+    "parse_sets",
     "collect",
     "resolve_device",
 ]

@@ -114,13 +114,24 @@ def load_run_params(run: str | os.PathLike, sets: list[str] | None) -> RunParams
             f"{run} is a folder without params.yaml; pass a run folder written by "
             "`python -m eagle3nb.run` or a params YAML file"
         )
+    return load_params(pf, **parse_sets(sets))
+
+
+def parse_sets(sets: list[str] | None) -> dict:
+    """``--set key=value`` options as overrides ``{key: value}`` (values parsed as YAML, so
+    ``--set layer_ids=[1,3,5]`` gives a list); the keys and values are validated by
+    :func:`load_params` with the params file's own messages.
+
+    Raises:
+        ValueError: an option without ``=``.
+    """
     over = {}
     for kv in sets or []:
         if "=" not in kv:
             raise ValueError(f"--set {kv!r}: write key=value, e.g. --set max_steps=200")
         k, v = kv.split("=", 1)
         over[k.strip()] = yaml.safe_load(v)
-    return load_params(pf, **over)
+    return over
 
 
 # --- the parameter surface: notebooks' parameters cells and the README table, rendered from RunParams
