@@ -68,7 +68,7 @@ def main(params_file: str, outputs_dir: str, device: str = "cpu", direct: bool =
         "outputs_dir": str(out),
         "device": device,
         "vllm_extract": False,
-        "vllm_eval": False,
+        "eval_engines": ["simulator"],
     }  # the HF path: online training is HF-only
     t0 = time.time()
     off = _run(params_file, None, dict(ov, run_name="bench-offline"), direct)

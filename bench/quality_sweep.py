@@ -9,8 +9,8 @@ Data settings ``D<n>``: ``params/default.yaml`` with ``sampled_continuations: n`
 continuations per train prompt at ``sample_temperature`` 0.8; D0 is today's data). Each is generated
 and extracted once (``extract_engine: hf``: HF at SGLang's capture point, proven equal to SGLang's
 own capture in 02b), then each training budget of that setting trains from it in its own run folder
-(a copy of the data) and is evaluated by 04's simulator on the held-out prompts (``vllm_eval``
-off: on the main job vLLM's served tau equalled the simulator's, 3.551 both). Training runs in
+(a copy of the data) and is evaluated by 04's simulator on the held-out prompts (``eval_engines:
+[simulator]``: on the main job vLLM's served tau equalled the simulator's, 3.551 both). Training runs in
 float32 without compile on the sweep's device (the CPU default's function); the x axis users pay
 for is CPU seconds, so ``--cpu-step-seconds`` times 20 steps of each drafter shape on this machine
 (2 threads) and the JSON's ``cpu_seconds_est`` = steps x that time (an estimate, labelled so).
@@ -49,7 +49,7 @@ RUNS = [
     (0, {"max_steps": 6000, "batch_size": 8, "ttt_steps": 5}),
 ]
 BASE = dict(extract_engine="hf", measure_engine_speed=False, drift_samples=0,
-    drift_both_dtypes=False, vllm_extract=False, vllm_eval=False, baselines=False, k_sweep=False,
+    drift_both_dtypes=False, vllm_extract=False, eval_engines=["simulator"], baselines=False, k_sweep=False,
     generate_speed_engines=[], precision="float32", torch_compile="off", attention="eager",
     eval_every=0, interactive=False, tracking=[])  # fmt: skip
 

@@ -80,7 +80,11 @@ steps/              one module per notebook, called from its cells and from eagl
     drift           02b's drift figure data: the same probe tokens from other engines and dtypes
     train           03_train, also from the command line and on every torchrun rank
     heldout         03's held-out slice (01's held-out prompts) for evaluation during training
-    evaluate        04_eval_acceptance
+    evaluate        04_eval_acceptance: who measures (eval_engines), then the simulator and engines
+    eval_sim        04's simulator over an HF copy of the target; 04's result and metrics assembled
+    eval_served     04's serving engines: each serves the drafter (and its layer offset) per
+                    category, k and batch size, with and without the drafter
+    eval_bench      04's prompt set (held-out, a benchmark turn by turn) and the engine loop
     eval_chat       04's held-out prompts rendered with its template; acceptance per turn index
     publish         04's serving files: serve_commands.md and the drafter's model card
     drift_sources   05's sources (engine, dtype, quantization): capture, drift against float32 HF

@@ -95,12 +95,18 @@ def check_against_model(p: RunParams) -> dict:
     }
 
 
+def _uses_vllm(p: RunParams, key: str) -> bool:
+    """Whether ``key`` (vllm_extract, or eval_engines naming vllm explicitly) starts vLLM."""
+    return bool(p.vllm_extract) if key == "vllm_extract" else "vllm" in p.eval_engines
+
+
 def check_engine_rules(
     p: RunParams, arch: str, n: int, boundaries: list[int], cfg: dict | None = None
 ) -> dict:
     """Each engine the run captures with or serves a drafter through, checked against its layer-id
     rule for the target's class (:func:`eagle3nb.target.engine_rules.engine_rule`): SGLang when
-    ``extract_engine: sglang`` (02b), vLLM when ``vllm_extract`` (02a) or ``vllm_eval`` (04). The
+    ``extract_engine: sglang`` (02b), vLLM when ``vllm_extract`` (02a) or ``eval_engines`` names it (04; ``[auto]`` skips an engine
+    that cannot serve, it never refuses). The
     engine's version is read from its installed package, never assumed.
 
     Returns:
@@ -133,11 +139,19 @@ def check_engine_rules(
         uses.append(
             ("sglang", "extract_engine='sglang'", py, "set extract_engine: hf", ["capture"])
         )
-    on = [k for k in ("vllm_extract", "vllm_eval") if getattr(p, k)]
+    if "sglang" in p.eval_engines and p.extract_engine != "sglang":  # [auto] skips, never refuses
+        py = DEFAULT_ENGINE_PYTHONS["sglang"] if p.sglang_python is None else p.sglang_python
+        fix = "leave sglang out of eval_engines"
+        uses.append(("sglang", f"eval_engines={p.eval_engines}", py, fix, ["serve"]))
+    on = [k for k in ("vllm_extract", "eval_engines") if _uses_vllm(p, k)]
     if on:
-        param = " and ".join(f"{k}=True" for k in on)
-        fix = "set " + ", ".join(f"{k}: false" for k in on)
-        kinds = [{"vllm_extract": "capture", "vllm_eval": "serve"}[k] for k in on]
+        param = " and ".join(f"{k}={getattr(p, k)}" for k in on)
+        fixes = {
+            "vllm_extract": "set vllm_extract: false",
+            "eval_engines": "leave vllm out of eval_engines",
+        }
+        fix = " and ".join(fixes[k] for k in on)
+        kinds = [{"vllm_extract": "capture", "eval_engines": "serve"}[k] for k in on]
         uses.append(("vllm", param, vllm_python(p), fix, kinds))
     import torch
 

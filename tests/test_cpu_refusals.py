@@ -34,7 +34,9 @@ def _folder(tmp_path, arch: str, **over) -> str:
 
 
 def _run(m, engine, **kw):
-    base = dict(generate_engine="hf", vllm_eval=False, vllm_extract=False, extract_engine="hf")
+    base = dict(
+        generate_engine="hf", eval_engines=["simulator"], vllm_extract=False, extract_engine="hf"
+    )
     base.update(draft_vocab_size=64, convention="vllm", layer_ids=[2, 3], device="cpu")
     base.update(PARAM[engine], **kw)
     return check_against_model(RunParams(model=m, **base))

@@ -73,23 +73,27 @@ def test_metrics(smoke_run):
     for label, tau in e["tau"].items():
         a = e["per_position_acceptance"][label]
         assert 1.0 <= tau <= 6.0 and abs(tau - (1 + sum(a))) < 1e-3, label
-    assert set(e["tau"]) == {
-        "trained",
-        "untrained",
-        "trained, layer offset",
-        "trained, served by vLLM 0.32.0",
+    served = {
+        f"{d}, served by {name}"
+        for d in ("trained", "trained, layer offset")
+        for name in ("vLLM 0.32.0", "SGLang 0.5.23")
     }
-    v = e[
-        "vllm_served"
-    ]  # vLLM's own counters for the same drafter and prompts as the simulator's "trained"
-    assert (
-        v["greedy_mismatches_vs_vllm_plain"] == v["mismatches_vs_hf_greedy"] == 0
-        and v["compared_with"] == "trained"
-    )
-    assert (
-        v["counters"]["num_drafts"] == v["simulator_cycles"]
-        and max(v["abs_diff_per_position"]) <= 0.05
-    )
+    assert set(e["tau"]) == {"trained", "untrained", "trained, layer offset"} | served
+    # each engine's own counters for the same drafter and prompts as the simulator's "trained"
+    assert set(e["served_by"]) == {"vllm", "sglang"}
+    for engine, v in e["served_by"].items():
+        assert (
+            v["greedy_mismatches_vs_engine_plain"] == v["mismatches_vs_hf_greedy"] == 0
+            and v["compared_with"] == "trained"
+        ), engine
+        assert (
+            v["counters"]["num_drafts"] == v["simulator_cycles"]
+            and max(v["abs_diff_per_position"]) <= 0.05
+        ), (engine, v)
+        # the layer offset served by the engine: the simulator's offset on the same prompts
+        off = v["baselines"]["trained, layer offset"]["tau"]
+        assert abs(off - e["tau"]["trained, layer offset"]) <= 0.05, (engine, off)
+    assert "| heldout |" in e["served"]["table"] and e["served"]["left_out"] == {}
     sp = m["engines"]["vllm"]
     assert (
         sp["generate_tokens_per_s"] > 0

@@ -23,7 +23,7 @@ from tiny_archs import N, TINY, V, tiny_config, tiny_model  # noqa: E402
 HF_ONLY = dict(
     extract_engine="hf",
     generate_engine="hf",
-    vllm_eval=False,
+    eval_engines=["simulator"],
     vllm_extract=False,
     draft_vocab_size=64,
 )
@@ -125,14 +125,15 @@ def _params(m, **kw) -> RunParams:
         ),
         (
             "Glm4MoeForCausalLM",
-            dict(vllm_eval=True),
-            r"vllm_eval=True on model=.*vllm 0\.32\.0 on Glm4MoeForCausalLM is refused: .*"
-            r"SupportsEagle3.*or set vllm_eval: false",
+            dict(eval_engines=["simulator", "vllm"]),
+            r"eval_engines=\['simulator', 'vllm'\] on model=.*vllm 0\.32\.0 on Glm4MoeForCausalLM is "
+            r"refused: .*SupportsEagle3.*or leave vllm out of eval_engines",
         ),
         (
             "Gemma3ForConditionalGeneration",
-            dict(vllm_extract=True, vllm_eval=True),
-            r"vllm_extract=True and vllm_eval=True .*refused.*set vllm_extract: false, vllm_eval: false",
+            dict(vllm_extract=True, eval_engines=["vllm"]),
+            r"vllm_extract=True and eval_engines=\['vllm'\] .*refused.*set vllm_extract: false "
+            r"and leave vllm out of eval_engines",
         ),
         (
             "DeepseekV3ForCausalLM",
@@ -163,7 +164,9 @@ def test_engine_rules_accept_and_return_each_engines_ids(tmp_path):
     # DeepSeek, 7 layers: default boundaries [2, 3, 4]; SGLang ids [1, 2, 3] (first id 1: +1)
     m = _folder(tmp_path, _cfg("DeepseekV3ForCausalLM", num_hidden_layers=7), "ds7")
     # device cuda: SGLang's and vLLM's CPU paths do not run DeepSeek (next test); the rule does
-    info = check_against_model(_params(m, extract_engine="sglang", vllm_eval=True, device="cuda"))
+    info = check_against_model(
+        _params(m, extract_engine="sglang", eval_engines=["vllm"], device="cuda")
+    )
     assert info["boundaries"] == [2, 3, 4]
     assert info["engines"]["sglang"]["ids"] == [1, 2, 3]
     assert info["engines"]["vllm"]["ids"] == [2, 3, 4]
@@ -203,7 +206,7 @@ def test_unknown_engine_version_is_refused_with_how_to_measure(tmp_path, monkeyp
         ),
         (
             "DeepseekV3ForCausalLM",
-            dict(vllm_eval=True, layer_ids=[1, 2]),
+            dict(eval_engines=["vllm"], layer_ids=[1, 2]),
             r"vllm 0\.32\.0 cannot serve DeepseekV3ForCausalLM on CPU: .*No common block size",
         ),
         (

@@ -146,7 +146,8 @@ def model_card(
         cfg: the exported config.json; target: the manifest's target block (name, path, sha256);
         data / budget: one line each; commands: :func:`serve_commands`'s dict; evaluation:
         ``{"k", "n_prompts", "tau", "per_position_acceptance", "conditional_acceptance",
-        "draft_acceptance_rate", "engine"}`` or None; base_model: the target's Hub id (front
+        "draft_acceptance_rate", "engine"}`` (+ ``served_table``: markdown of
+        :func:`eagle3nb.viz.served.served_table`) or None; base_model: the target's Hub id (front
         matter ``base_model``; omitted when None, as a local path is not a Hub id).
     """
     front = ["---", "library_name: vllm", "pipeline_tag: text-generation"]
@@ -192,6 +193,8 @@ def model_card(
             f"- per-position acceptance a_1..a_k: {_fmt(e['per_position_acceptance'])}",
             f"- conditional acceptance c_i = a_i / a_(i-1): {_fmt(e['conditional_acceptance'])}",
         ]
+        if e.get("served_table"):  # the serving engines' own counters, per category
+            lines += ["", "### Served by the engines", "", e["served_table"]]
     else:
         lines.append("Not evaluated yet (run notebook 04).")
     lines += [

@@ -2,7 +2,7 @@
 
 The engine itself runs behind :class:`eagle3nb.engines.client.EngineClient` (its own venv, or this
 process when ``vllm_python: ""``); the backend is :mod:`eagle3nb.engines.vllm_backend`. Used by
-01 (``generate_engine: vllm``), 02a (``vllm_extract``) and 04 (``vllm_eval``).
+01 (``generate_engine: vllm``), 02a (``vllm_extract``) and 04 (``eval_engines``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def vllm_steps(p) -> list[str]:
         for nb, on in (
             ("01_generate", p.generate_engine == "vllm"),
             ("02a_extract_vllm", p.vllm_extract),
-            ("04_eval_acceptance", p.vllm_eval),
+            ("04_eval_acceptance", "vllm" in p.eval_engines),  # auto skips what cannot run
             ("05_drift", p.drift_matrix and any(s.startswith("vllm") for s in p.drift_sources)),
         )
         if on
@@ -78,7 +78,7 @@ def check_vllm_params(p, model_cfg: dict) -> None:
     )
     if p.device == "cpu" and hd < 32:
         raise ValueError(
-            f"model={p.model!r} has head_dim={hd}; vLLM's CPU attention needs head_dim >= 32 (used by {used}); use a target with head_dim >= 32 (e.g. stories260K-hd32), or turn vLLM off: generate_engine: hf, vllm_extract: false, vllm_eval: false"
+            f"model={p.model!r} has head_dim={hd}; vLLM's CPU attention needs head_dim >= 32 (used by {used}); use a target with head_dim >= 32 (e.g. stories260K-hd32), or turn vLLM off: generate_engine: hf, vllm_extract: false, eval_engines without vllm"
         )
 
 

@@ -6,6 +6,35 @@ from eagle3nb.rundir import resolve_path
 from eagle3nb.text.conversations import looks_like_dataset
 
 
+BUILTIN_PREFIX = "builtin:"
+
+
+def eval_dataset_path(value: str):
+    """The file ``eval_dataset`` names: ``builtin:NAME`` is ``eagle3nb/data/bench_NAME.jsonl`` (the
+    sets shipped with the package), anything else a path (relative to the repository root).
+
+    Raises:
+        ValueError: the file does not exist (names the shipped sets).
+    """
+    from pathlib import Path
+
+    data = Path(__file__).resolve().parent.parent / "data"
+    if value.startswith(BUILTIN_PREFIX):
+        f = data / f"bench_{value[len(BUILTIN_PREFIX) :]}.jsonl"
+    else:
+        f = resolve_path(value)
+    if not f.is_file():
+        shipped = sorted(
+            BUILTIN_PREFIX + x.stem[len("bench_") :] for x in data.glob("bench_*.jsonl")
+        )
+        raise ValueError(
+            f"eval_dataset={value!r} is not a file (looked at {f}); give a benchmark JSONL "
+            f"(MT-Bench question.jsonl, GSM8K/HumanEval/MATH style, a chat dataset), one of the "
+            f"shipped sets {shipped}, or null"
+        )
+    return f
+
+
 def check_paths(p) -> None:
     """Refuse a missing prompts file, a dataset given as a prompts file, a missing dataset or one
     outside chat mode, and a chat template that is not a file or set in completion mode.
@@ -32,6 +61,8 @@ def check_paths(p) -> None:
             raise ValueError(
                 f"dataset={p.dataset!r} needs mode: chat (conversations are rendered by a chat template); set mode: chat, or dataset: null"
             )
+    if p.eval_dataset is not None:
+        eval_dataset_path(p.eval_dataset)
     if p.mode == "completion" and p.chat_template is not None:
         raise ValueError(
             f"chat_template={p.chat_template!r} is set but mode='completion'; set mode: chat or chat_template: null"

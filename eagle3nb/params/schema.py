@@ -185,10 +185,31 @@ class RunParams(InputFields):
     allow_template_mismatch: bool = _p(
         False, "evaluate although the drafter was trained under another template or target", [EVAL]
     )
-    vllm_eval: bool = _p(
-        True,
-        "also serve the exported drafter with vLLM (EAGLE-3) and read vLLM's own acceptance counters",
+    eval_engines: list[str] = _p(
+        None,
+        "who measures acceptance: simulator, vllm, sglang; auto: simulator if the target fits, plus each engine that serves it here",
         [EVAL],
+        default_factory=lambda: ["auto"],
+    )
+    eval_dataset: Optional[str] = _p(
+        None,
+        "benchmark served per category besides the held-out prompts: MT-Bench question.jsonl, GSM8K/HumanEval/MATH JSONL or a chat dataset; builtin:tinystories_mtbench ships; null: none",
+        [EVAL],
+    )
+    eval_max_records: int = _p(
+        0, "cap on eval_dataset records, stratified by category (0 for all)", [EVAL], ge=0
+    )
+    eval_batch_sizes: list[int] = _p(
+        None,
+        "requests each engine serves at once; tokens/s and latency with and without the drafter per size",
+        [EVAL],
+        default_factory=lambda: [1],
+    )
+    eval_ks: list[int] = _p(
+        None,
+        "draft lengths the engines also serve besides k (empty: k only)",
+        [EVAL],
+        default_factory=list,
     )
     k_sweep: bool = _p(
         True,
@@ -260,6 +281,33 @@ class RunParams(InputFields):
             )
         return v
 
+    @field_validator("eval_engines")
+    @classmethod
+    def _eval_engines(cls, v):
+        known = ("auto", "simulator", "vllm", "sglang")
+        bad = [e for e in v if e not in known]
+        if not v or bad or len(set(v)) != len(v) or ("auto" in v and len(v) > 1):
+            raise ValueError(
+                f"eval_engines={v}: list who measures acceptance, each once, from {list(known[1:])}"
+                " (e.g. [simulator, sglang]), or [auto] alone for the simulator where the target "
+                "fits plus every engine that serves it here"
+            )
+        return v
+
+    @field_validator("eval_batch_sizes", "eval_ks")
+    @classmethod
+    def _positive_distinct(cls, v, info):
+        if (
+            any(x < 1 for x in v)
+            or len(set(v)) != len(v)
+            or (info.field_name == "eval_batch_sizes" and not v)
+        ):
+            raise ValueError(
+                f"{info.field_name}={v}: give distinct integers >= 1, e.g. [1, 4]"
+                + (" (at least one)" if info.field_name == "eval_batch_sizes" else " (or [])")
+            )
+        return v
+
     @field_validator("drift_seeds")
     @classmethod
     def _drift_seeds(cls, v):
@@ -321,4 +369,5 @@ RENAMED = {
     "gen_engine": "generate_engine (hf or vllm)",
     "engine": "extract_engine (sglang or hf; 02b's capture engine)",
     "train_from": "train_on (sglang for 02b's dataset, vllm for 02a's; was 02b / 02a)",
+    "vllm_eval": "eval_engines (e.g. [simulator, vllm]; [simulator] for vllm_eval: false)",
 }

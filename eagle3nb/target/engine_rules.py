@@ -196,7 +196,7 @@ def _rules() -> dict[tuple[str, str, str], EngineRule]:
     no_eagle3 = (
         "the model class does not implement SupportsEagle3, so capture and EAGLE-3 serving raise "
         "'Model does not support EAGLE3 interface' (vllm/v1/worker/gpu_model_runner.py:5234-5238); "
-        "turn vllm_extract and vllm_eval off, or serve with SGLang"
+        "turn vllm_extract off and leave vllm out of eval_engines, or serve with SGLang"
     )
     mixtral_sg = (  # its plain generation also takes head_dim = hidden / heads (mixtral.py:151)
         "no set_eagle3_layers_to_capture in models/mixtral.py: capture and EAGLE-3 serving raise "
@@ -205,7 +205,7 @@ def _rules() -> dict[tuple[str, str, str], EngineRule]:
     )
     mixtral_vl = (
         "no SupportsEagle3: capture and EAGLE-3 serving raise 'Model does not support EAGLE3 "
-        "interface' (v1/worker/gpu_model_runner.py:5234-5238); turn vllm_extract and vllm_eval off"
+        "interface' (v1/worker/gpu_model_runner.py:5234-5238); turn vllm_extract off and leave vllm out of eval_engines"
     )
     no_n = "the final norm captures nothing, so boundary N never comes back"
     moe_n = "boundary N (layer index N) raises IndexError at engine start, qwen2_moe.py:1156"

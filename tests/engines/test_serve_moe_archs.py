@@ -83,7 +83,7 @@ def _run(model: str, out: Path, name: str, draft_vocab: int) -> params.RunParams
         run_name=name,
         extract_engine="hf",
         vllm_extract=False,
-        vllm_eval=False,
+        eval_engines=["simulator"],
         max_train_prompts=32,
         max_new_tokens=32,
         draft_vocab_size=draft_vocab,

@@ -27,6 +27,7 @@ SMALL = {
     "max_eval_prompts": 16,
     "eval_max_new_tokens": 48,
     "interactive": False,
+    "eval_engines": ["simulator", "vllm"],  # SGLang's serving: test_pipeline, test_sglang_serve
 }
 
 

@@ -136,15 +136,15 @@ def test_02a_stops_when_vllm_captures_other_boundaries(run, monkeypatch):
 
 def test_train_from_02a_and_vllm_served_acceptance(run):
     p, _ = run
-    p3 = p.model_copy(update={"train_on": "vllm"})
+    p3 = p.model_copy(update={"train_on": "vllm", "eval_engines": ["simulator", "vllm"]})
     tr = train_step(p3, progress=False)
     assert (
         json.loads((tr["export_dir"] / "manifest.json").read_text())["dataset_engine"]["name"]
         == "vllm"
     )
     ev = eval_step(p3, progress=False)
-    v = ev["stats"]["vllm_served"]
-    assert v["greedy_mismatches_vs_vllm_plain"] == 0 and v["mismatches_vs_hf_greedy"] == 0
+    v = ev["stats"]["served_by"]["vllm"]
+    assert v["greedy_mismatches_vs_engine_plain"] == 0 and v["mismatches_vs_hf_greedy"] == 0
     assert (
         v["counters"]["num_drafts"] > 0
         and sum(v["counters"]["accepted_per_pos"]) == v["counters"]["num_accepted_tokens"]

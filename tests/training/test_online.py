@@ -107,6 +107,7 @@ def test_run_online_skips_extraction_and_trains(tmp_path):
             "run_name": "online",
             "training_mode": "online",
             "drift_matrix": False,  # 05 is its own concern (test_pipeline runs it)
+            "eval_engines": ["simulator"],  # served acceptance: test_pipeline
         },
     )
     assert (

@@ -1,0 +1,261 @@
+"""Who measures in 04 (``eval_engines``), 04's prompt set for the serving engines (the held-out prompts, then a benchmark's records turn by
+turn with the target's own earlier answers in the history) and the loop that starts each engine
+and serves the drafters through it (:mod:`eagle3nb.steps.eval_served`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+from eagle3nb.params import RunParams
+from eagle3nb.params.paths import eval_dataset_path
+from eagle3nb.rundir import RunDir
+from eagle3nb.steps.common import record_engine_threads, template_of
+from eagle3nb.drafter import engine_read
+from eagle3nb.steps.eval_served import serve_engine
+from eagle3nb.text import benchmarks, chat
+
+__all__ = [
+    "HELDOUT",
+    "resolve_eval_engines",
+    "target_parameters",
+    "read_eval_dataset",
+    "bench_prompts",
+    "serve_engines",
+]
+
+HELDOUT = "heldout"  # category of 01's held-out prompts in the served runs
+
+
+def target_parameters(path) -> int:
+    """Parameter count of a target folder from its safetensors headers (no weights read).
+
+    Raises:
+        FileNotFoundError: the folder holds no ``*.safetensors`` file.
+    """
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no *.safetensors file to size the target from")
+    n = 0
+    for f in files:
+        with open(f, "rb") as fh:
+            (size,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(size))
+        for name, t in header.items():
+            if name != "__metadata__":
+                c = 1
+                for d in t["shape"]:
+                    c *= int(d)
+                n += c
+    return n
+
+
+def _free_bytes(device: str) -> int:
+    """Memory free for an HF copy: the GPU's free memory, or the host's MemAvailable."""
+    if device.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def _engine_reason(p, engine: str, path, cfg: dict, drafter_cfg: dict) -> str | None:
+    """Why ``engine`` cannot serve this export here (None: it can): not installed, the export
+    refused it, its rule for the target's class refuses, or a CPU limit."""
+    from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
+    from eagle3nb.engines.vllm_helpers import check_vllm_params, vllm_python
+    from eagle3nb.preflight import check_engine_rules
+    from eagle3nb.target import models
+
+    py = vllm_python(p) if engine == "vllm" else p.sglang_python
+    py = DEFAULT_ENGINE_PYTHONS[engine] if py is None else py
+    if py and not Path(py).exists():
+        return f"not installed ({py} is missing; bash .ci/setup_engines.sh installs it)"
+    if engine in engine_read.refused_engines(drafter_cfg):
+        return f"the export refused it: {engine_read.refused_engines(drafter_cfg)[engine]}"
+    q = p.model_copy(
+        update={"eval_engines": [engine], "vllm_extract": False, "extract_engine": "hf"}
+    )
+    try:
+        if engine == "vllm":
+            check_vllm_params(q, cfg)
+        arch = models.target_arch(cfg, p.model)
+        n = int(models.text_config(cfg)["num_hidden_layers"])
+        bnds = drafter_cfg["eagle3nb"]["aux_boundaries"]
+        check_engine_rules(q, arch, n, bnds, models.text_config(cfg))
+    except (ValueError, RuntimeError) as e:
+        return str(e)
+    return None
+
+
+def resolve_eval_engines(p, path, drafter_cfg: dict, device: str) -> tuple[list[str], dict]:
+    """Who measures acceptance in this 04: ``p.eval_engines`` as given, or for ``[auto]`` the
+    simulator where a float32 HF copy of the target fits (4 bytes x parameters <= half the free
+    memory of ``device``) plus each engine of vLLM, SGLang that can serve the export here.
+
+    Returns:
+        ``(engines in order simulator, vllm, sglang; {name: why it was left out})``.
+    """
+    from eagle3nb.target import models
+
+    if p.eval_engines != ["auto"]:
+        return list(p.eval_engines), {}
+    cfg = models.read_model_config(path)
+    out, why = [], {}
+    need, free = 4 * target_parameters(path), _free_bytes(device)
+    if need <= free // 2:
+        out.append("simulator")
+    else:
+        why["simulator"] = (
+            f"a float32 HF copy needs {need / 2**30:.1f} GiB, over half of the "
+            f"{free / 2**30:.1f} GiB free on {device}"
+        )
+    for e in ("vllm", "sglang"):
+        reason = _engine_reason(p, e, path, cfg, drafter_cfg)
+        if reason:
+            why[e] = reason
+        else:
+            out.append(e)
+    return out, why
+
+
+def read_eval_dataset(p: RunParams) -> tuple[list, dict]:
+    """``eval_dataset``'s records (at most ``eval_max_records``, stratified by category).
+
+    Returns:
+        ``(records, block)``: :class:`eagle3nb.text.benchmarks.BenchRecord` list and
+        metrics.json["eval"]["served"]["dataset"] (path, format, records read, refused with
+        file:line and reason, categories).
+
+    Raises:
+        ValueError: the file is missing, empty, or holds no valid record (names ``eval_dataset``).
+    """
+    f = eval_dataset_path(p.eval_dataset)
+    got = benchmarks.load_benchmark(f)
+    recs = benchmarks.select(got.records, p.eval_max_records or None, p.seed)
+    block = {
+        "eval_dataset": p.eval_dataset,
+        "path": str(f),
+        "format": got.format,
+        "n_records_read": len(got.records),
+        "n_records_served": len(recs),
+        "refused": got.refused,
+        "categories": benchmarks.categories(recs),
+        "turns": sum(len(r.turns) for r in recs),
+    }
+    return recs, block
+
+
+def _first_turn(p: RunParams, tok, template: str, text: str) -> list[int]:
+    if p.mode == "chat":
+        msgs = [{"role": "user", "content": text}]
+        return chat.render_ids(tok, msgs, template, True, None, dict(p.chat_template_kwargs))
+    return chat.encode_prompt(tok, text, "completion")
+
+
+def _next_turn(p, tok, template, history: list[dict], prev_ids, answer_ids, text) -> list[int]:
+    """The prompt of a later turn: chat mode renders the whole history (the target's answer as the
+    assistant turn); completion mode appends the answer's ids and the next user text (no BOS)."""
+    if p.mode == "chat":
+        kw = dict(p.chat_template_kwargs)
+        return chat.render_ids(tok, history, template, True, None, kw)
+    return list(prev_ids) + list(answer_ids) + tok("\n" + text, add_special_tokens=False).input_ids
+
+
+def bench_prompts(p: RunParams, tok, records, answer) -> tuple[list[list[int]], list[str], list]:
+    """Every turn of every record as a prompt; turn t + 1 holds the target's own greedy answer to
+    turn t (``answer(prompt id lists) -> output id lists``, called once per turn index).
+
+    Returns:
+        ``(prompt ids, category per prompt, (record id, turn) per prompt)``, turn 0 of every
+        record first, then turn 1, ...
+    """
+    template = template_of(p, tok)
+    ids, cats, keys = [], [], []
+    cur = {r.id: _first_turn(p, tok, template, r.turns[0]) for r in records}
+    hist = {r.id: [{"role": "user", "content": r.turns[0]}] for r in records}
+    for t in range(max(len(r.turns) for r in records)):
+        live = [r for r in records if len(r.turns) > t]
+        for r in live:
+            ids.append(cur[r.id])
+            cats.append(r.category)
+            keys.append((r.id, t))
+        nxt = [r for r in live if len(r.turns) > t + 1]
+        if not nxt:
+            continue
+        outs = answer([cur[r.id] for r in nxt])
+        for r, out in zip(nxt, outs):
+            hist[r.id] += [
+                {"role": "assistant", "content": tok.decode(out, skip_special_tokens=True)},
+                {"role": "user", "content": r.turns[t + 1]},
+            ]
+            cur[r.id] = _next_turn(p, tok, template, hist[r.id], cur[r.id], out, r.turns[t + 1])
+    return ids, cats, keys
+
+
+def start_engine(p: RunParams, engine: str, path, device: str, rd: RunDir, context: int):
+    """The engine's worker client (float32, greedy) for serving."""
+    if engine == "vllm":
+        from eagle3nb.engines.vllm_helpers import start_vllm
+
+        return start_vllm(p, path, "float32", rd.root)
+    from eagle3nb.engines.sglang_helpers import start_sglang
+
+    opts = p.sglang_options
+    return start_sglang(path, "float32", device, p.seed, p.sglang_python, rd.root, context, opts)
+
+
+def serve_engines(
+    p: RunParams,
+    rd: RunDir,
+    path,
+    device,
+    engines,
+    drafters,
+    prompt_set,
+    eos,
+    context,
+    tok,
+    pending=None,
+):
+    """Each engine of ``engines`` (vllm, sglang) serves ``drafters`` (``{label: (folder, ks,
+    batch sizes, engines that read it right)}``) over the prompt set.
+
+    Args:
+        prompt_set: ``(prompt ids, categories, keys)``.
+        pending: benchmark records still to add (no simulator ran to answer their earlier turns):
+            the first engine's plain greedy output answers them, and every engine serves the
+            same prompts.
+
+    Returns:
+        ``(runs, {engine: outputs}, (prompts, categories, keys))``.
+    """
+    prompts, cats, keys = (list(x) for x in prompt_set)
+    runs, outs = [], {}
+    for engine in engines:
+        client = start_engine(p, engine, path, device, rd, context)
+        try:
+            record_engine_threads(rd, client)
+            if pending:
+
+                def ans(qs):
+                    return client.generate(qs, p.eval_max_new_tokens, eos, 0.0, 1.0, 0)
+
+                b_ids, b_cats, b_keys = bench_prompts(p, tok, pending, ans)
+                prompts, cats, keys = prompts + b_ids, cats + b_cats, keys + b_keys
+                pending = None
+            mine = {k: v[:3] for k, v in drafters.items() if engine in v[3]}
+            r, o = serve_engine(
+                client, engine, mine, prompts, cats, p.eval_batch_sizes, p.eval_max_new_tokens, eos
+            )
+            runs += r
+            outs[engine] = o
+        finally:
+            client.close()
+    return runs, outs, (prompts, cats, keys)

@@ -1,0 +1,181 @@
+"""04's served acceptance (eagle3nb/steps/eval_served.py): counters summed per category and batch
+size as the definitions say, the offset copy's ids, who measures under [auto], and a 04 that
+loads no target weights when the simulator is off."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from eagle3nb.drafter.engine_read import read_as_engine
+from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
+from eagle3nb.steps import eval_bench
+from eagle3nb.steps.eval_bench import target_parameters
+from eagle3nb.steps.eval_served import offset_drafter_dir, serve_engine
+
+
+def test_target_parameters_equals_torch_numel(tmp_path):
+    cfg = LlamaConfig(
+        vocab_size=96,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=False,
+    )
+    m = LlamaForCausalLM(cfg)
+    m.save_pretrained(tmp_path)
+    assert target_parameters(tmp_path) == sum(p.numel() for p in m.parameters())
+
+
+class FakeServingClient:
+    """A fake engine (unit tests only): prompt i's request accepts ``acc[i]`` drafts of k at its
+    only cycle, so the expected counters are known by hand; plain greedy = the served output
+    unless ``differ`` names the prompt."""
+
+    def __init__(self, acc, differ=()):
+        self.acc, self.differ, self.calls = acc, set(differ), []
+
+    def info(self):
+        return {"engine_version": "0.0-fake"}
+
+    def _idx(self, q):
+        return q[0]
+
+    def serve_acceptance(self, folder, prompts, k, max_new, eos):
+        self.calls.append(("serve", len(prompts)))
+        per = [0] * k
+        for q in prompts:
+            for j in range(min(self.acc[self._idx(q)], k)):
+                per[j] += 1
+        n_acc = sum(min(self.acc[self._idx(q)], k) for q in prompts)
+        return {
+            "outputs": [[q[0], 1] for q in prompts],
+            "num_drafts": len(prompts),
+            "num_draft_tokens": k * len(prompts),
+            "num_accepted_tokens": n_acc,
+            "accepted_per_pos": per,
+        }
+
+    def generate(self, prompts, max_new, eos, t, top_p, seed):
+        self.calls.append(("plain", len(prompts)))
+        return [[q[0], 2 if q[0] in self.differ else 1] for q in prompts]
+
+
+def test_serve_engine_sums_each_category_by_hand():
+    prompts = [[0], [1], [2], [3], [4]]
+    cats = ["a", "a", "b", "b", "b"]
+    fake = FakeServingClient(acc=[5, 1, 0, 2, 3], differ=[3])
+    drafters = {"trained": ("dir", [3], [2])}
+    runs, outs = serve_engine(fake, "vllm", drafters, prompts, cats, [2], 8, [0])
+    by = {r["category"]: r for r in runs}
+    # a: accepted min(5,3)=3 and 1 over 2 cycles -> tau 1 + 4/2 = 3; a_1 = 2/2, a_2 = a_3 = 1/2
+    assert by["a"]["tau"] == 3.0 and by["a"]["per_position_acceptance"] == [1.0, 0.5, 0.5]
+    # b: 0 + 2 + 3 over 3 cycles -> tau 1 + 5/3; a_1 = 2/3, a_2 = 2/3, a_3 = 1/3
+    assert by["b"]["tau"] == round(1 + 5 / 3, 4)
+    assert by["b"]["per_position_acceptance"] == [0.6667, 0.6667, 0.3333]
+    # all: 9 accepted over 5 cycles
+    assert by["all"]["tau"] == 2.8 and by["all"]["cycles"] == 5
+    # prompt 3 (category b) differs from the engine's plain greedy output
+    assert (by["a"]["greedy_mismatches"], by["b"]["greedy_mismatches"]) == (0, 1)
+    assert by["all"]["greedy_mismatches"] == 1
+    # batch size 2 within each category: a -> 1 call of 2; b -> 2 calls (2 + 1); plus warm-ups
+    serves = [n for kind, n in fake.calls if kind == "serve"]
+    assert serves == [1, 2, 2, 1]
+    assert all(r["speedup"] is not None and r["latency_s"] is not None for r in runs)
+
+
+def _drafter_dir(tmp_path, bnds, n):
+    d = tmp_path / "drafter"
+    d.mkdir()
+    cfg = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "eagle_aux_hidden_state_layer_ids": list(bnds),
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": [b - 1 for b in bnds]},
+        "eagle3nb": {"aux_boundaries": list(bnds)},
+    }
+    (d / "config.json").write_text(json.dumps(cfg))
+    (d / "model.safetensors").write_bytes(b"weights")
+    return d
+
+
+def test_offset_copy_ids_read_one_layer_off(tmp_path):
+    # SGLang-trained [1, 2, 4] on 5 layers; its offset is vLLM's reading of the same ids: [0, 1, 3]
+    d = _drafter_dir(tmp_path, [1, 2, 4], 5)
+    reads = offset_drafter_dir(d, tmp_path / "off", [0, 1, 3], 5, None)
+    cfg = json.loads((tmp_path / "off" / "config.json").read_text())
+    assert cfg["eagle_aux_hidden_state_layer_ids"] == [0, 1, 3]  # vLLM id L = boundary L
+    # SGLang captures the input of layer id + 1 (models/llama.py): id -1 is boundary 0
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [-1, 0, 2]
+    assert read_as_engine(cfg, "vllm", 5)["boundaries"] == [0, 1, 3]
+    assert reads == {"vllm": [0, 1, 3], "sglang": [0, 1, 3]}
+    assert (tmp_path / "off" / "model.safetensors").read_bytes() == b"weights"
+    assert not (tmp_path / "off.tmp").exists()
+
+
+def test_auto_leaves_out_a_simulator_whose_target_does_not_fit(monkeypatch, tmp_path):
+    from eagle3nb.params import RunParams
+
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "t")
+    n = target_parameters(tmp_path / "t")
+    monkeypatch.setattr(eval_bench, "_free_bytes", lambda device: 4 * n)  # needs half of it
+    monkeypatch.setattr(eval_bench, "_engine_reason", lambda *a: "not here (test)")
+    p = RunParams()
+    got, why = eval_bench.resolve_eval_engines(p, tmp_path / "t", {}, "cpu")
+    assert got == [] and why["simulator"].startswith("a float32 HF copy needs")
+    monkeypatch.setattr(eval_bench, "_free_bytes", lambda device: 8 * n)
+    assert eval_bench.resolve_eval_engines(p, tmp_path / "t", {}, "cpu")[0] == ["simulator"]
+    q = p.model_copy(update={"eval_engines": ["sglang"]})
+    assert eval_bench.resolve_eval_engines(q, tmp_path / "t", {}, "cpu") == (["sglang"], {})
+
+
+@pytest.mark.skipif(
+    not Path(DEFAULT_ENGINE_PYTHONS["vllm"]).is_file(),
+    reason=f"vLLM engine venv absent ({DEFAULT_ENGINE_PYTHONS['vllm']}); create it with `bash .ci/setup_engines.sh`",
+)
+def test_04_without_the_simulator_loads_no_target_weights(smoke_run, tmp_path, monkeypatch):
+    """The smoke run's drafter served by vLLM alone, with every HF weight load forbidden: 04
+    still reports vLLM's own tau, the same as the smoke run's vLLM-served tau."""
+    import transformers
+
+    from eagle3nb.params import load_params
+    from eagle3nb.rundir import REPO_ROOT
+    from eagle3nb.steps.evaluate import eval_step
+    from eagle3nb.target import models
+
+    def forbidden(*a, **k):
+        raise AssertionError("04 loaded target weights with the simulator off")
+
+    monkeypatch.setattr(models, "load_target", forbidden)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", forbidden)
+    monkeypatch.setattr(transformers.PreTrainedModel, "from_pretrained", forbidden)
+    run = tmp_path / "smoke"
+    shutil.copytree(smoke_run, run, ignore=shutil.ignore_patterns("recorded", "notebooks"))
+    p = load_params(REPO_ROOT / "params" / "smoke.yaml").model_copy(
+        update={
+            "outputs_dir": str(tmp_path),
+            "eval_engines": ["vllm"],
+            "baselines": False,
+            "k_sweep": False,
+            "interactive": False,
+        }
+    )
+    out = eval_step(p, progress=False)
+    s = out["stats"]
+    v = s["served_by"]["vllm"]
+    want = json.loads((smoke_run / "metrics.json").read_text())["eval"]["served_by"]["vllm"]
+    assert v["tau"] == want["tau"] and v["counters"] == want["counters"]
+    assert v["greedy_mismatches_vs_engine_plain"] == 0 and "simulator_tau" not in v
+    assert set(s["tau"]) == {f"trained, served by vLLM {v['engine_version']}"}
+    assert "trained" not in s["engines"] and s["served"]["engines"] == ["vllm"]
