@@ -5,14 +5,15 @@ Validates the whole params file first (unknown keys, types, ranges) and checks i
 model's config.json (:func:`eagle3nb.preflight.check_against_model`) and 01's input (the prompts
 file or chat dataset, and its held-out split: :func:`eagle3nb.preflight.check_inputs`), then executes each notebook
 with the parameters it declares, writes the executed copies to ``outputs/<run>/notebooks/`` and
-records each notebook's wall time in ``metrics.json``.
+records each notebook's wall time in ``metrics.json``. Its output is one line per notebook, and
+while 03 trains its progress lines (loss, held-out tau, ETA) as ``train/train.log`` receives them.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Optional
 
@@ -22,6 +23,7 @@ import yaml
 from eagle3nb.rundir import REPO_ROOT, RunDir, update_metrics
 from eagle3nb.preflight import check_against_model, check_inputs
 from eagle3nb.params import NOTEBOOKS, load_params, parse_sets
+from eagle3nb.training.progress import KERNEL_ARGS, LogFollower
 
 __all__ = ["NOTEBOOKS", "run_notebooks", "main"]
 
@@ -86,15 +88,17 @@ def run_notebooks(
             params = {k: all_params[k] for k in declared if k in all_params}
             t0 = time.time()
             print(f"[eagle3nb] {name}: running -> {rd.notebooks / (name + '.ipynb')}", flush=True)
-            pm.execute_notebook(
-                str(src),
-                str(rd.notebooks / f"{name}.ipynb"),
-                parameters=params,
-                cwd=str(NB_DIR),
-                kernel_name="python3",
-                progress_bar=False,
-                log_output=log_output,
-            )
+            with _live_lines(rd, name, log_output):
+                pm.execute_notebook(
+                    str(src),
+                    str(rd.notebooks / f"{name}.ipynb"),
+                    parameters=params,
+                    cwd=str(NB_DIR),
+                    kernel_name="python3",
+                    progress_bar=False,
+                    log_output=log_output,
+                    extra_arguments=KERNEL_ARGS,  # no plaintext-TCP warning: see progress.py
+                )
             times[name] = round(time.time() - t0, 2)
             print(f"[eagle3nb] {name}: done in {times[name]:.1f} s", flush=True)
             update_metrics(rd.metrics, "timing", {"notebook_seconds": dict(times)})
@@ -109,6 +113,15 @@ def run_notebooks(
             },
         )
     return rd.root
+
+
+def _live_lines(rd: RunDir, name: str, log_output: bool):
+    """While 03 trains, its progress lines (step, loss, held-out tau when evaluated, ETA) as
+    ``train/train.log`` receives them, echoed here: the runner's own output shows training live
+    without streaming every cell (``--log-output`` streams them already: nothing is added)."""
+    if name != "03_train" or log_output:
+        return nullcontext()
+    return LogFollower(rd.train / "train.log", lambda line: print(line, flush=True))
 
 
 @contextmanager

@@ -55,3 +55,88 @@ def test_set_values_reach_the_preflight(tmp_path):
         f"eagle3nb: heldout_fraction=0.1 holds out 0 of the 3 prompts of prompts_file='{three}'"
     )
     assert not any(tmp_path.iterdir())
+
+
+# --- the main job's own output: live training lines, no kernel plumbing warning (item 5) ----------
+
+
+def test_log_follower_passes_lines_while_the_block_runs(tmp_path):
+    import time
+
+    from eagle3nb.training.progress import LogFollower
+
+    log = tmp_path / "train.log"
+    log.write_text("[train] step 1/9 from an earlier call\n")  # resumed run: not repeated
+    got = []
+    with LogFollower(log, got.append, interval_s=0.02):
+        with open(log, "a") as f:
+            f.write("[train] step 2/9 loss 1.0 ETA 3s\n[eval]  step 2/9 held-out tau 1.5 (par")
+            f.flush()
+            deadline = time.time() + 10
+            while len(got) < 1 and time.time() < deadline:
+                time.sleep(0.02)
+            # live: the complete line came while the block still runs; the partial one waits
+            assert got == ["[train] step 2/9 loss 1.0 ETA 3s"]
+            f.write("tial)\n[train] step 3/9 loss 0.5 ETA 0s")  # the last line has no newline yet
+    assert got == [
+        "[train] step 2/9 loss 1.0 ETA 3s",
+        "[eval]  step 2/9 held-out tau 1.5 (partial)",
+        "[train] step 3/9 loss 0.5 ETA 0s",
+    ]
+
+
+def test_kernel_filter_drops_only_the_plaintext_tcp_warning():
+    import json
+    import logging
+    import logging.config
+
+    from eagle3nb.training.progress import KERNEL_ARGS
+
+    # the handler config the kernel receives, applied to a logger of our own
+    cfg = json.loads(KERNEL_ARGS[0].split("=", 1)[1])
+    seen = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    logging.config.dictConfig(
+        {
+            "version": 1,
+            "filters": cfg["filters"],
+            "handlers": {"console": {"()": Keep, **cfg["handlers"]["console"]}},
+            "loggers": {"fake-kernel-app": {"handlers": ["console"], "level": "DEBUG"}},
+            "disable_existing_loggers": False,
+        }
+    )
+    log = logging.getLogger("fake-kernel-app")
+    log.warning("Kernel is running over TCP without encryption. All communication ...")
+    log.warning("Parent appears to have exited, shutting down.")
+    assert seen == ["Parent appears to have exited, shutting down."]
+
+
+def test_main_job_shows_training_live_and_no_kernel_warning(tmp_path):
+    # a short job on the smoke params (01 and 03, online: no 02 dataset to extract), run name ours
+    run = "cli-live"
+    r = _cli(
+        "eagle3nb.run",
+        *("--only", "01_generate", "--only", "03_train"),
+        *("--set", f"outputs_dir={tmp_path}", "--set", f"run_name={run}"),
+        *("--set", "training_mode=online", "--set", "log_every=25", "--set", "eval_every=50"),
+        timeout=600,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "without encryption" not in r.stdout + r.stderr
+    out = r.stdout.splitlines()
+    log = (tmp_path / run / "train" / "train.log").read_text().splitlines()
+    shown = [x for x in out if x.startswith(("[train]", "[eval]"))]
+    assert shown == log  # every line of the log, once, in the runner's own output
+    # smoke: max_steps 100, a line every 25 steps, a held-out evaluation every 50
+    steps = [int(x.split()[2].split("/")[0]) for x in shown if x.startswith("[train]")]
+    assert steps == [25, 50, 75, 100]
+    assert all(" loss " in x and " ETA " in x for x in shown if x.startswith("[train]"))
+    evals = [x for x in shown if x.startswith("[eval]")]
+    assert len(evals) == 2 and all("held-out tau" in x for x in evals)
+    start = out.index(next(x for x in out if x.startswith("[eagle3nb] 03_train: running")))
+    done = out.index(next(x for x in out if x.startswith("[eagle3nb] 03_train: done")))
+    assert start < out.index(shown[0]) and out.index(shown[-1]) < done

@@ -8,17 +8,31 @@ loss in a progress bar's postfix for interactive ones, and scalars for experimen
 - :class:`Tracker` sends the same numbers to tensorboard (event files in the run folder, offline)
   and, when asked and importable, to wandb (offline mode) or mlflow (a local ``file:`` store). No
   credential is read or written: the run folder receives only the numbers and the config given.
+- :class:`LogFollower` echoes the lines appended to ``train.log`` while a headless run's 03
+  executes (``python -m eagle3nb.run`` shows them live), and :data:`KERNEL_ARGS` keeps jupyter's
+  plaintext-TCP warning out of that terminal (:class:`LoopbackKernelFilter`).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence, TextIO
 
-__all__ = ["ProgressLog", "Tracker", "TRACKERS", "fmt_seconds"]
+__all__ = [
+    "ProgressLog",
+    "Tracker",
+    "TRACKERS",
+    "fmt_seconds",
+    "LogFollower",
+    "LoopbackKernelFilter",
+    "KERNEL_ARGS",
+]
 
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 
@@ -227,3 +241,86 @@ class Tracker:
 def default_stream(interactive: bool) -> Optional[TextIO]:
     """stdout for headless runs (lines), None for interactive ones (the bar shows progress)."""
     return None if interactive else sys.stdout
+
+
+class LogFollower:
+    """While a ``with`` block runs, a thread passes each line appended to ``path`` (after its size
+    at entry: a resumed run's earlier lines are not repeated) to ``emit``, polling every
+    ``interval_s`` seconds; on exit the rest is passed and the thread joined. A file that appears
+    later is read from its start, one that shrinks (rewritten) from its new start; a line is passed
+    once complete (ending in a newline), or at exit.
+
+    Args:
+        path: the log file (need not exist yet). emit: called with each line, without its newline.
+    """
+
+    def __init__(self, path: str | os.PathLike, emit: Callable[[str], None], interval_s=1.0):
+        self.path, self.emit, self.interval_s = Path(path), emit, interval_s
+        self.offset = self.path.stat().st_size if self.path.is_file() else 0
+        self.partial = b""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="log-follower", daemon=True)
+
+    def __enter__(self) -> "LogFollower":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.poll()
+        if self.partial:
+            self.emit(self.partial.decode("utf-8", "replace").rstrip("\r"))
+            self.partial = b""
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.poll()
+
+    def poll(self) -> None:
+        """Pass the complete lines appended since the last call."""
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return
+        if size < self.offset:  # rewritten: read it from its start
+            self.offset, self.partial = 0, b""
+        if size == self.offset:
+            return
+        with open(self.path, "rb") as f:
+            f.seek(self.offset)
+            data = self.partial + f.read(size - self.offset)
+        self.offset = size
+        *lines, self.partial = data.split(b"\n")
+        for line in lines:
+            self.emit(line.decode("utf-8", "replace").rstrip("\r"))
+
+
+# ipykernel warns at every start that its ZMQ sockets are plain TCP ("Kernel is running over TCP
+# without encryption ... susceptible to eavesdropping"). A headless run's kernel talks to its
+# client on loopback only (jupyter_client binds 127.0.0.1 and signs every message with the
+# connection file's key), so nothing leaves the machine: the warning is not the user's concern.
+# It is filtered where it is raised, in the kernel's own log handler, and nothing else is.
+PLAINTEXT_TCP_WARNING = "Kernel is running over TCP without encryption"
+
+
+class LoopbackKernelFilter(logging.Filter):
+    """Drops ipykernel's plaintext-TCP warning (:data:`PLAINTEXT_TCP_WARNING`), keeps every other
+    record. Loaded by the kernel process at its start (:data:`KERNEL_ARGS`), hence here: this
+    module imports only the standard library."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(PLAINTEXT_TCP_WARNING)
+
+
+# extra kernel arguments (nbclient's extra_arguments): traitlets' logging_config adds the filter
+# to the console handler of the kernel application's log (ipykernel/kernelapp.py init_sockets)
+KERNEL_ARGS = [
+    "--IPKernelApp.logging_config="
+    + json.dumps(
+        {
+            "filters": {"loopback": {"()": f"{__name__}.LoopbackKernelFilter"}},
+            "handlers": {"console": {"filters": ["loopback"]}},
+        }
+    )
+]
