@@ -105,7 +105,8 @@ def generate_step(p: RunParams, progress=True) -> dict:
 
 def _records(p: RunParams, tok, template, train, held, ctx: int) -> list[dict]:
     """One record per prompt (train first, then held-out), its ids as the target will be served
-    them (``template``: the chat template, None in completion mode).
+    them (``template``: the chat template, None in completion mode, rendered with
+    ``p.chat_template_kwargs``).
 
     Raises:
         ValueError: a prompt plus ``max_new_tokens`` exceeds the context ``ctx``.
@@ -113,7 +114,7 @@ def _records(p: RunParams, tok, template, train, held, ctx: int) -> list[dict]:
     recs = []
     for split, prompts in (("train", train), ("heldout", held)):
         for i, text in enumerate(prompts):
-            ids = chat.encode_prompt(tok, text, p.mode, template)
+            ids = chat.encode_prompt(tok, text, p.mode, template, p.chat_template_kwargs)
             if len(ids) + p.max_new_tokens > ctx:
                 raise ValueError(
                     f"prompt {split}[{i}] has {len(ids)} tokens; with max_new_tokens="
@@ -237,6 +238,7 @@ def _manifest(p: RunParams, rd: RunDir, model, path, engine, eos, template, n_tr
         engine=engine,
         decoding=decoding,
         template={"mode": p.mode, "sha256": chat.template_hash(template)},
+        template_kwargs=dict(p.chat_template_kwargs),  # as the chat-dataset path records them
         dtype=p.dtype,
         prompts_file={"path": str(prompts_file), "sha256": sha256_file(prompts_file)},
         n_train=n_train,

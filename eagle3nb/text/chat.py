@@ -115,12 +115,20 @@ def template_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def encode_prompt(tokenizer, prompt: str, mode: str, chat_template: str | None = None) -> list[int]:
+def encode_prompt(
+    tokenizer,
+    prompt: str,
+    mode: str,
+    chat_template: str | None = None,
+    template_kwargs: dict | None = None,
+) -> list[int]:
     """Prompt ids (list[int]) for generation.
 
     completion: ``tokenizer(prompt).input_ids`` (default special tokens, so BOS is added).
     chat: ``apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-    tokenize=True)`` normalised to list[int] (transformers 5 may return a BatchEncoding); these ids are
+    tokenize=True, **template_kwargs)`` normalised to list[int] (transformers 5 may return a
+    BatchEncoding); ``template_kwargs`` (the run's ``chat_template_kwargs``, e.g.
+    ``{"enable_thinking": False}``) reach the template as in every other rendering; these ids are
     exactly the prefix that ``chat_sample`` produces for the same turn.
     Raises ValueError for an unknown mode or a missing chat template.
     """
@@ -132,6 +140,7 @@ def encode_prompt(tokenizer, prompt: str, mode: str, chat_template: str | None =
         chat_template=template,
         add_generation_prompt=True,
         tokenize=True,
+        **(template_kwargs or {}),
     )
     return _as_ids(out)
 

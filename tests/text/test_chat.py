@@ -198,3 +198,60 @@ def test_template_text_and_hash(tok):
     assert h == template_hash(str(CHATML_TEMPLATE)) and len(h) == 64
     assert h != template_hash(CHATML_TEMPLATE_WITH_GENERATION)
     assert template_hash("completion-mode") != h
+
+
+# --- chat_template_kwargs reach 01's prompts-file rendering (issue 32 item 1, first part) ----------
+
+STORIES_TEMPLATE = REPO / "eagle3nb" / "data" / "chat_template_stories.jinja"
+
+
+def test_encode_prompt_passes_template_kwargs():
+    t = AutoTokenizer.from_pretrained(str(TOKENIZER_DIR))
+    template = STORIES_TEMPLATE.read_text()
+    got = encode_prompt(t, "Tell me a story.", "chat", template, {"enable_thinking": False})
+    # second method: the template's text (jinja through transformers), tokenised by hand
+    msgs = [{"role": "user", "content": "Tell me a story."}]
+    text = t.apply_chat_template(
+        msgs,
+        chat_template=template,
+        add_generation_prompt=True,
+        tokenize=False,
+        enable_thinking=False,
+    )
+    assert text.endswith("Assistant: <think></think>")  # the template's thinking-off form
+    assert got == t(text, add_special_tokens=False).input_ids
+    assert got != encode_prompt(t, "Tell me a story.", "chat", template)
+
+
+def test_01_prompts_file_renders_with_the_kwargs_and_records_them(tmp_path):
+    import json
+
+    from eagle3nb.params import RunParams
+    from eagle3nb.rundir import RunDir
+    from eagle3nb.steps.generate import generate_step
+
+    f = tmp_path / "p.txt"
+    f.write_text("".join(f"Tom saw cat number {i}.\n" for i in range(12)))
+    kw = {"enable_thinking": False}
+    p = RunParams(
+        outputs_dir=str(tmp_path),
+        run_name="kw",
+        mode="chat",
+        chat_template=str(STORIES_TEMPLATE),
+        chat_template_kwargs=kw,
+        prompts_file=str(f),
+        heldout_fraction=0.3,
+        max_new_tokens=4,
+    )
+    out = generate_step(p, progress=False)
+    t = AutoTokenizer.from_pretrained(str(TOKENIZER_DIR))
+    template = STORIES_TEMPLATE.read_text()
+    for r in out["records"]:  # train and held-out: each equals the hand render with the kwargs
+        msgs = [{"role": "user", "content": r["prompt"]}]
+        text = t.apply_chat_template(
+            msgs, chat_template=template, add_generation_prompt=True, tokenize=False, **kw
+        )
+        assert r["prompt_ids"] == t(text, add_special_tokens=False).input_ids
+    man = json.loads(RunDir(p).generation_manifest.read_text())
+    assert man["template_kwargs"] == kw
+    assert man["template"]["sha256"] == template_hash(template)
