@@ -39,6 +39,8 @@ ENGINE_SIDE = (
     "sglang_backend",
     "sglang_transport",
     "sglang_forkserver",
+    "sglang_spec_cpu",
+    "sglang_spec_attn",
     "vllm_connector",
 )
 ENGINE_SIDE_THIRD_PARTY = {
@@ -47,7 +49,8 @@ ENGINE_SIDE_THIRD_PARTY = {
     "vllm",
     "sglang",
     "psutil",
-}  # psutil: SGLang's own
+    "sgl_kernel",
+}  # psutil, sgl_kernel: SGLang's own
 MAX_MODULE_LINES = 400
 MAX_STEP_FUNCTION_LINES = 80
 

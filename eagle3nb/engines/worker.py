@@ -69,15 +69,18 @@ __all__ = [
 ]
 
 # SGLang's scheduler and detokenizer are spawned children that import this module as __mp_main__
-# first: the one place to patch SGLang's hand-over of hidden states there (sglang_transport)
+# first: the one place to patch SGLang's hand-over of hidden states there (sglang_transport), and
+# to hook the scheduler's start so it installs the CPU speculative stand-ins when the backend asked
+# for them (sglang_spec_cpu: read at the scheduler's start, with its own server_args)
 if __name__ == "__mp_main__":
-    from eagle3nb.engines import sglang_transport
+    from eagle3nb.engines import sglang_spec_cpu, sglang_transport
 
     if sglang_transport.enabled():
         try:
             sglang_transport.install()
         except Exception:  # SGLang's own lists then arrive; the backend reports which form came
             pass
+    sglang_spec_cpu.hook_scheduler()  # a failure here must stop the child: serving would fail later
 
 # engine name -> module defining ``Backend``; "module:<dotted.path>" selects any other module
 # (used by the unit tests' fake engine, which is named as a fake)
