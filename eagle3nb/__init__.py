@@ -57,6 +57,7 @@ engines/            real engines (vLLM, SGLang) behind one interface, across a p
     sglang_forkserver  engine side: SGLang's scheduler and detokenizer forked from one preloaded server
     sglang_spec_cpu  engine side: torch stand-ins for SGLang's missing CPU speculative ops; the gated install
     sglang_spec_attn  engine side: SGLang's torch_native attention for the multi-step draft and the verify pass
+    sglang_serve    engine side: SGLang serves an exported drafter (serve_acceptance), its own counters summed
     client          notebook side: EngineClient starts, talks to and stops the worker
     pool            notebook side: workers kept running for reuse in one process ($EAGLE3NB_KEEP_ENGINES)
     versions        the version of an engine installed for a python, read without starting it

@@ -41,6 +41,7 @@ ENGINE_SIDE = (
     "sglang_forkserver",
     "sglang_spec_cpu",
     "sglang_spec_attn",
+    "sglang_serve",
     "vllm_connector",
 )
 ENGINE_SIDE_THIRD_PARTY = {

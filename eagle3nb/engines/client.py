@@ -344,7 +344,8 @@ class EngineClient:
     def serve_acceptance(
         self, drafter_dir, prompts, k: int, max_new_tokens: int, stop_token_ids
     ) -> dict:
-        """Serve an exported EAGLE-3 drafter and return outputs and the engine's own counters."""
+        """Serve an exported EAGLE-3 drafter (vLLM or SGLang) and return outputs and the engine's
+        own counters: the same keys from both (worker.py's contract), SGLang's extras beside."""
         return self._call(
             "serve_acceptance",
             drafter_dir=str(drafter_dir),

@@ -35,7 +35,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from eagle3nb.engines import sglang_forkserver, sglang_transport
+from eagle3nb.engines import sglang_forkserver, sglang_serve, sglang_transport
 from eagle3nb.engines.worker import OtherModelCapture, check_aux_width, text_hidden_size
 
 __all__ = [
@@ -146,8 +146,9 @@ def loopback_prefix() -> list[str]:
     )
 
 
-class Backend(OtherModelCapture):
-    """One SGLang ``Engine`` at a time: plain for :meth:`generate`, capture-only for :meth:`capture`.
+class Backend(OtherModelCapture, sglang_serve.ServeAcceptance):
+    """One SGLang ``Engine`` at a time: plain for :meth:`generate`, capture-only for :meth:`capture`,
+    EAGLE-3 serving for :meth:`serve_acceptance` (:mod:`eagle3nb.engines.sglang_serve`).
 
     SGLang fixes the captured layers and the dtype when the engine starts, so switching to other
     layer ids or another dtype (``capture(..., dtype=)``) restarts the engine (tens of seconds on
@@ -195,7 +196,8 @@ class Backend(OtherModelCapture):
         os.environ.setdefault(sglang_transport.ENV, "1")  # read by SGLang's scheduler
         if sglang_forkserver.enabled(self.device):  # imports SGLang there while this process does
             sglang_forkserver.start()
-        self._engine, self._mode = None, None  # mode: ("plain", dtype) or ("capture", ids, dtype)
+        # mode: ("plain", dtype), ("capture", ids, dtype), ("eagle3", drafter, k, stamp, dtype)
+        self._engine, self._mode = None, None
         self._torch = torch
         self._transport: str | None = None  # "tensor" or "lists", once a capture ran
 
@@ -229,9 +231,7 @@ class Backend(OtherModelCapture):
             kw["max_total_tokens"] = 16384  # the CPU KV pool is otherwise sized from host RAM
         if self.device == "cpu":  # unchunked, 0.5.23 derives a negative fraction on CPU
             kw.setdefault("mem_fraction_static", 0.3)  # the pool is capped by max_total_tokens
-        if mode[0] == "capture":
-            kw.update(enable_return_aux_hidden_states=True, speculative_algorithm="EAGLE3")
-            kw.update(return_aux_hidden_state_layer_ids=list(mode[1]))
+        kw.update(sglang_serve.mode_kwargs(mode, self.device))  # capture / eagle3 arguments
         kw.update(self.options.get("engine_kwargs") or {})
         if sglang_forkserver.enabled(self.device):  # children forked with SGLang imported
             sglang_forkserver.install(importlib.import_module("sglang.srt.entrypoints.engine"))
@@ -311,12 +311,7 @@ class Backend(OtherModelCapture):
             input_ids=[list(map(int, p)) for p in prompts], sampling_params=sp
         )
         stops = set(int(t) for t in stop_token_ids or [])
-        res = []
-        for o in outs:
-            ids = list(o["output_ids"])
-            cut = next((i for i, t in enumerate(ids) if t in stops), None)
-            res.append(ids[: cut + 1] if cut is not None else ids)
-        return res
+        return [sglang_serve.cut_at_stop(o["output_ids"], stops) for o in outs]
 
     def capture(
         self,

@@ -44,8 +44,12 @@ Backend contract (every module in :data:`REGISTRY` defines ``Backend`` with thes
   on another model folder (a tiny twin of the target, :mod:`eagle3nb.engines.twin_check`) by this
   engine and version, in this process (no new worker start); ``options`` override the backend's.
 - ``close()``.
-- vLLM also: ``serve_acceptance(drafter_dir, prompts, k, max_new_tokens, stop_token_ids) ->
-  dict`` (outputs and vLLM's counters; see :mod:`eagle3nb.engines.vllm_backend`).
+- ``serve_acceptance(drafter_dir, prompts, k, max_new_tokens, stop_token_ids) -> dict`` (vLLM and
+  SGLang): the exported drafter served greedily with k drafts per cycle; outputs and the engine's
+  own counters under the same keys (``num_drafts``, ``num_accepted_tokens``, ``accepted_per_pos``,
+  ``per_position_acceptance``, ``tau``, ...), JSON-serialisable; SGLang adds its per-request
+  counters summed and ``engine_accept_length`` (:mod:`eagle3nb.engines.vllm_backend`,
+  :mod:`eagle3nb.engines.sglang_serve`).
 """
 
 from __future__ import annotations
