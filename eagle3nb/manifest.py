@@ -2,7 +2,7 @@
 
 Every artefact folder (dataset, checkpoint, exported drafter) carries a ``manifest.json`` with the
 target (name, path, sha256), engine and version, layer-id convention, ids, boundaries, dtype,
-template mode and hash, seeds, eagle3nb version and git commit.
+template mode and hash with the chat-template kwargs it rendered with, seeds, eagle3nb version and git commit.
 """
 
 from __future__ import annotations
@@ -26,6 +26,10 @@ __all__ = [
     "provenance",
     "check_compatible",
     "ManifestMismatch",
+    "rendered_kwargs",
+    "template_kwargs_of",
+    "with_template_kwargs",
+    "template_fields",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -136,3 +140,33 @@ def check_compatible(
             + "; ".join(diffs)
             + f". Fix the inputs, or set {override_param}=True to continue anyway."
         )
+
+
+def rendered_kwargs(mode: str | None, kwargs: dict | None) -> dict:
+    """The chat-template kwargs (``chat_template_kwargs``, e.g. ``{"enable_thinking": False}``)
+    that reach a template in ``mode``: a copy of ``kwargs`` in chat mode, {} in completion mode
+    (no template renders there, so a difference in them changes no token)."""
+    return dict(kwargs or {}) if mode == "chat" else {}
+
+
+def template_kwargs_of(man: dict) -> dict:
+    """The chat-template kwargs an artefact's ids were rendered with (``man["template_kwargs"]``,
+    recorded next to ``man["template"]``), as :func:`rendered_kwargs` counts them; {} where a
+    manifest written before they were recorded (issue 32) lacks them: 01 passed none then."""
+    return rendered_kwargs((man.get("template") or {}).get("mode"), man.get("template_kwargs"))
+
+
+def with_template_kwargs(man: dict) -> dict:
+    """A copy of ``man`` whose ``template_kwargs`` is :func:`template_kwargs_of` (for
+    :func:`check_compatible` against a run's :func:`rendered_kwargs`)."""
+    return dict(man, template_kwargs=template_kwargs_of(man))
+
+
+def template_fields(man: dict) -> dict:
+    """``{"template", "template_kwargs"}`` of an input's manifest, to record in the manifest of an
+    artefact made from it (so they describe its data); kwargs {} where an older manifest lacks them.
+
+    Raises:
+        KeyError: ``man`` has no ``template`` block.
+    """
+    return {"template": man["template"], "template_kwargs": dict(man.get("template_kwargs") or {})}

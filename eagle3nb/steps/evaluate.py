@@ -10,7 +10,7 @@ import time
 
 from eagle3nb.drafter import engine_read
 from eagle3nb.drafter.export import load_drafter
-from eagle3nb.manifest import check_compatible, read_json
+from eagle3nb.manifest import check_compatible, read_json, rendered_kwargs, with_template_kwargs
 from eagle3nb.params import RunParams, resolve_device
 from eagle3nb.rundir import RunDir
 from eagle3nb.steps import eval_chat, eval_sim
@@ -77,7 +77,9 @@ def _eval(p: RunParams, progress: bool) -> dict:
     dman = read_json(rd.drafter / "manifest.json", "drafter manifest")
     if not p.allow_template_mismatch:
         target_sha = models.model_hash(path, rd.root)
-        check_drafter_matches(dman, p.mode, template_of(p, tok), target_sha, rd.drafter)
+        check_drafter_matches(
+            dman, p.mode, template_of(p, tok), target_sha, rd.drafter, p.chat_template_kwargs
+        )
     load_drafter(rd.drafter)  # refuses a broken export before any engine starts
     engines, left_out = resolve_eval_engines(p, path, cfg, device)
     tcfg = models.text_config(models.read_model_config(path))
@@ -169,20 +171,27 @@ def _served_drafters(p, rd, dman, bnds, n, served, serving) -> dict:
     return out
 
 
-def check_drafter_matches(dman: dict, mode: str, template: str, target_sha: str, where) -> None:
+def check_drafter_matches(
+    dman: dict, mode: str, template: str, target_sha: str, where, template_kwargs: dict | None
+) -> None:
     """Refuse a drafter (manifest ``dman``, folder ``where``) trained for another chat template
-    (text ``template`` in ``mode``) or another target (sha256 ``target_sha``).
+    (text ``template`` in ``mode``), rendered with other template kwargs (04's
+    ``chat_template_kwargs``, e.g. ``{"enable_thinking": False}``: in chat mode they change the
+    prompt ids as a template does; a manifest from before they were recorded counts as {}), or
+    for another target (sha256 ``target_sha``).
 
     Raises:
-        ManifestMismatch: the template or the target differs (``allow_template_mismatch``
-            skips this check).
+        ManifestMismatch: the template, its kwargs or the target differs
+            (``allow_template_mismatch`` skips this check).
     """
     want = {
         "template": {"mode": mode, "sha256": chat.template_hash(template)},
+        "template_kwargs": rendered_kwargs(mode, template_kwargs),
         "target": {"sha256": target_sha},
     }
-    keys = ["template", "target.sha256"]
-    check_compatible(dman, want, keys, f"drafter {where}", "allow_template_mismatch")
+    keys = ["template", "template_kwargs", "target.sha256"]
+    have = with_template_kwargs(dman)
+    check_compatible(have, want, keys, f"drafter {where}", "allow_template_mismatch")
 
 
 def _served(p: RunParams, cfg: dict, n: int, arch: str | None) -> dict:

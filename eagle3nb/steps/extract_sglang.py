@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eagle3nb.manifest import provenance
+from eagle3nb.manifest import provenance, template_fields
 from eagle3nb.params import RunParams
 from eagle3nb.rundir import RunDir, update_metrics
 from eagle3nb.steps import extract
@@ -269,7 +269,7 @@ def _manifest(p: RunParams, gman: dict, tinfo: dict, cap: _Capture, ids, bnds, t
         aux_boundaries=bnds,
         final_boundary=n,
         dtype=p.dtype,
-        template=gman["template"],
+        **template_fields(gman),  # the template and the kwargs 01 rendered with
         generation_sha256=gman["file_sha256"],
         twin_check=twin_summary(twin) if twin else None,
     )

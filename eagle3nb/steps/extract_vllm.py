@@ -7,7 +7,7 @@ import time
 
 from eagle3nb.dataset.write import write_dataset
 from eagle3nb.engines.vllm_helpers import TimedCapture, start_vllm
-from eagle3nb.manifest import provenance
+from eagle3nb.manifest import provenance, template_fields
 from eagle3nb.params import RunParams
 from eagle3nb.rundir import RunDir, update_metrics
 from eagle3nb.steps.recorded import run_or_read
@@ -146,7 +146,7 @@ def _manifest(
         aux_boundaries=bnds,
         final_boundary=n,
         dtype=p.dtype,
-        template=gman["template"],
+        **template_fields(gman),  # the template and the kwargs 01 rendered with
         generation_sha256=gman["file_sha256"],
         twin_check=twin_summary(twin) if twin else None,
     )

@@ -6,6 +6,7 @@ batches do not depend on it."""
 from __future__ import annotations
 
 from eagle3nb.drafter.acceptance import greedy_generate
+from eagle3nb.manifest import check_compatible, read_json, rendered_kwargs, template_kwargs_of
 from eagle3nb.params import RunParams
 from eagle3nb.rundir import RunDir
 from eagle3nb.target import models
@@ -20,9 +21,19 @@ def heldout_eval(p: RunParams, rd: RunDir, model, tok, boundaries) -> HeldoutEva
     the two are disjoint when the split holds enough prompts; ``source`` says how many overlap),
     tau with ``k`` drafts per cycle over ``eval_max_new_tokens`` tokens. None when
     ``eval_every`` is 0 or 01 held out no prompt with generated tokens (training goes on without
-    held-out evaluation; the caller reports it)."""
+    held-out evaluation; the caller reports it).
+
+    The prompts are 01's ids as 01 rendered them (its template with the ``chat_template_kwargs``
+    its manifest records); 03 renders none itself.
+
+    Raises:
+        ManifestMismatch: 01 rendered them with other template kwargs than this run's (the
+            evaluation would measure another rendering than the one trained; a manifest without
+            them counts as {}), unless ``allow_manifest_mismatch``.
+    """
     if p.eval_every == 0:
         return None
+    kw = _rendered_by_01(p, rd)
     held = [r for r in read_jsonl(rd.generated) if r["split"] == "heldout"]
     in_04 = {r["id"] for r in (held[: p.max_eval_prompts] if p.max_eval_prompts else held)}
     recs = held[-p.eval_prompts :]
@@ -38,7 +49,8 @@ def heldout_eval(p: RunParams, rd: RunDir, model, tok, boundaries) -> HeldoutEva
     source = (
         f"01's last {len(recs)} held-out prompts (of {len(held)}) with the target's greedy "
         f"continuations of {p.eval_max_new_tokens} tokens, aux states captured by the HF target "
-        f"at boundaries {list(boundaries)}; {overlap} of them also among 04's evaluation prompts"
+        f"at boundaries {list(boundaries)}; {overlap} of them also among 04's evaluation prompts; "
+        f"prompts rendered by 01 with template kwargs {kw}"
     )
     return HeldoutEval(
         model,
@@ -52,6 +64,22 @@ def heldout_eval(p: RunParams, rd: RunDir, model, tok, boundaries) -> HeldoutEva
         p.loss_decay,
         source,
     )
+
+
+def _rendered_by_01(p: RunParams, rd: RunDir) -> dict:
+    """The template kwargs 01 rendered its prompts with (its manifest), checked against the run's
+    (see :func:`heldout_eval`)."""
+    gman = read_json(rd.generation_manifest, "generation manifest (from 01_generate)")
+    kw = template_kwargs_of(gman)
+    if not p.allow_manifest_mismatch:
+        check_compatible(
+            {"template_kwargs": kw},
+            {"template_kwargs": rendered_kwargs(p.mode, p.chat_template_kwargs)},
+            ["template_kwargs"],
+            f"held-out prompts {rd.generated} (rendered by 01)",
+            "allow_manifest_mismatch",
+        )
+    return kw
 
 
 def heldout_stats(p: RunParams, rep: dict, ev: HeldoutEval | None) -> dict:

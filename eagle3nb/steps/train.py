@@ -25,6 +25,7 @@ from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.drafter.engine_read import engine_report, trainer_flags
 from eagle3nb.drafter.export import export_drafter, load_drafter
 from eagle3nb.manifest import atomic_write_json, check_compatible, provenance, read_json
+from eagle3nb.manifest import rendered_kwargs, template_fields, with_template_kwargs
 from eagle3nb.params import RunParams, load_run_params, resolve_device
 from eagle3nb.rundir import REPO_ROOT, RunDir, read_metrics, update_metrics
 from eagle3nb.steps import extract
@@ -192,7 +193,7 @@ def _online_source(p: RunParams, rd: RunDir, model, tok, path) -> OnlineSource:
         p.seed,
         target=tinfo,
         dtype=p.dtype,
-        template=gman["template"],
+        **template_fields(gman),  # the template and the kwargs 01 rendered with
         generation_sha256=gman["file_sha256"],
     )
     src = OnlineSource(samples, cap, ids, p.convention, man)
@@ -206,10 +207,10 @@ def _online_source(p: RunParams, rd: RunDir, model, tok, path) -> OnlineSource:
 
 
 def _check_dataset(p: RunParams, rd: RunDir, man: dict, ds_dir, model, tok, path) -> None:
-    """The dataset's target, dtype, convention, template and boundaries are this run's.
+    """The dataset's target, dtype, convention, template (+ its kwargs) and boundaries are this run's.
 
     Raises:
-        ManifestMismatch: one differs.
+        ManifestMismatch: one differs (kwargs: a manifest without them counts as {}).
     """
     # 02a stores vLLM's ids (convention vllm); the boundaries are compared below either way
     from_vllm = p.train_on == "vllm" and p.training_mode == "offline"
@@ -218,16 +219,15 @@ def _check_dataset(p: RunParams, rd: RunDir, man: dict, ds_dir, model, tok, path
         "dtype": p.dtype,
         "convention": "vllm" if from_vllm else p.convention,
         "template": {"mode": p.mode, "sha256": chat.template_hash(template_of(p, tok))},
+        "template_kwargs": rendered_kwargs(p.mode, p.chat_template_kwargs),
     }
-    keys = ["target.sha256", "dtype", "convention", "template"]
-    check_compatible(man, want, keys, f"dataset {ds_dir}", "allow_manifest_mismatch")
+    keys = ["target.sha256", "dtype", "convention", "template", "template_kwargs"]
+    have = with_template_kwargs(man)
+    check_compatible(have, want, keys, f"dataset {ds_dir}", "allow_manifest_mismatch")
     _, bnds = resolve_aux(p, n_layers_of(model))
+    what = f"dataset {ds_dir} (boundaries the exported drafter will be served with)"
     check_compatible(
-        man,
-        {"aux_boundaries": bnds},
-        ["aux_boundaries"],
-        f"dataset {ds_dir} (boundaries the exported drafter will be served with)",
-        "allow_manifest_mismatch",
+        man, {"aux_boundaries": bnds}, ["aux_boundaries"], what, "allow_manifest_mismatch"
     )
 
 
@@ -270,7 +270,7 @@ def _export(p: RunParams, rd: RunDir, man: dict, drafter, rep, cfg, tok, serve_b
         layer_ids=man["layer_ids"],
         aux_boundaries=bnds,
         dtype=man["dtype"],
-        template=man["template"],
+        **template_fields(man),  # the dataset's: what the drafter was trained on
         train_config=cfg.__dict__,
         vocab=rep["vocab"],
     )

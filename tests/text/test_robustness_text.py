@@ -226,9 +226,9 @@ def test_generated_sample_keeps_generated_tokens_exactly(chat_tok):
 # --- 2. template hash ---------------------------------------------------------------------------
 
 
-def _eval_template_check(dman, mode, template, target_sha):
+def _eval_template_check(dman, mode, template, target_sha, kwargs=None):
     """The check eval_step runs before evaluating a drafter."""
-    check_drafter_matches(dman, mode, template, target_sha, "run/drafter")
+    check_drafter_matches(dman, mode, template, target_sha, "run/drafter", kwargs)
 
 
 def test_template_hash_is_sha256_and_differs():
@@ -253,7 +253,9 @@ def test_template_hash_is_sha256_and_differs():
 
 def test_eval_refuses_drafter_trained_under_another_template():
     # 04 itself runs the check (eval_step's body; a re-run reads back only on the same template)
-    assert "check_drafter_matches(dman, p.mode, template_of(p, tok)" in inspect.getsource(_eval)
+    src = " ".join(inspect.getsource(_eval).split())
+    want = "check_drafter_matches( dman, p.mode, template_of(p, tok), target_sha, rd.drafter, "
+    assert want + "p.chat_template_kwargs )" in src
     sha = "ab" * 32
     dman = {
         "template": {
