@@ -30,6 +30,14 @@ __all__ = [
 ]
 
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
+# SGLang's own counters, summed over requests (eagle3nb/engines/sglang_serve.py sum_counters)
+ENGINE_COUNTERS = (
+    "spec_verify_ct",
+    "spec_num_correct_drafts",
+    "spec_num_proposed_drafts",
+    "completion_tokens",
+    "spec_correct_drafts_histogram",
+)
 ALL = "all"  # the category of every prompt served (the speed rows of the table)
 SPEED_NOTE = (
     "tokens/s with and without the drafter in the same engine and run, same prompts and batch "
@@ -129,11 +137,13 @@ def _add(acc: dict, r: dict, secs: float, n_out: int) -> None:
     per = acc.setdefault("accepted_per_pos", [0] * len(r["accepted_per_pos"]))
     for i, a in enumerate(r["accepted_per_pos"]):
         per[i] += int(a)
-    for key, v in (r.get("engine_counters") or {}).items():  # SGLang's own per-request sums
-        if isinstance(v, (int, float)):
-            acc.setdefault("engine_counters", {})[key] = (
-                acc.get("engine_counters", {}).get(key, 0) + v
-            )
+    ec = acc.setdefault("engine_counters", {})
+    for key in ENGINE_COUNTERS:  # SGLang's own per-request meta_info sums (vLLM has none)
+        v = r.get(key)
+        if isinstance(v, list):
+            ec[key] = [x + int(y) for x, y in zip(ec.get(key, [0] * len(v)), v)]
+        elif v is not None:
+            ec[key] = ec.get(key, 0) + int(v)
     acc["seconds"] = acc.get("seconds", 0.0) + secs
     acc["calls"] = acc.get("calls", 0) + 1
     acc["tokens"] = acc.get("tokens", 0) + n_out
@@ -149,7 +159,10 @@ def _merged(accs) -> dict:
             elif isinstance(v, dict):
                 d = out.setdefault(key, {})
                 for kk, vv in v.items():
-                    d[kk] = d.get(kk, 0) + vv
+                    if isinstance(vv, list):
+                        d[kk] = [x + y for x, y in zip(d.get(kk, [0] * len(vv)), vv)]
+                    else:
+                        d[kk] = d.get(kk, 0) + vv
             else:
                 out[key] = out.get(key, 0) + v
     return out
