@@ -166,10 +166,10 @@ def build_tree_kernel_efficient_cpu(
     if int(tree_mask_mode) not in (0, 1):
         raise NotImplementedError(f"tree_mask_mode={tree_mask_mode}: only 0 and 1 here")
     seq = [int(x) for x in verified_seq_len.tolist()]
-    parents = parent_list.reshape(len(seq), -1)  # [bs, 0] for one step
+    parents = parent_list.tolist() if parent_list.dim() > 1 else [[]] * len(seq)  # [bs, 0]: 1 step
     before = 0
     for b, seq_len in enumerate(seq):
-        sel, par = selected_index[b].tolist(), parents[b].tolist()
+        sel, par = selected_index[b].tolist(), parents[b]
 
         def parent(i: int):  # node of draft i's parent, or None when its parent is not kept
             tb = sel[i - 1] // topk

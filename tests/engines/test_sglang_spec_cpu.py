@@ -203,3 +203,16 @@ def test_verify_view_is_an_extend_of_the_drafts_after_the_verified_prefix():
     assert view.extend_seq_lens.tolist() == [4, 4]
     assert view.seq_lens.tolist() == [9, 11]
     assert view.req_pool_indices.tolist() == [3, 1]
+
+
+def test_build_tree_one_step_chain_has_no_parent_columns():
+    # k = 1: SGLang passes an empty [bs, 0] parent list; node 1's parent is the root
+    mask = torch.full((2 * 4,), True)
+    pos = torch.empty(4, dtype=torch.long)
+    ri, nt, ns = torch.full((3, 2, 2), -1, dtype=torch.long)
+    spec.build_tree_kernel_efficient_cpu(
+        torch.empty(2, 0, dtype=torch.long), torch.tensor([[0], [0]]), torch.tensor([3, 6]),
+        mask, pos, ri, nt, ns, 1, 1, 2, 1,
+    )  # fmt: skip
+    assert pos.tolist() == [3, 4, 6, 7] and nt.tolist() == [[1, -1], [1, -1]]
+    assert mask.view(2, 2, 2).int().tolist() == [[[1, 0], [1, 1]]] * 2
