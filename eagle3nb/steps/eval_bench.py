@@ -225,7 +225,8 @@ def serve_engines(
     pending=None,
 ):
     """Each engine of ``engines`` (vllm, sglang) serves ``drafters`` (``{label: (folder, ks,
-    batch sizes, engines that read it right)}``) over the prompt set.
+    batch sizes, engines that read it right, {engine: boundaries it reads})}``) over the prompt
+    set; each run records the boundaries its engine read.
 
     Args:
         prompt_set: ``(prompt ids, categories, keys)``.
@@ -254,6 +255,8 @@ def serve_engines(
             r, o = serve_engine(
                 client, engine, mine, prompts, cats, p.eval_batch_sizes, p.eval_max_new_tokens, eos
             )
+            for x in r:  # the boundaries this engine reads from that drafter's ids
+                x["boundaries"] = list(drafters[x["drafter"]][4][engine])
             runs += r
             outs[engine] = o
         finally:

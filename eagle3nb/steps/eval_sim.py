@@ -186,7 +186,6 @@ def _engine_results(p, runs, served, bnds, results, engines_of, blocks, sim, hel
                 label = f"{r['drafter']}, served by {name}"
                 results[label] = dict(
                     r,
-                    boundaries=served[engine],
                     traces=[],
                     greedy_mismatches=[],
                     draft_acceptance_rate=(r["tau"] - 1) / p.k,

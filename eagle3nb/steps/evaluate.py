@@ -158,16 +158,22 @@ def _stop_ids(path, tok) -> list[int]:
 
 
 def _served_drafters(p, rd, dman, bnds, n, served, serving) -> dict:
-    """``{label: (folder, ks, batch sizes, engines that serve it)}``: the exported drafter at k and
+    """``{label: (folder, ks, batch sizes, engines that serve it, {engine: boundaries it reads})}``: the exported drafter at k and
     every ``eval_ks`` and batch size, and with ``baselines`` its layer-offset copy at k and the
     first batch size, for the engines that read the offset as meant."""
     ks = [p.k] + [k for k in p.eval_ks if k != p.k]
-    out = {"trained": (rd.drafter, ks, list(p.eval_batch_sizes), set(serving))}
+    out = {"trained": (rd.drafter, ks, list(p.eval_batch_sizes), set(serving), served)}
     moved = offset_boundaries(dman.get("convention", "sglang"), list(bnds), n)
     if p.baselines and moved is not None and serving:
         arch = dman.get("target", {}).get("architecture")
         reads = offset_drafter_dir(rd.drafter, rd.root / "drafter_offset", moved, n, arch)
-        out[OFFSET] = (rd.root / "drafter_offset", [p.k], list(p.eval_batch_sizes[:1]), set(reads))
+        out[OFFSET] = (
+            rd.root / "drafter_offset",
+            [p.k],
+            list(p.eval_batch_sizes[:1]),
+            set(reads),
+            reads,
+        )
     return out
 
 
