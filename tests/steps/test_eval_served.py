@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from eagle3nb.drafter.engine_read import read_as_engine
@@ -146,7 +147,9 @@ def test_auto_leaves_out_a_simulator_whose_target_does_not_fit(monkeypatch, tmp_
 )
 def test_04_without_the_simulator_loads_no_target_weights(smoke_run, tmp_path, monkeypatch):
     """The smoke run's drafter served by vLLM alone, with every HF weight load forbidden: 04
-    still reports vLLM's own tau, the same as the smoke run's vLLM-served tau."""
+    still reports vLLM's own tau, the same as the smoke run's vLLM-served tau; and on a
+    random-weight target of the same shape (a stand-in for one too large for an HF copy), vLLM's
+    own counters, consistent and with served output equal to its plain greedy output."""
     import transformers
 
     from eagle3nb.params import load_params
@@ -179,3 +182,20 @@ def test_04_without_the_simulator_loads_no_target_weights(smoke_run, tmp_path, m
     assert v["greedy_mismatches_vs_engine_plain"] == 0 and "simulator_tau" not in v
     assert set(s["tau"]) == {f"trained, served by vLLM {v['engine_version']}"}
     assert "trained" not in s["engines"] and s["served"]["engines"] == ["vllm"]
+    # a random-weight target: its weights exist only as a folder the engine loads
+    tgt = tmp_path / "random-target"
+    src = models.resolve_model(p.model)
+    tgt.mkdir()
+    for f in src.iterdir():
+        if f.name != "model.safetensors":
+            shutil.copy2(f, tgt / f.name)
+    torch.manual_seed(0)
+    cfg = transformers.AutoConfig.from_pretrained(src)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tgt)  # save, not load: allowed
+    q = p.model_copy(update={"model": str(tgt), "allow_template_mismatch": True})
+    s = eval_step(q, progress=False)["stats"]
+    v = s["served_by"]["vllm"]
+    c = v["counters"]
+    assert c["num_drafts"] > 0 and sum(c["accepted_per_pos"]) == c["num_accepted_tokens"]
+    assert v["tau"] == round(1 + c["num_accepted_tokens"] / c["num_drafts"], 4)
+    assert v["greedy_mismatches_vs_engine_plain"] == 0 and s["served"]["engines"] == ["vllm"]
