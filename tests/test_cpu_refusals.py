@@ -76,11 +76,25 @@ def test_vllm_deepseek_mla_config_limits(tmp_path, over, why):
         _run(m, "vllm")
 
 
-def test_vllm_deepseek_with_576_latent_and_yarn_refused_for_amx_mla(tmp_path):
+def test_vllm_deepseek_with_576_latent_and_yarn_captures_on_cpu_mla_but_cannot_serve(tmp_path):
+    """Capture passes (eagle3nb's vLLM backend asks for CPU_MLA; measured against HF in
+    tests/engines/test_vllm_cpu_mla.py); serving is refused with what was measured and the fix."""
     over = dict(kv_lora_rank=512, qk_rope_head_dim=64, rope_parameters=YARN, rope_scaling=YARN)
-    with pytest.raises(ValueError, match=r"vllm 0\.32\.0 cannot capture DeepseekV3ForCausalLM on "
-                       r"CPU: on this CPU it picks the AMX MLA backend.*amx_mla\.py:303"):  # fmt: skip
-        _run(_folder(tmp_path, "DeepseekV3ForCausalLM", **over), "vllm")
+    m = _folder(tmp_path, "DeepseekV3ForCausalLM", **over)
+    assert _run(m, "vllm")["engines"]["vllm"]["version"] == "0.32.0"
+    with pytest.raises(ValueError) as e:
+        _run(m, "vllm", vllm_extract=False, eval_engines=["vllm"])
+    assert str(e.value).endswith(
+        "vllm 0.32.0 cannot serve DeepseekV3ForCausalLM on CPU: with attention_backend CPU_MLA "
+        "(which eagle3nb sets on CPU for MLA targets) plain generation and capture match HF, but "
+        "serving a drafter fails at engine build with 'No common block size for 128 (CPU_MLA: "
+        "[16]; CPU_ATTN: [MultipleOf(32)])' (v1/worker/utils.py:555): the target's CPU_MLA takes "
+        "KV blocks of exactly 16 (v1/attention/backends/mla/cpu_mla.py:67-72), the drafter's "
+        "CPU_ATTN only multiples of 32 (v1/attention/backends/cpu_attn.py:65-66), and no option "
+        "changes either (block_size 32: 'No common block size for 16'); AMX_MLA, vLLM's own pick "
+        "on this CPU, takes no float32 weights (v1/attention/backends/mla/amx_mla.py:303); leave "
+        "vllm out of eval_engines, or run on a GPU (device: cuda)"
+    ), str(e.value)
 
 
 def test_vllm_gpt_oss_and_llama4_config_limits(tmp_path):

@@ -23,12 +23,15 @@ Options (``options`` dict, passed through from params): ``workdir`` (temp folder
 connector's files; required for capture), ``max_model_len``, ``kv_cache_gib`` (CPU KV cache,
 default 1), ``enforce_eager`` (default True: no graph capture, quick start), ``llm_kwargs`` (any
 further ``vllm.LLM`` keyword, e.g. ``{"tensor_parallel_size": 2}`` on a GPU box),
-``max_num_seqs``.
+``max_num_seqs``. An MLA target (``kv_lora_rank``, ``config/model.py:2050-2063``) on CPU gets
+``attention_backend: CPU_MLA`` unless ``llm_kwargs`` names one: vLLM's own pick, AMX_MLA
+(``platforms/cpu.py:151-164``), takes no float32 (measured: :mod:`eagle3nb.target.cpu_limits`).
 """
 
 from __future__ import annotations
 
 import gc
+import json
 import os
 import time
 
@@ -58,13 +61,6 @@ ENGINE_NAME = "vllm"
 CONVENTION = "vllm"  # id L = boundary L (checked by measurement: tests/engines/test_engine_vllm.py)
 
 
-def _read_config(model_path: str) -> dict:
-    import json
-
-    with open(os.path.join(model_path, "config.json")) as f:
-        return json.load(f)
-
-
 class Backend(OtherModelCapture):
     """vLLM behind the engine contract (see :mod:`eagle3nb.engines.worker`).
 
@@ -85,17 +81,19 @@ class Backend(OtherModelCapture):
         self.options = dict(options or {})
         if "kv_cache_gib" in self.options:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.options["kv_cache_gib"])
-        cfg = _read_config(self.model_path)
+        with open(os.path.join(self.model_path, "config.json")) as f:
+            cfg = json.load(f)
         if "num_hidden_layers" not in cfg:  # multimodal wrappers keep them under text_config
             cfg = cfg.get("text_config") or cfg
         self.n_layers = int(cfg["num_hidden_layers"])
+        self._cpu_mla = cfg.get("kv_lora_rank") is not None and not torch.cuda.is_available()
+        self.attention_backend = None  # asked of the last engine built (None: vLLM's pick)
         self.hidden_size = int(cfg["hidden_size"])
         self.max_model_len = int(
             self.options.get("max_model_len") or cfg.get("max_position_embeddings") or 2048
         )
         self._llm = None
         self._key = None
-        self._req = 0
         self._transport = None  # how the last capture's states came: "memory" or "file"
 
     # ---- engine lifecycle -------------------------------------------------------------------
@@ -119,6 +117,9 @@ class Backend(OtherModelCapture):
             kw["max_num_seqs"] = int(self.options["max_num_seqs"])
         kw.update(self.options.get("llm_kwargs") or {})
         kw.update(extra)
+        if self._cpu_mla and not {"attention_backend", "attention_config"} & set(kw):
+            kw["attention_backend"] = "CPU_MLA"  # v1/attention/backends/registry.py:152
+        self.attention_backend = kw.get("attention_backend")
         self._llm = LLM(**kw)
         self._key = key
         return self._llm
@@ -148,7 +149,7 @@ class Backend(OtherModelCapture):
     def info(self) -> dict:
         """``engine_name``, ``engine_version``, ``torch_version``, ``convention`` (of the ids
         :meth:`capture` takes), ``n_layers``, ``device``, ``dtype``, ``hidden_states_transport``
-        (how the last capture's states reached this process: ``memory`` or ``file``)."""
+        (``memory``/``file``: how the last capture came), ``attention_backend`` (None: vLLM's)."""
         import vllm
 
         return {
@@ -160,6 +161,7 @@ class Backend(OtherModelCapture):
             "device": "cuda" if torch.cuda.is_available() else "cpu",
             "dtype": self.dtype,
             "hidden_states_transport": self._transport,  # memory or file (vllm_connector)
+            "attention_backend": self.attention_backend,
         }
 
     # ---- generation -------------------------------------------------------------------------
