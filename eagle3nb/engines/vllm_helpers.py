@@ -60,7 +60,10 @@ def check_vllm_params(p, model_cfg: dict) -> None:
 
     Raises:
         ValueError: an unknown ``vllm_options`` key; a target whose head_dim vLLM's CPU attention
-            rejects (< 32, "Unsupported CPU attention configuration") on ``device: cpu``.
+            rejects (< 32, "Unsupported CPU attention configuration") on ``device: cpu``; on
+            ``device: cpu`` an MLA target in float32 with ``llm_kwargs.attention_backend: AMX_MLA``
+            (its weight packing refuses float32, ``v1/attention/backends/mla/amx_mla.py:303``;
+            without the key the backend asks for CPU_MLA, :mod:`eagle3nb.engines.vllm_backend`).
         FileNotFoundError / ImportError: the vLLM venv is missing (names ``vllm_python`` and
             ``bash .ci/setup_engines.sh``).
     """
@@ -76,6 +79,17 @@ def check_vllm_params(p, model_cfg: dict) -> None:
     hd = model_cfg.get("head_dim") or (
         model_cfg.get("hidden_size", 0) // max(model_cfg.get("num_attention_heads", 1), 1)
     )
+    text = model_cfg.get("text_config") or model_cfg
+    backend = (p.vllm_options.get("llm_kwargs") or {}).get("attention_backend")
+    if p.device == "cpu" and text.get("kv_lora_rank") is not None and p.dtype == "float32":
+        if str(backend).upper() == "AMX_MLA":  # measured: eagle3nb.target.cpu_limits
+            raise ValueError(
+                f"vllm_options.llm_kwargs.attention_backend={backend!r} with dtype=float32 on model="
+                f"{p.model!r} (MLA): AMX_MLA takes no float32 weights ('expect weight to be "
+                "bfloat16, float16, int8, fp8_e4m3 or uint8', v1/attention/backends/mla/amx_mla.py"
+                ":303); remove attention_backend (eagle3nb then asks for CPU_MLA, measured equal to "
+                "HF in float32), or set dtype: bfloat16 (AMX_MLA unmeasured here)"
+            )
     if p.device == "cpu" and hd < 32:
         raise ValueError(
             f"model={p.model!r} has head_dim={hd}; vLLM's CPU attention needs head_dim >= 32 (used by {used}); use a target with head_dim >= 32 (e.g. stories260K-hd32), or turn vLLM off: generate_engine: hf, vllm_extract: false, eval_engines without vllm"

@@ -8,7 +8,8 @@ AMX_MLA, refuses float32 weights: ``v1/attention/backends/mla/amx_mla.py:303``),
 - plain greedy generation equals HF's greedy tokens;
 - serving an EAGLE-3 drafter still fails at engine build with the error preflight's refusal quotes
   (``eagle3nb.target.cpu_limits``): when a vLLM release fixes it, this test fails and the refusal
-  is to be lifted.
+  is to be lifted;
+- a user asking AMX_MLA in float32 (``vllm_options.llm_kwargs``) is refused before any work.
 
 The target is the 12-layer random-weight twin of the real DeepSeek-V3 config
 (``twin:eagle3nb/data/deepseek_v3.config.json``: MLA ranks 512 + 64, YaRN, sigmoid grouped router;
@@ -199,3 +200,24 @@ def test_eagle3_serving_fails_as_the_refusal_says(twin, client, tmp_path):
     seen = msg[msg.index("No common block size") :].split(").")[0] + ")"
     print(f"\nvLLM EAGLE-3 on CPU_MLA: {seen}")
     assert f"'{seen}'" in said, (seen, said)
+
+
+@needs_vllm
+def test_amx_mla_asked_in_float32_is_refused_before_any_work():
+    from eagle3nb.engines.vllm_helpers import check_vllm_params
+    from eagle3nb.params import RunParams
+
+    cfg = json.loads((REPO / CONFIG).read_text())
+    opts = {"llm_kwargs": {"attention_backend": "AMX_MLA"}}
+    p = RunParams(model="ds", vllm_extract=True, device="cpu", vllm_options=opts)
+    with pytest.raises(ValueError) as e:
+        check_vllm_params(p, cfg)
+    assert str(e.value) == (
+        "vllm_options.llm_kwargs.attention_backend='AMX_MLA' with dtype=float32 on model='ds' "
+        "(MLA): AMX_MLA takes no float32 weights ('expect weight to be bfloat16, float16, int8, "
+        "fp8_e4m3 or uint8', v1/attention/backends/mla/amx_mla.py:303); remove attention_backend "
+        "(eagle3nb then asks for CPU_MLA, measured equal to HF in float32), or set dtype: bfloat16 "
+        "(AMX_MLA unmeasured here)"
+    )
+    check_vllm_params(p.model_copy(update={"vllm_options": {}}), cfg)  # CPU_MLA: passes
+    check_vllm_params(p.model_copy(update={"dtype": "bfloat16"}), cfg)
