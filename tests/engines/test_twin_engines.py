@@ -45,7 +45,7 @@ CLASSES = {
         "Qwen3MoeForCausalLM",
         "GptOssForCausalLM",
         "Llama4ForCausalLM",
-    ],  # DeepSeek-V3: refused on CPU (AMX MLA backend, float32), tests/test_cpu_refusals.py
+    ],  # DeepSeek-V3 (on CPU_MLA, eagle3nb asks for it): tests/engines/test_vllm_cpu_mla.py
     "sglang": [
         "LlamaForCausalLM",
         "MistralForCausalLM",
