@@ -20,6 +20,17 @@ Formats (:data:`FORMATS`):
 
 The lm_head (tied to the embedding here) and the embedding are never quantized, so a captured
 final state (boundary N) gives the variant's logits through the float32 final norm and head.
+
+MoE targets (Mixtral, DeepSeek-V3): transformers 5.x holds a layer's routed experts as fused 3-D
+parameters (``mlp.experts.gate_up_proj`` [E, 2I, H], ``mlp.experts.down_proj`` [E, H, I]), not
+``nn.Linear``, so compressed-tensors' ``Linear`` targets leave them (and the router) in float;
+:func:`plan` lists them as ignored. The variant is written in that in-memory layout
+(``save_pretrained(save_original_format=False)``), not in the per-expert checkpoint layout
+(``experts.{e}.w1.weight``): transformers 5.25 loads a compressed-tensors checkpoint's per-expert
+tensors only through ``CompressedTensorsDequantize`` (``integrations/compressed_tensors.py``),
+which keeps only ``weight_packed`` or fp8 experts and drops float or int8 ones ("experts ...
+MISSING", "Concatenate ... Ckpt contains: 0"), while fused tensors load as they are. vLLM and SGLang
+read only the per-expert layout, so a MoE variant is for HF sources.
 """
 
 from __future__ import annotations
@@ -60,6 +71,9 @@ FORMATS = {
 # vLLM 0.32 CPUWNA16LinearKernel.can_implement: partition_weight_shape[0] and [1] % 32 == 0
 VLLM_CPU_MULTIPLE = {"w8a8": 1, "w4a16": 32}
 _QUANT_FILE = "eagle3nb_quantization.json"
+# bumped when the written layout changes, so a variant written by an older eagle3nb is rewritten
+# (2: MoE experts fused, in the layout transformers 5.25 loads)
+_WRITER = 2
 
 
 def quantized_path(root, fmt: str) -> Path:
@@ -73,13 +87,25 @@ def _check_format(fmt: str) -> dict:
     return FORMATS[fmt]
 
 
+def _fused_experts(model) -> dict[str, list[str]]:
+    """``{module name: [its 3-D parameter names]}`` of the fused MoE expert modules of ``model``
+    (transformers 5.x ``MixtralExperts``, ``DeepseekV3NaiveMoe``: weights ``[E, out, in]``)."""
+    out = {}
+    for name, mod in model.named_modules():
+        fused = [n for n, p in mod.named_parameters(recurse=False) if p.dim() == 3]
+        if fused and not isinstance(mod, torch.nn.Linear):
+            out[name] = fused
+    return out
+
+
 def plan(model, fmt: str) -> dict:
     """Which ``nn.Linear`` modules of ``model`` (HF causal LM) get format ``fmt``.
 
     Returns:
         ``{"quantized": [names], "ignored": {name: reason}}``; the lm_head is always ignored, and
         for ``w4a16`` every Linear whose input or output size is not a multiple of 32 (vLLM's CPU
-        kernel rule; see the module docstring) or of the group size.
+        kernel rule; see the module docstring) or of the group size. Fused MoE expert modules
+        (3-D weights, not Linear; see the module docstring) are ignored too, with the reason.
 
     Raises:
         ValueError: an unknown ``fmt``.
@@ -102,6 +128,14 @@ def plan(model, fmt: str) -> dict:
             )
             continue
         quantized.append(name)
+    import transformers
+
+    for name, params in _fused_experts(model).items():
+        ignored[name] = (
+            f"fused MoE experts ({', '.join(params)}, 3-D) are not nn.Linear in transformers "
+            f"{transformers.__version__}, so compressed-tensors does not quantize them; they stay in "
+            "the model dtype"
+        )
     return {"quantized": quantized, "ignored": ignored}
 
 
@@ -130,7 +164,8 @@ def _set_weight_qparams(model) -> None:
 def write_quantized(src_path, out_dir, fmt: str, source_sha256: str) -> dict:
     """Write the ``fmt`` variant of the HF model folder ``src_path`` to ``out_dir`` (config.json
     with ``quantization_config``, model.safetensors, the tokenizer files) through compressed-tensors.
-    Skips the work when ``out_dir`` already holds it for the same source hash (resume).
+    Skips the work when ``out_dir`` already holds it for the same source hash, written by this
+    layout version (resume; an older layout is rewritten).
 
     Args:
         source_sha256: the source model's hash (recorded; a different one rewrites the folder).
@@ -148,7 +183,8 @@ def write_quantized(src_path, out_dir, fmt: str, source_sha256: str) -> dict:
     rec_file = out / _QUANT_FILE
     if rec_file.is_file():
         rec = read_json(rec_file)
-        if rec.get("source_sha256") == source_sha256 and rec.get("format") == fmt:
+        same = (rec.get("source_sha256"), rec.get("format"), rec.get("writer"))
+        if same == (source_sha256, fmt, _WRITER):
             return rec
     import compressed_tensors
     from compressed_tensors.compressors import ModelCompressor
@@ -158,6 +194,7 @@ def write_quantized(src_path, out_dir, fmt: str, source_sha256: str) -> dict:
         apply_quantization_config,
         preset_name_to_scheme,
     )
+    import transformers
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(src_path, dtype=torch.float32)
@@ -170,9 +207,10 @@ def write_quantized(src_path, out_dir, fmt: str, source_sha256: str) -> dict:
     scheme = preset_name_to_scheme(spec["preset"], ["Linear"])
     if spec["group_size"]:
         scheme.weights.group_size = spec["group_size"]
+    experts = _fused_experts(model)
     qc = QuantizationConfig(
         config_groups={"group_0": scheme},
-        ignore=sorted(pl["ignored"]),
+        ignore=sorted(n for n in pl["ignored"] if n not in experts),  # Linear modules only
         quantization_status=QuantizationStatus.INITIALIZED,
     )
     apply_quantization_config(model, qc)
@@ -181,13 +219,16 @@ def write_quantized(src_path, out_dir, fmt: str, source_sha256: str) -> dict:
     comp.compress_model(model)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    # the in-memory layout: transformers reads fused experts as they are, but drops float/int8
+    # per-expert tensors of a compressed-tensors checkpoint (module docstring)
+    model.save_pretrained(tmp, save_original_format=False)
     comp.update_config(str(tmp))
     for f in Path(src_path).iterdir():  # tokenizer and generation files, as the source has them
         if f.is_file() and (f.name.startswith("tokenizer") or f.name == "special_tokens_map.json"):
             shutil.copy2(f, tmp / f.name)
     rec = {
         "format": fmt,
+        "writer": _WRITER,
         "preset": spec["preset"],
         "compressed_tensors_format": spec["format"],
         "what": spec["what"],
@@ -197,6 +238,8 @@ def write_quantized(src_path, out_dir, fmt: str, source_sha256: str) -> dict:
         "quantized": pl["quantized"],
         "ignored": pl["ignored"],
         "compressed_tensors_version": compressed_tensors.__version__,
+        "transformers_version": transformers.__version__,
+        "layout": "transformers fused experts (HF only)" if experts else "checkpoint",
         "config_quantization": json.loads((tmp / "config.json").read_text())["quantization_config"][
             "format"
         ],
