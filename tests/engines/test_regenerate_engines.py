@@ -115,7 +115,7 @@ def test_01_through_sglang_writes_the_hf_file(tmp_path):
         p = RunParams(
             outputs_dir=str(tmp_path), run_name=engine, mode="chat", dataset=str(data),
             chat_template=str(REPO_ROOT / "eagle3nb/data/chat_template_stories.jinja"),
-            max_new_tokens=MAX_NEW, gen_batch_size=BATCH, heldout_fraction=0.3,
+            max_new_tokens=MAX_NEW, gen_batch_size=BATCH, heldout_fraction=0.35,
             generate_engine=engine,
         )  # fmt: skip
         out = generate_step(p, progress=False)
