@@ -187,11 +187,13 @@ def check_engine_rules(
 def check_inputs(p: RunParams) -> dict:
     """01's input read as 01 reads it, before any notebook: the prompts file, or with ``dataset``
     set the chat dataset (an empty file, records all refused), and the train / held-out split of
-    what it holds (:func:`split_checked`). Reads no model.
+    what it holds (:func:`split_checked`); and 04's ``eval_dataset`` as 04 reads it (an empty
+    file, no valid record). Reads no model.
 
     Returns:
         ``{"source", "n", "n_train", "n_heldout", "refused"}``: the parameter read, its prompts or
-        kept records, the split's sizes (before ``max_train_prompts``), the records refused.
+        kept records, the split's sizes (before ``max_train_prompts``), the records refused; with
+        ``eval_dataset``, ``"eval_dataset": {"format", "n", "refused"}``.
 
     Raises:
         FileNotFoundError: no such prompts file or dataset. ValueError: naming the parameter, the
@@ -214,13 +216,20 @@ def check_inputs(p: RunParams) -> dict:
         check_records_left(p, recs, refused)
         items = [r["id"] for r in recs]
     train, held = split_checked(items, p, source, unit)
-    return {
+    out = {
         "source": source,
         "n": len(items),
         "n_train": len(train),
         "n_heldout": len(held),
         "refused": len(refused),
     }
+    if p.eval_dataset is not None:  # 04's benchmark, read as 04 reads it, before any notebook
+        from eagle3nb.params.paths import eval_dataset_path
+        from eagle3nb.text.benchmarks import load_benchmark
+
+        got = load_benchmark(eval_dataset_path(p.eval_dataset))
+        out["eval_dataset"] = {"format": got.format, "n": len(got.records), "refused": got.refused}
+    return out
 
 
 def check_records_left(p: RunParams, records: list, refused: list[dict]) -> None:
