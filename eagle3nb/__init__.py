@@ -69,8 +69,15 @@ engines/            real engines (vLLM, SGLang) behind one interface, across a p
 viz/                figures and interactive views
     plots           Plotly figures, standalone HTML that opens offline
     drift_plots     05's figures: drift per source and boundary, the train x serve matrix
+    audit_plots     06's figure: tau per candidate boundary set, declared and measured best marked
     served          04's served results: tau per category and engine, speedup per batch size
     views           JupyterLab views (ipywidgets + plotly FigureWidget)
+audit/              a drafter trained elsewhere: its boundaries, each engine's reading, corrected ids
+    formats         drafter folders as engines and peers write them; refusals for another target
+    measure         engine readings, candidate boundary sets, their tau by the simulator
+    patch           the corrected copy (each engine's ids for the measured best), serving commands
+    core            run_audit: read, refuse, measure, write; the summary lines
+    __main__        python -m eagle3nb.audit DRAFTER --model TARGET [--engine] [--out]
 steps/              one module per notebook, called from its cells and from eagle3nb.run
     common          what the steps share: target info, aux ids, checks, metrics
     generate        01_generate

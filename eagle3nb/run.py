@@ -29,7 +29,11 @@ __all__ = ["NOTEBOOKS", "run_notebooks", "main"]
 
 # NOTEBOOKS (their run order) lives in params, which names the parameters each declares
 # notebooks a run can switch off (the others always run)
-ENABLED_BY = {"02a_extract_vllm": "vllm_extract", "05_drift": "drift_matrix"}
+ENABLED_BY = {
+    "02a_extract_vllm": "vllm_extract",
+    "05_drift": "drift_matrix",
+    "06_audit": "audit_drafter",  # null by default: the main job and smoke run skip the audit
+}
 NB_DIR = REPO_ROOT / "notebooks"
 # set for the kernels of a headless run: no progress bars of transformers or huggingface_hub (such
 # as "Loading weights"), which an executed notebook would keep as a frozen 0% widget
@@ -81,7 +85,8 @@ def run_notebooks(
     with _environ(HEADLESS_ENV):  # inherited by each kernel
         for name in names:
             if name in ENABLED_BY and not getattr(p, ENABLED_BY[name]):
-                print(f"[eagle3nb] {name}: skipped ({ENABLED_BY[name]}: false)", flush=True)
+                off = "null" if getattr(p, ENABLED_BY[name]) is None else "false"
+                print(f"[eagle3nb] {name}: skipped ({ENABLED_BY[name]}: {off})", flush=True)
                 continue
             src = NB_DIR / f"{name}.ipynb"
             declared = pm.inspect_notebook(str(src)).keys()

@@ -10,7 +10,10 @@ from eagle3nb.drafter.export import load_drafter
 from eagle3nb.params import RunParams, load_params
 from eagle3nb.params.sync import declared_by
 from eagle3nb.rundir import REPO_ROOT
-from eagle3nb.run import NOTEBOOKS
+from eagle3nb.run import NOTEBOOKS as ALL_NOTEBOOKS
+
+# the smoke run leaves audit_drafter null, so eagle3nb.run skips 06_audit (tests/audit/ runs it)
+NOTEBOOKS = [n for n in ALL_NOTEBOOKS if n != "06_audit"]
 
 
 def test_run_leaves_every_artefact(smoke_run):

@@ -16,8 +16,9 @@ NOTEBOOKS = [
     "03_train",
     "04_eval_acceptance",
     "05_drift",
+    "06_audit",  # runs only when audit_drafter names a folder (eagle3nb.run)
 ]
-GENERATE, EXTRACT_VLLM, EXTRACT_SGLANG, TRAIN, EVAL, DRIFT = NOTEBOOKS
+GENERATE, EXTRACT_VLLM, EXTRACT_SGLANG, TRAIN, EVAL, DRIFT, AUDIT = NOTEBOOKS
 ALL = tuple(NOTEBOOKS)
 VLLM = (GENERATE, EXTRACT_VLLM, EVAL, DRIFT)  # the notebooks that start vLLM
 RUN_LEVEL = "run"  # read by eagle3nb.run (which notebooks to execute), declared by no notebook
@@ -105,7 +106,7 @@ class InputFields(BaseModel):
     prompts_file: str = _p(
         "eagle3nb/data/prompts_tinystories.txt",
         "one prompt per line; '#' lines ignored (a chat dataset goes in dataset)",
-        [GENERATE],
+        [GENERATE, AUDIT],
     )
     dataset: Optional[str] = _p(
         None,
@@ -120,7 +121,7 @@ class InputFields(BaseModel):
     heldout_fraction: float = _p(
         0.15,
         "share of prompts (or conversations) held out for evaluation (deterministic by text or id hash)",
-        [GENERATE],
+        [GENERATE, AUDIT],
         gt=0,
         lt=1,
     )

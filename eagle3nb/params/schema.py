@@ -9,6 +9,7 @@ from pydantic import ConfigDict, field_validator, model_validator
 
 from eagle3nb.params.fields import (  # noqa: F401  (re-exported: the notebook groups)
     ALL,
+    AUDIT,
     DRIFT,
     EVAL,
     EXTRACT_SGLANG,
@@ -169,18 +170,18 @@ class RunParams(InputFields):
     k: int = _p(
         5,
         "draft tokens per cycle",
-        [TRAIN, EVAL, DRIFT],
+        [TRAIN, EVAL, DRIFT, AUDIT],
         {TRAIN: "draft tokens per cycle of the held-out tau measured during training"},
         ge=1,
     )
     eval_max_new_tokens: int = _p(
         32,
         "tokens generated per held-out prompt",
-        [TRAIN, EVAL, DRIFT],
+        [TRAIN, EVAL, DRIFT, AUDIT],
         {TRAIN: "tokens generated per held-out prompt in the evaluations during training"},
         ge=1,
     )
-    max_eval_prompts: int = _p(6, "cap on held-out prompts (0 for all)", [EVAL, DRIFT], ge=0)
+    max_eval_prompts: int = _p(6, "cap on held-out prompts (0 for all)", [EVAL, DRIFT, AUDIT], ge=0)
     baselines: bool = _p(True, "also evaluate an untrained drafter and the layer offset", [EVAL])
     allow_template_mismatch: bool = _p(
         False, "evaluate although the drafter was trained under another template or target", [EVAL]
@@ -251,6 +252,21 @@ class RunParams(InputFields):
         True,
         "run 05_drift (quantized and other-dtype targets, the train x serve acceptance matrix); False skips that notebook (read by eagle3nb.run)",
         RUN_LEVEL,
+    )
+    # 06_audit
+    audit_drafter: Optional[str] = _p(
+        None,
+        "drafter folder to audit (any format: eagle3nb, SpecForge/SGLang, speculators, vLLM, no ids); None skips 06_audit in eagle3nb.run, and the notebook then audits this run's own drafter",
+        [AUDIT],
+    )
+    audit_engine: Optional[Literal["sglang", "vllm"]] = _p(
+        None, "the engine you serve with (None: both are reported)", [AUDIT]
+    )
+    audit_radius: int = _p(
+        1,
+        "candidate boundary sets: each boundary within this many layers of the declared one (all sets when there are at most 64)",
+        [AUDIT],
+        ge=0,
     )
     vllm_extract: bool = _p(
         True,

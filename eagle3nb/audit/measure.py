@@ -1,0 +1,170 @@
+"""Which boundaries each engine feeds a drafter, the candidate boundary sets, and their acceptance
+measured by the simulator (one target forward per prompt shared by every candidate).
+
+The same weights are evaluated with the target's states at each candidate set of boundaries
+(:func:`eagle3nb.drafter.shared_eval.evaluate_shared`); the set it was trained on is the one where
+its drafts are accepted most (a drafter fed states one layer off loses most of its acceptance:
+vLLM issue 50170, tau 1.04 against 2.77).
+"""
+
+from __future__ import annotations
+
+import itertools
+from math import comb
+from typing import Callable, Sequence
+
+from eagle3nb.drafter.engine_read import read_as_engine
+from eagle3nb.drafter.shared_eval import evaluate_shared
+from eagle3nb.target.engine_rules import engine_rule, known_versions
+
+__all__ = ["ENGINES", "engine_readings", "candidate_sets", "measure_candidates", "verdict"]
+
+ENGINES = ("sglang", "vllm")
+
+
+def engine_readings(cfg: dict, n_layers: int, arch: str, versions: dict) -> dict:
+    """Per engine: the boundaries its version's rule for the target class ``arch`` makes it feed
+    the drafter whose config.json is ``cfg`` (:func:`eagle3nb.drafter.engine_read.read_as_engine`
+    with :func:`eagle3nb.target.engine_rules.engine_rule`).
+
+    Args:
+        versions: ``{engine: installed version or None}`` (None: not installed; the newest version
+            the rule table holds is read instead and ``installed`` is False).
+
+    Returns:
+        ``{engine: {"version", "installed", "rule", "source", "boundaries", "ids_source"}}``, or
+        with ``"refused"`` (why; no ``boundaries``) where the rule table refuses the class or
+        lacks the version, or the ids name no boundary that engine can capture.
+    """
+    out = {}
+    for engine in ENGINES:
+        v = versions.get(engine)
+        rec = {"version": v or known_versions(engine)[-1], "installed": bool(v)}
+        try:
+            rule = engine_rule(engine, rec["version"], arch)
+            rec.update(rule=rule.kind, source=rule.source)
+            if rule.refused:
+                raise ValueError(rule.refused)
+            r = read_as_engine(cfg, engine, n_layers, rule)
+            rec.update(boundaries=r["boundaries"], ids_source=r["ids_source"])
+        except ValueError as e:
+            rec["refused"] = str(e)
+        out[engine] = rec
+    return out
+
+
+def _valid(bs: Sequence[int], n: int) -> bool:
+    return all(0 <= b <= n for b in bs) and all(a < b for a, b in zip(bs, bs[1:]))
+
+
+def candidate_sets(
+    declared: Sequence[int] | None,
+    extra: Sequence[Sequence[int]],
+    n_layers: int,
+    n_aux: int,
+    radius: int = 1,
+    exhaustive_up_to: int = 64,
+) -> list[list[int]]:
+    """The boundary sets to measure: every increasing set with each boundary within ``radius`` of
+    the declared one (the engines' defaults 2, N//2, N-3 stand in when nothing is declared), plus
+    ``extra`` (each engine's reading, defaults; kept even with a repeated boundary, since that is
+    what the engine feeds), or every increasing set of ``n_aux`` boundaries in 0..N when there are
+    at most ``exhaustive_up_to`` of them. Sorted, without repeats, declared first.
+
+    Raises:
+        ValueError: ``radius`` < 0; a declared set of another length than ``n_aux``.
+    """
+    if radius < 0:
+        raise ValueError(f"radius={radius}: must be >= 0")
+    if declared is not None and len(declared) != n_aux:
+        raise ValueError(f"declared boundaries {list(declared)}: the drafter reads {n_aux} states")
+    centre = list(declared) if declared is not None else [2, n_layers // 2, n_layers - 3][:n_aux]
+    if comb(n_layers + 1, n_aux) <= exhaustive_up_to:
+        near = [list(c) for c in itertools.combinations(range(n_layers + 1), n_aux)]
+    else:
+        steps = range(-radius, radius + 1)
+        near = [
+            [b + d for b, d in zip(centre, ds)] for ds in itertools.product(steps, repeat=n_aux)
+        ]
+        near = [bs for bs in near if _valid(bs, n_layers)]
+    out = [list(declared)] if declared is not None and _valid(declared, n_layers) else []
+    for bs in near + [list(x) for x in extra]:
+        if len(bs) == n_aux and all(0 <= b <= n_layers for b in bs) and list(bs) not in out:
+            out.append(list(bs))
+    return out
+
+
+def _label(bs: Sequence[int]) -> str:
+    return "[" + ", ".join(str(b) for b in bs) + "]"
+
+
+def measure_candidates(
+    target,
+    drafter,
+    candidates: Sequence[Sequence[int]],
+    prompts_ids: Sequence[Sequence[int]],
+    k: int,
+    max_new_tokens: int,
+    eos_token_id,
+    progress: Callable | None = None,
+) -> list[dict]:
+    """tau of ``drafter`` fed the target's states at each candidate set (greedy chain, ``k`` drafts
+    per cycle, ``max_new_tokens`` per prompt), one target forward per prompt for all of them.
+
+    Returns:
+        ``[{"boundaries", "label", "tau", "draft_acceptance_rate", "cycles"}]``, best tau first.
+
+    Raises:
+        ValueError: no candidate or no prompt.
+    """
+    if not candidates or not prompts_ids:
+        raise ValueError(
+            f"{len(candidates)} candidate sets and {len(prompts_ids)} prompts: need at least one each"
+        )
+    runs = {_label(bs): (drafter, list(bs)) for bs in candidates}
+    shared = evaluate_shared(
+        target,
+        runs,
+        prompts_ids,
+        k,
+        max_new_tokens,
+        eos_token_id,
+        check_label=None,
+        n_traces={label: 0 for label in runs},
+        progress=progress,
+    )
+    rows = [
+        {
+            "boundaries": list(bs),
+            "label": label,
+            "tau": r["tau"],
+            "draft_acceptance_rate": r["draft_acceptance_rate"],
+            "cycles": r["cycles"],
+        }
+        for label, (_, bs) in runs.items()
+        for r in [shared["results"][label]]
+    ]
+    return sorted(rows, key=lambda r: -r["tau"])
+
+
+def verdict(rows: list[dict], declared: Sequence[int] | None) -> dict:
+    """The measured best set against the declared one.
+
+    Returns:
+        ``{"best", "best_tau", "next_best", "next_tau", "margin" (best - next, tokens/cycle),
+        "declared", "declared_tau" (None when undeclared or not measured), "declared_is_best"}``.
+    """
+    best, nxt = rows[0], (rows[1] if len(rows) > 1 else None)
+    dec = next(
+        (r for r in rows if declared is not None and r["boundaries"] == list(declared)), None
+    )
+    return {
+        "best": best["boundaries"],
+        "best_tau": best["tau"],
+        "next_best": nxt["boundaries"] if nxt else None,
+        "next_tau": nxt["tau"] if nxt else None,
+        "margin": best["tau"] - nxt["tau"] if nxt else None,
+        "declared": list(declared) if declared is not None else None,
+        "declared_tau": dec["tau"] if dec else None,
+        "declared_is_best": declared is not None and best["boundaries"] == list(declared),
+    }
