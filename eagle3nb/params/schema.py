@@ -118,7 +118,11 @@ class RunParams(InputFields):
     export_layer_ids: Literal["trained", "engine_default", "convention"] = _p(
         "trained",
         "ids written for SGLang/vLLM: the trained boundaries by each engine rule for the target class; engine_default (reproduces the layer-id mismatch); convention (generic engine conventions, as hand-written configs: reproduces per-class mismatches)",
-        [TRAIN],
+        [EXTRACT_VLLM, EXTRACT_SGLANG, TRAIN],
+        {
+            EXTRACT_VLLM: "the ids 03 will export (as in 03): the alignment figure marks where each engine reads them",
+            EXTRACT_SGLANG: "the ids 03 will export (as in 03): the alignment figure marks where each engine reads them",
+        },
     )
     bucket_by_length: bool = _p(
         True, "global batches of similar lengths (less padding); False for a plain shuffle", [TRAIN]

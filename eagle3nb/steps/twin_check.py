@@ -93,8 +93,10 @@ def twin_summary(rec: dict) -> dict:
 def export_readings(p: RunParams, manifest: dict) -> dict:
     """For the alignment figure: per installed engine version, the boundaries its rule for the
     target's class reads from the ids the export will write for this dataset's boundaries
-    (:func:`eagle3nb.drafter.engine_read.rule_readings`), as ``{"<engine> <version> reads ids
-    [..]": [boundaries]}``; engines whose ids cannot be written or read are left out."""
+    (:func:`eagle3nb.drafter.engine_read.rule_readings`), as ``{"<engine> <version> reads exported
+    ids [..] as boundaries [..]": [boundaries]}`` (the wording of 03's flag,
+    :func:`eagle3nb.steps.common.export_rule_check`); engines whose ids cannot be written or read
+    are left out. The ids follow ``p.export_layer_ids``, which 02a/02b declare for this."""
     from eagle3nb.drafter.engine_read import rule_readings
     from eagle3nb.steps.common import engine_versions
 
@@ -102,7 +104,7 @@ def export_readings(p: RunParams, manifest: dict) -> dict:
     by_rule = p.export_layer_ids != "convention"
     got = rule_readings(b, b, t["n_layers"], t["architecture"], engine_versions(p), by_rule)
     return {
-        f"{e} {r['version']} reads exported ids {r['ids']}": r["reads"]
+        f"{e} {r['version']} reads exported ids {r['ids']} as boundaries {r['reads']}": r["reads"]
         for e, r in got.items()
         if r.get("reads") is not None
     }

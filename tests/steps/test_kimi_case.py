@@ -90,6 +90,34 @@ def test_sglang_reading_flagged_before_training(kimi, tmp_path):
     assert llama["sglang"]["reads"] == [3, 7, 10]  # the same ids work on a Llama target
 
 
+def test_alignment_figure_marks_what_03_flags(kimi, tmp_path):
+    """02b's alignment figure marks, per engine, where it reads the ids 03 will export: with the
+    params 02b's notebook declares (as eagle3nb.run passes them), SGLang's marker is the flagged
+    [2, 6, 9] of export_layer_ids: convention, labelled in 03's wording (before, 02b did not
+    declare export_layer_ids and marked the default export's [3, 7, 10])."""
+    import papermill as pm
+
+    from eagle3nb import params as params_mod
+    from eagle3nb.steps.twin_check import export_readings
+
+    p, _ = kimi
+    p = p.model_copy(update={"outputs_dir": str(tmp_path)})
+    nb = REPO_ROOT / "notebooks" / "02b_extract_sglang.ipynb"
+    declared = pm.inspect_notebook(str(nb)).keys()
+    seen = params_mod.collect({k: getattr(p, k) for k in declared if hasattr(p, k)})
+    assert seen.export_layer_ids == "convention"
+    man = {"target": {"n_layers": 12, "architecture": "DeepseekV3ForCausalLM"}}
+    man["aux_boundaries"] = [3, 7, 10]
+    marks = export_readings(seen, man)
+    rd = RunDir(p)
+    rd.root.mkdir(parents=True)
+    flags = export_rule_check(p, rd, "DeepseekV3ForCausalLM", 12, [3, 7, 10], [3, 7, 10])
+    if "sglang" not in flags:
+        pytest.skip("SGLang venv absent: its installed version names the reading")
+    assert marks["sglang 0.5.23 reads exported ids [2, 6, 9] as boundaries [2, 6, 9]"] == [2, 6, 9]
+    assert {tuple(v) for v in marks.values()} == {tuple(r["reads"]) for r in flags.values()}
+
+
 def test_what_sglang_would_feed_is_one_layer_shallower(kimi):
     """HF capture (not an engine) at SGLang 0.5.23's reading [2, 6, 9] and at the trained [3, 7, 10]
     on the twin: each slot equals HF hidden_states of its boundary, and the two differ by the
