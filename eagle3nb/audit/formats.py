@@ -33,7 +33,6 @@ from safetensors.torch import load_file, save_file
 
 from eagle3nb.drafter.engine_read import check_config_flags
 from eagle3nb.drafter.export import ARCH
-from eagle3nb.target.conventions import get_convention
 
 __all__ = ["FORMATS", "DrafterFolder", "read_drafter_folder", "check_belongs", "loadable_copy"]
 
@@ -114,20 +113,26 @@ def read_drafter_folder(path: str | os.PathLike, n_layers: int) -> DrafterFolder
     if not isinstance(cfg, dict):
         raise ValueError(f"{p}/config.json is not a JSON object")
     fmt = _detect(cfg)
-    declared, how = None, "no ids in config.json"
-    try:
-        if fmt == "eagle3nb":
-            declared, how = list(cfg["eagle3nb"]["aux_boundaries"]), "eagle3nb.aux_boundaries"
-        elif fmt in ("vllm", "speculators") and cfg.get("eagle_aux_hidden_state_layer_ids"):
-            ids = cfg["eagle_aux_hidden_state_layer_ids"]
-            declared = get_convention("vllm").ids_to_boundaries(ids, n_layers)
-            how = f"eagle_aux_hidden_state_layer_ids={ids} read as vLLM ids (id = boundary)"
-        elif fmt == "sglang":
-            ids = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
-            declared = get_convention("sglang").ids_to_boundaries(ids, n_layers)
-            how = f"eagle_config.eagle_aux_hidden_state_layer_ids={ids} read as SGLang ids (+1)"
-    except ValueError as e:
-        raise ValueError(f"{p}/config.json: {how if declared is None else ''} {e}") from None
+    declared, how, key = None, "no ids in config.json", None
+    if fmt == "eagle3nb":
+        declared, how = list(cfg["eagle3nb"]["aux_boundaries"]), "eagle3nb.aux_boundaries"
+    elif fmt in ("vllm", "speculators") and cfg.get("eagle_aux_hidden_state_layer_ids"):
+        key = "eagle_aux_hidden_state_layer_ids"
+        ids = cfg[key]
+        declared = [int(i) for i in ids]  # vLLM: id L = boundary L (interfaces.py:1601-1611)
+        how = f"{key}={ids} read as vLLM ids (id = boundary)"
+    elif fmt == "sglang":
+        key = "eagle_config.eagle_aux_hidden_state_layer_ids"
+        ids = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+        # SGLang on Llama-like classes: id L = boundary L + 1 (llama.py:929-941); whether SGLang
+        # can capture them is its reading's business (audit.measure.engine_readings)
+        declared = [int(i) + 1 for i in ids]
+        how = f"{key}={ids} read as SGLang ids (boundary = id + 1)"
+    if declared is not None and not all(0 <= b <= n_layers for b in declared):
+        raise ValueError(
+            f"{p}/config.json: {key or how}: boundaries {declared} outside 0..{n_layers} of the "
+            f"target ({n_layers} layers): written for a deeper model?"
+        )
     notes = []
     if fmt == "speculators":
         notes.append(

@@ -14,7 +14,11 @@ from math import comb
 from typing import Callable, Sequence
 
 from eagle3nb.drafter.engine_read import read_as_engine
-from eagle3nb.drafter.shared_eval import evaluate_shared
+import torch
+
+from eagle3nb.drafter.acceptance import AcceptanceStats
+from eagle3nb.drafter.shared_eval import accepted_memo, greedy_states, walk
+from eagle3nb.target.models import as_stop_list
 from eagle3nb.target.engine_rules import engine_rule, known_versions
 
 __all__ = ["ENGINES", "engine_readings", "candidate_sets", "measure_candidates", "verdict"]
@@ -98,6 +102,29 @@ def _label(bs: Sequence[int]) -> str:
     return "[" + ", ".join(str(b) for b in bs) + "]"
 
 
+@torch.no_grad()
+def draft_nll(drafter, full: torch.Tensor, aux: torch.Tensor, start: int, stop: int) -> tuple:
+    """The drafter's first-draft negative log-likelihood of the target's own next tokens, teacher
+    forced over origins [start, stop) (the step-0 forward of
+    :func:`eagle3nb.drafter.acceptance.accepted_counts`, the first term of the TTT loss the drafter
+    was trained to lower); tokens outside the draft vocabulary are left out.
+
+    Returns:
+        ``(sum of nats, tokens counted)``.
+    """
+    dev = aux.device
+    idx = torch.arange(stop, device=dev)
+    _, logits, _ = drafter.step(full[None, 1 : stop + 1], aux[None, :stop], idx[None], [], idx)
+    lp = torch.log_softmax(logits[0, start:].float(), -1)  # [n, draft_vocab]
+    dv = lp.shape[-1]
+    inv = torch.full((drafter.t2d.numel(),), -1, dtype=torch.long, device=dev)
+    inv[torch.arange(dv, device=dev) + drafter.d2t] = torch.arange(dv, device=dev)
+    want = inv[full[start + 2 : stop + 2]]  # [n] draft id of the token after each origin
+    ok = want >= 0
+    n = int(ok.sum())
+    return (-lp[ok].gather(-1, want[ok][:, None]).sum().item() if n else 0.0), n
+
+
 def measure_candidates(
     target,
     drafter,
@@ -109,10 +136,13 @@ def measure_candidates(
     progress: Callable | None = None,
 ) -> list[dict]:
     """tau of ``drafter`` fed the target's states at each candidate set (greedy chain, ``k`` drafts
-    per cycle, ``max_new_tokens`` per prompt), one target forward per prompt for all of them.
+    per cycle, ``max_new_tokens`` per prompt) and its first-draft NLL there (:func:`draft_nll`),
+    one target forward per prompt for all of them: the building blocks of
+    :func:`eagle3nb.drafter.shared_eval.evaluate_shared` (states, then each set's replayed run).
 
     Returns:
-        ``[{"boundaries", "label", "tau", "draft_acceptance_rate", "cycles"}]``, best tau first.
+        ``[{"boundaries", "label", "tau", "draft_acceptance_rate", "cycles", "nll" (nats per
+        token)}]``, best tau first.
 
     Raises:
         ValueError: no candidate or no prompt.
@@ -121,44 +151,64 @@ def measure_candidates(
         raise ValueError(
             f"{len(candidates)} candidate sets and {len(prompts_ids)} prompts: need at least one each"
         )
-    runs = {_label(bs): (drafter, list(bs)) for bs in candidates}
-    shared = evaluate_shared(
-        target,
-        runs,
-        prompts_ids,
-        k,
-        max_new_tokens,
-        eos_token_id,
-        check_label=None,
-        n_traces={label: 0 for label in runs},
-        progress=progress,
-    )
-    rows = [
-        {
-            "boundaries": list(bs),
-            "label": label,
-            "tau": r["tau"],
-            "draft_acceptance_rate": r["draft_acceptance_rate"],
-            "cycles": r["cycles"],
-        }
-        for label, (_, bs) in runs.items()
-        for r in [shared["results"][label]]
-    ]
+    sets = {_label(bs): list(bs) for bs in candidates}
+    stats = {label: AcceptanceStats(k) for label in sets}
+    nll = {label: [0.0, 0] for label in sets}
+    stops = set(as_stop_list(eos_token_id))
+    bnds = sorted({b for bs in sets.values() for b in bs})
+    dev = next(drafter.parameters()).device
+    for q in progress(prompts_ids) if progress else prompts_ids:
+        full, st, _ = greedy_states(target, q, max_new_tokens + k, bnds)
+        fd, p = full.to(dev), len(q)
+        for label, bs in sets.items():
+            aux = torch.cat([st[b] for b in bs], dim=-1).to(dev)  # [p + n, n_aux*Ht]
+            memo = accepted_memo(drafter, fd, aux, p, k, max_new_tokens)
+            stats[label].merge(walk(drafter, fd, aux, p, k, max_new_tokens, stops, None, memo)[1])
+            s, n = draft_nll(drafter, fd, aux, p - 1, p + max_new_tokens - 2)
+            nll[label][0] += s
+            nll[label][1] += n
+    rows = []
+    for label, bs in sets.items():
+        r = stats[label].summary()
+        rows.append(
+            {
+                "boundaries": bs,
+                "label": label,
+                "tau": r["tau"],
+                "draft_acceptance_rate": r["draft_acceptance_rate"],
+                "cycles": r["cycles"],
+                "nll": nll[label][0] / max(nll[label][1], 1),
+            }
+        )
     return sorted(rows, key=lambda r: -r["tau"])
 
 
 def verdict(rows: list[dict], declared: Sequence[int] | None) -> dict:
-    """The measured best set against the declared one.
+    """What the measurements say against the declared set.
+
+    ``trained_on``: the set where the drafter's first-draft NLL is lowest (the objective it was
+    trained to lower; continuous, so it separates sets whose tau ties within a few cycles);
+    ``best``: the set of highest tau (what serving gets).
 
     Returns:
-        ``{"best", "best_tau", "next_best", "next_tau", "margin" (best - next, tokens/cycle),
-        "declared", "declared_tau" (None when undeclared or not measured), "declared_is_best"}``.
+        ``{"trained_on", "trained_nll", "nll_next", "nll_next_set", "nll_margin" (nats/token),
+        "trained_tau", "best", "best_tau", "next_best", "next_tau", "margin" (best - next tau,
+        tokens/cycle), "declared", "declared_tau", "declared_nll" (None when undeclared or not
+        measured), "declared_is_trained"}``.
     """
     best, nxt = rows[0], (rows[1] if len(rows) > 1 else None)
+    by_nll = sorted(rows, key=lambda r: r["nll"])
+    tr, tr2 = by_nll[0], (by_nll[1] if len(by_nll) > 1 else None)
     dec = next(
         (r for r in rows if declared is not None and r["boundaries"] == list(declared)), None
     )
     return {
+        "trained_on": tr["boundaries"],
+        "trained_nll": tr["nll"],
+        "trained_tau": tr["tau"],
+        "nll_next_set": tr2["boundaries"] if tr2 else None,
+        "nll_next": tr2["nll"] if tr2 else None,
+        "nll_margin": tr2["nll"] - tr["nll"] if tr2 else None,
         "best": best["boundaries"],
         "best_tau": best["tau"],
         "next_best": nxt["boundaries"] if nxt else None,
@@ -166,5 +216,6 @@ def verdict(rows: list[dict], declared: Sequence[int] | None) -> dict:
         "margin": best["tau"] - nxt["tau"] if nxt else None,
         "declared": list(declared) if declared is not None else None,
         "declared_tau": dec["tau"] if dec else None,
-        "declared_is_best": declared is not None and best["boundaries"] == list(declared),
+        "declared_nll": dec["nll"] if dec else None,
+        "declared_is_trained": declared is not None and tr["boundaries"] == list(declared),
     }

@@ -9,12 +9,13 @@ __all__ = ["audit_figure"]
 
 
 def audit_figure(result: dict) -> go.Figure:
-    """Bars of tau (tokens per cycle) per candidate boundary set, best first; the declared set and
-    the measured best coloured and named in the legend, each engine's reading named on its bar.
+    """Bars of tau (tokens per cycle) per candidate boundary set, highest first; the declared set,
+    the measured one (``verdict["trained_on"]``: lowest first-draft NLL) and the highest-tau set
+    where it differs coloured and named in the legend, each engine's reading named on its bar.
 
     Args:
-        result: ``{"candidates": [{"boundaries", "label", "tau"}] best first, "verdict": {"best",
-            "declared"}, "readings": {engine: {"boundaries"?, "version"}}, "k", "prompts"}``.
+        result: ``{"candidates": [{"boundaries", "label", "tau"}] best first, "verdict": {"trained_on",
+            "best", "declared"}, "readings": {engine: {"boundaries"?, "version"}}, "k", "prompts"}``.
 
     Raises:
         ValueError: no candidate in ``result``.
@@ -29,20 +30,23 @@ def audit_figure(result: dict) -> go.Figure:
             feeds.setdefault(str(r["boundaries"]), []).append(f"{e} {r['version']}")
     kinds = []
     for r in rows:
-        b = r["boundaries"]
+        b, dec = r["boundaries"], v.get("declared")
         kinds.append(
-            "declared and measured best"
-            if b == v["best"] and b == v.get("declared")
-            else "measured best"
-            if b == v["best"]
+            "declared = measured"
+            if b == v["trained_on"] and b == dec
+            else "measured (trained on)"
+            if b == v["trained_on"]
             else "declared"
-            if b == v.get("declared")
+            if b == dec
+            else "highest tau"
+            if b == v["best"]
             else "other candidates"
         )
     colours = {
-        "measured best": "#2ca02c",
+        "measured (trained on)": "#2ca02c",
         "declared": "#d62728",
-        "declared and measured best": "#1f77b4",
+        "declared = measured": "#1f77b4",
+        "highest tau": "#ff7f0e",
         "other candidates": "#bbbbbb",
     }
     fig = go.Figure()
@@ -56,8 +60,10 @@ def audit_figure(result: dict) -> go.Figure:
             name=kind,
             marker_color=colour,
             text=[", ".join(feeds.get(str(rows[i]["boundaries"]), [])) for i in idx],
+            customdata=[rows[i].get("nll") for i in idx],
             textposition="outside",
-            hovertemplate="boundaries %{x}<br>tau %{y:.3f}<br>%{text}<extra></extra>",
+            hovertemplate="boundaries %{x}<br>tau %{y:.3f}<br>first-draft NLL %{customdata:.4f}"
+            "<br>%{text}<extra></extra>",
         )
     fig.update_layout(
         title=f"tau per candidate boundary set (k={result.get('k')}, {result.get('prompts')} "
