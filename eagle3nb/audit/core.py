@@ -107,7 +107,7 @@ def run_audit(
             r["tau"] = next(
                 (x["tau"] for x in rows if x["boundaries"] == r.get("boundaries")), None
             )
-            r["feeds_trained"] = r.get("boundaries") == v["trained_on"]
+            r["feeds_recommended"] = r.get("boundaries") == v["recommended"]
         result = {
             "drafter": str(folder.path),
             "target": str(path),
@@ -140,10 +140,11 @@ def _write(result: dict, loadable: Path, out: Path, n: int, arch: str, target: s
     out.mkdir(parents=True, exist_ok=True)
     v = result["verdict"]
     record = {"source": result["drafter"], "format": result["format"], "declared": v["declared"]}
-    record.update(trained_on=v["trained_on"], nll_margin=v["nll_margin"], tau=v["trained_tau"])
+    record.update(recommended=v["recommended"], why=v["why"], trained_on=v["trained_on"])
+    record.update(nll_margin=v["nll_margin"], tau=v["trained_tau"])
     record.update(declared_tau=v["declared_tau"], best_tau_set=v["best"], best_tau=v["best_tau"])
     dst = out / "drafter"
-    served = write_patched(loadable, dst, v["trained_on"], n, arch, result["readings"], record)
+    served = write_patched(loadable, dst, v["recommended"], n, arch, result["readings"], record)
     result["patched"] = {"folder": str(dst), "engines": served}
     result["commands"] = commands(target, str(dst), k, served)
     (out / "serve_commands.json").write_text(json.dumps(result["commands"], indent=2) + "\n")
@@ -164,6 +165,7 @@ def summary_lines(result: dict) -> list[str]:
         f"highest tau: {v['best']} tau {_f(v['best_tau'])}; next {v['next_best']} tau "
         f"{_f(v['next_tau'])} (margin {_f(v['margin'])}) over {result['prompts']} prompts, k="
         f"{result['k']}",
+        f"recommended: {v['recommended']} ({v['why']})",
     ]
     for e, r in result["readings"].items():
         if result["engine"] and e != result["engine"]:

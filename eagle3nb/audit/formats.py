@@ -205,8 +205,8 @@ def check_belongs(folder: DrafterFolder, target_cfg: dict, tokenizer_size: int) 
             f"{where}: eagle3nb.target_num_hidden_layers={n} but the target has "
             f"{target_cfg['num_hidden_layers']} layers: exported for another target"
         )
-    width = (c.get("num_aux_hidden_states") or 3) * int(c[key])
-    check_config_flags(c, where, width // int(c[key]))
+    # aux states the fc reads: the config's count, else both engines' default of 3
+    check_config_flags(c, where, int(c.get("num_aux_hidden_states") or 3))
 
 
 def loadable_copy(folder: DrafterFolder, out_dir: str | os.PathLike) -> Path:

@@ -190,8 +190,11 @@ def verdict(rows: list[dict], declared: Sequence[int] | None) -> dict:
     trained to lower; continuous, so it separates sets whose tau ties within a few cycles);
     ``best``: the set of highest tau (what serving gets).
 
+    ``recommended``: the set the corrected copy writes (:func:`_recommend`), ``why``: in words.
+
     Returns:
-        ``{"trained_on", "trained_nll", "nll_next", "nll_next_set", "nll_margin" (nats/token),
+        ``{"recommended", "why", "trained_on", "trained_nll", "nll_next", "nll_next_set",
+        "nll_margin" (nats/token),
         "trained_tau", "best", "best_tau", "next_best", "next_tau", "margin" (best - next tau,
         tokens/cycle), "declared", "declared_tau", "declared_nll" (None when undeclared or not
         measured), "declared_is_trained"}``.
@@ -202,7 +205,10 @@ def verdict(rows: list[dict], declared: Sequence[int] | None) -> dict:
     dec = next(
         (r for r in rows if declared is not None and r["boundaries"] == list(declared)), None
     )
+    rec, why = _recommend(tr, dec)
     return {
+        "recommended": rec,
+        "why": why,
         "trained_on": tr["boundaries"],
         "trained_nll": tr["nll"],
         "trained_tau": tr["tau"],
@@ -219,3 +225,25 @@ def verdict(rows: list[dict], declared: Sequence[int] | None) -> dict:
         "declared_nll": dec["nll"] if dec else None,
         "declared_is_trained": declared is not None and tr["boundaries"] == list(declared),
     }
+
+
+def _recommend(tr: dict, dec: dict | None) -> tuple[list[int], str]:
+    """The set the corrected copy makes the engines feed: the NLL's set when nothing is declared,
+    when it is the declared set, or when it also accepts more than the declared set (both measures
+    agree); otherwise the declared set is kept (a weakly trained drafter's NLL can prefer states
+    nearer the output over the ones it was trained on: the smoke run's drafter, trained at
+    [1, 2, 4], has its lowest NLL at [1, 2, 5] but accepts less there)."""
+    if dec is None:
+        return tr["boundaries"], "no ids declared: the set of lowest first-draft NLL"
+    if tr["boundaries"] == dec["boundaries"]:
+        return dec["boundaries"], "the declared set has the lowest first-draft NLL"
+    if tr["tau"] > dec["tau"]:
+        return tr["boundaries"], (
+            f"{tr['boundaries']} has a lower first-draft NLL ({tr['nll']:.4f} < {dec['nll']:.4f}) "
+            f"and a higher tau ({tr['tau']:.3f} > {dec['tau']:.3f}) than the declared set"
+        )
+    return dec["boundaries"], (
+        f"inconclusive, the declared set is kept: {tr['boundaries']} has a lower first-draft NLL "
+        f"({tr['nll']:.4f} < {dec['nll']:.4f}) but not a higher tau ({tr['tau']:.3f} <= "
+        f"{dec['tau']:.3f}); measure on more prompts (max_eval_prompts) to decide"
+    )

@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from eagle3nb.audit.core import heldout_prompt_ids, run_audit
 from eagle3nb.audit.formats import check_belongs, loadable_copy, read_drafter_folder
+from eagle3nb.audit.measure import verdict
 from eagle3nb.drafter.acceptance import draft_chain
 from eagle3nb.drafter.engine_read import read_as_engine
 from eagle3nb.drafter.export import load_drafter
@@ -89,7 +90,7 @@ def test_wrong_ids_are_found_and_corrected(trained_export, target, held, tmp_pat
     v = r["verdict"]
     assert v["declared"] == declared
     assert v["trained_on"] == TRAINED, (case, sorted(r["candidates"], key=lambda c: c["nll"])[:3])
-    assert v["nll_margin"] > 0
+    assert v["nll_margin"] > 0 and v["recommended"] == TRAINED
     if declared is not None:  # the published ids cost acceptance
         assert v["declared_tau"] < v["trained_tau"] and v["declared_nll"] > v["trained_nll"]
     assert TRAINED in [c["boundaries"] for c in r["candidates"]]
@@ -112,6 +113,40 @@ def test_wrong_ids_are_found_and_corrected(trained_export, target, held, tmp_pat
     assert names & {"measured (trained on)", "declared = measured"} and sum(
         len(t.y) for t in fig.data
     ) == len(r["candidates"])
+
+
+def test_own_export_keeps_its_boundaries(trained_export, target, held, tmp_path):
+    r = run_audit(
+        trained_export,
+        target[2],
+        tmp_path / "out",
+        None,
+        held,
+        4,
+        48,
+        versions=VERSIONS,
+        target=target,
+    )
+    v = r["verdict"]
+    assert r["format"] == "eagle3nb" and v["declared"] == v["recommended"] == TRAINED
+    assert all(r["readings"][e]["boundaries"] == TRAINED for e in VERSIONS)  # exported by rule
+
+
+def _row(bs, tau, nll):
+    return {"boundaries": bs, "label": str(bs), "tau": tau, "nll": nll}
+
+
+def test_verdict_switches_only_when_nll_and_tau_agree():
+    # NLL favours [1, 2, 5], tau the declared [1, 2, 4]: the declared set is kept (the smoke run's
+    # drafter, weakly trained, measured this way)
+    rows = [_row([1, 3, 4], 1.54, 3.10), _row([1, 2, 4], 1.50, 3.06), _row([1, 2, 5], 1.48, 3.03)]
+    v = verdict(rows, [1, 2, 4])
+    assert (v["trained_on"], v["best"], v["recommended"]) == ([1, 2, 5], [1, 3, 4], [1, 2, 4])
+    assert v["why"].startswith("inconclusive")
+    rows[2]["tau"] = 1.51  # now [1, 2, 5] also accepts more than the declared set
+    assert verdict(sorted(rows, key=lambda r: -r["tau"]), [1, 2, 4])["recommended"] == [1, 2, 5]
+    assert verdict(rows, None)["recommended"] == [1, 2, 5]  # nothing declared: the NLL's set
+    assert abs(verdict(rows, [1, 2, 4])["nll_margin"] - 0.03) < 1e-12
 
 
 def _mutate(export, dst, cfg_change=None, sd_change=None):
