@@ -1,12 +1,14 @@
 """params/kimi_case.yaml, the parts that run in seconds: the tiny DeepSeek-V3 twin is built at run
 time from eagle3nb/data/deepseek_v3.config.json (no download; MLA ranks, YaRN and router kept),
-preflight accepts the run (HF captures; neither engine captures DeepSeek on this CPU and preflight
-refuses both there, tests/test_cpu_refusals.py), and before training the export's SGLang ids are flagged: SGLang 0.5.23 reads them for this
-class as boundaries [2, 6, 9] (first id not 1: unshifted) while the drafter is trained on [3, 7, 10];
-the same ids on a Llama target read as trained. What SGLang would feed is HF's residual stream at
-[2, 6, 9] on the twin (HF capture at SGLang's rule, labelled so), one layer off from the trained
-states at every slot. The run itself (vLLM capture, training, simulator acceptance as served):
-`python -m eagle3nb.run params/kimi_case.yaml`."""
+preflight accepts the run (HF captures; vLLM 0.32.0 could capture it with CPU_MLA, SGLang's CPU MLA
+is refused, tests/test_cpu_refusals.py; no engine serves its drafter here), and before training the
+export's SGLang ids are flagged: SGLang 0.5.23 reads them for this class as boundaries [2, 6, 9]
+(first id not 1: unshifted) while the drafter is trained on [3, 7, 10]; the same ids on a Llama
+target read as trained. What SGLang would feed is HF's residual stream at [2, 6, 9] on the twin (HF
+capture at SGLang's rule, labelled so), one layer off from the trained states at every slot. The run
+itself (HF capture, training, simulator acceptance as served), shortened here: `python -m
+eagle3nb.run params/kimi_case.yaml`; its acceptance cost of the mismatch is within seed noise on
+this twin (README), so the shortened run checks what was fed, not which tau is higher."""
 
 import json
 
@@ -184,9 +186,16 @@ def test_run_flags_and_measures_the_sglang_reading(kimi_run):
     assert st["served_boundaries"] == {"sglang": [2, 6, 9], "vllm": [3, 7, 10]}
     served = "trained, as served (ids -> [2, 6, 9])"
     assert st["engines"][served].startswith("eagle3nb simulator")  # never labelled as an engine
+    assert st["boundaries_fed"][served] == [2, 6, 9] and st["boundaries_fed"]["trained"] == [
+        3,
+        7,
+        10,
+    ]
     print(f"\nkimi case: tau trained {st['tau']['trained']:.3f}, as SGLang 0.5.23 serves it "
           f"{st['tau'][served]:.3f}; per position {st['per_position_acceptance']}")  # fmt: skip
-    assert st["tau"]["trained"] > st["tau"][served]
+    # trained vs as served is NOT compared: on this random-weight twin their difference is within
+    # seed noise (README, "The same failure on DeepSeek / Kimi"); the drafter did learn, though
+    assert st["tau"]["trained"] > st["tau"]["untrained"] + 0.3
 
 
 def test_default_export_writes_ids_sglang_reads_as_meant(kimi, tmp_path):
