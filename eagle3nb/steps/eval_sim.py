@@ -184,11 +184,15 @@ def _engine_results(p, runs, served, bnds, results, engines_of, blocks, sim, hel
         for r in mine:
             if r["k"] == p.k and r["batch_size"] == b0 and r["category"] == HELDOUT:
                 label = f"{r['drafter']}, served by {name}"
+                c = r["counters"]  # unrounded, from the engine's own counters
+                nd = max(c["num_drafts"], 1)
                 results[label] = dict(
                     r,
+                    tau=1 + c["num_accepted_tokens"] / nd,
+                    per_position_acceptance=[a / nd for a in c["accepted_per_pos"][: p.k]],
                     traces=[],
                     greedy_mismatches=[],
-                    draft_acceptance_rate=(r["tau"] - 1) / p.k,
+                    draft_acceptance_rate=c["num_accepted_tokens"] / nd / p.k,
                 )
                 engines_of[label] = (
                     f"{engine} {block['engine_version']} (its own EAGLE-3 serving and counters)"
