@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in out["files"]:
             if r["rc"]:
                 print(f"FAILED {r['file']} (rc {r['rc']}, {r['seconds']} s):", file=sys.stderr)
-                print("\n".join("    " + ln for ln in r["output_tail"][-12:]), file=sys.stderr)
+                tail = [ln for ln in r["output_tail"] if ln.strip() and "│" not in ln]
+                print("\n".join("    " + ln for ln in tail[-12:]), file=sys.stderr)
         print(f"params files that failed: {', '.join(failed)}", file=sys.stderr)
         return 1
     print(f"all {len(files)} params files ran (rc 0)")
