@@ -1,4 +1,5 @@
-"""vLLM in the workbook, notebook side: parameters, start, speed and served acceptance.
+"""vLLM in the workbook, notebook side: parameters, start and speed (served acceptance:
+:mod:`eagle3nb.steps.eval_served`, for every engine).
 
 The engine itself runs behind :class:`eagle3nb.engines.client.EngineClient` (its own venv, or this
 process when ``vllm_python: ""``); the backend is :mod:`eagle3nb.engines.vllm_backend`. Used by
@@ -22,15 +23,7 @@ __all__ = [
     "TimedCapture",
     "measure_speed",
     "speed_settings",
-    "served_acceptance",
 ]
-
-SPEED_NOTE = (
-    "tokens/s of one batch of all prompts, vLLM with and without the drafter in the same run. "
-    "Speculative decoding pays off when a target forward is memory-bound and costs far more than "
-    "the drafter's; a 260K-parameter target on CPU costs about as much as its drafter and is not "
-    "memory-bound, so no GPU-like speedup shows here (a ratio near or below 1 is expected)"
-)
 
 # keys the vLLM backend reads from ``vllm_options`` (eagle3nb/engines/vllm_backend.py docstring)
 VLLM_OPTION_KEYS = {"max_model_len", "kv_cache_gib", "enforce_eager", "llm_kwargs", "max_num_seqs"}
@@ -279,56 +272,3 @@ def measure_speed(
         ),
         **({"hidden_states_transport": how} if how else {}),
     }
-
-
-def served_acceptance(
-    client,
-    drafter_dir,
-    prompts,
-    k: int,
-    max_new_tokens: int,
-    stop_token_ids,
-    hf_greedy: Sequence[Sequence[int]] | None = None,
-) -> dict:
-    """Serve the exported drafter with vLLM (EAGLE-3, greedy) and summarise vLLM's own counters in
-    the simulator's format (:meth:`eagle3nb.drafter.acceptance.AcceptanceStats.summary` keys).
-
-    Returns:
-        ``tau``, ``per_position_acceptance``, ``draft_acceptance_rate``, ``cycles`` (= vLLM
-        ``num_drafts``), ``emitted_tokens``, ``counters`` (vLLM's raw numbers),
-        ``greedy_mismatches`` (prompts whose served output differs from vLLM's plain greedy
-        output), ``hf_mismatches`` (vs ``hf_greedy`` when given), ``tokens_per_s`` (served with
-        the drafter), ``plain_tokens_per_s`` (vLLM without it, same prompts, same run),
-        ``speedup`` (their ratio), ``speed_note``. Each engine serves one short warm-up request
-        first; engine starts are not timed.
-    """
-    client.serve_acceptance(drafter_dir, [list(prompts[0])], k, 2, stop_token_ids)  # warm-up
-    r = client.serve_acceptance(drafter_dir, prompts, k, max_new_tokens, stop_token_ids)
-    client.generate([list(prompts[0])], 2, stop_token_ids, 0.0, 1.0, 0)  # plain engine, warm-up
-    t0 = time.perf_counter()
-    plain = client.generate(prompts, max_new_tokens, stop_token_ids, 0.0, 1.0, 0)
-    plain_s = time.perf_counter() - t0
-    plain_tps = sum(len(o) for o in plain) / plain_s if plain_s else None
-    out = {
-        "k": int(k),
-        "cycles": r["num_drafts"],
-        "per_position_acceptance": r["per_position_acceptance"],
-        "tau": r["tau"],
-        "draft_acceptance_rate": r["draft_acceptance_rate"],
-        "emitted_tokens": sum(len(o) for o in r["outputs"]),
-        "counters": {
-            key: r[key]
-            for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos")
-        },
-        "greedy_mismatches": [i for i, (a, b) in enumerate(zip(r["outputs"], plain)) if a != b],
-        "tokens_per_s": r["tokens_per_s"],
-        "plain_tokens_per_s": plain_tps,
-        "speedup": r["tokens_per_s"] / plain_tps if r["tokens_per_s"] and plain_tps else None,
-        "speed_note": SPEED_NOTE,
-        "outputs": r["outputs"],
-    }
-    if hf_greedy is not None:
-        out["hf_mismatches"] = [
-            i for i, (a, b) in enumerate(zip(r["outputs"], hf_greedy)) if list(a) != list(b)
-        ]
-    return out

@@ -41,9 +41,12 @@ SIMULATOR_METHOD = (
 )
 
 
-def simulate(p, rd, path, device, prompts, turns, eos, served, bnds, n, dman, records, progress):
+def simulate(
+    p, rd, path, device, prompts, turns, eos, served, bnds, n, dman, records, progress, tok
+):
     """The simulator over the held-out prompts (trained, as served, baselines; the k sweep) and,
-    with ``records``, over the benchmark's prompts turn by turn (histories: HF greedy answers).
+    with ``records``, over the benchmark's prompts turn by turn (histories: HF greedy answers),
+    rendered with ``tok`` (the tokenizer 04 already loaded).
 
     Returns:
         ``{"results", "shared", "sweep", "bench_prompts": (ids, categories, keys), "bench":
@@ -76,7 +79,7 @@ def simulate(p, rd, path, device, prompts, turns, eos, served, bnds, n, dman, re
         def ans(qs):
             return [greedy_generate(model, q, p.eval_max_new_tokens, eos) for q in qs]
 
-        ids, cats, keys = bench_prompts(p, _tok(path), records, ans)
+        ids, cats, keys = bench_prompts(p, tok, records, ans)
         both = {k: v for k, v in runs.items() if k in ("trained", OFFSET)}
         b = evaluate_shared(
             model,
@@ -94,10 +97,6 @@ def simulate(p, rd, path, device, prompts, turns, eos, served, bnds, n, dman, re
             for label, r in b["results"].items()
         }
     return out
-
-
-def _tok(path):
-    return models.load_tokenizer(path)
 
 
 def _runs(p: RunParams, model, drafter, dman: dict, bnds, n: int, served: dict) -> dict:
@@ -230,7 +229,8 @@ def assemble(
             f"eval_engines={p.eval_engines}: nobody measured acceptance here ({left_out}); list "
             "an engine that runs here, or the simulator"
         )
-    table_rows = (_sim_runs(p, sim) if sim else []) + runs
+    sim_rows = _sim_runs(p, sim) if sim else []
+    table_rows = sim_rows + runs
     stats = _stats(p, rd, dman, results, engines_of, served, bnds, held_n, secs)
     stats["served_by"] = blocks
     stats["served"] = {
@@ -238,7 +238,7 @@ def assemble(
         "left_out": left_out,
         "dataset": dblock,
         "runs": runs,
-        "simulator_runs": _sim_runs(p, sim) if sim else [],
+        "simulator_runs": sim_rows,
         "table": served_table(table_rows),
         "batch_sizes": list(p.eval_batch_sizes),
         "ks": sorted({r["k"] for r in runs} | {p.k}),

@@ -94,7 +94,7 @@ def _eval(p: RunParams, progress: bool) -> dict:
     sim = None
     if "simulator" in engines:
         sim = eval_sim.simulate(
-            p, rd, path, device, prompts, turns, eos, served, bnds, n, dman, records, progress
+            p, rd, path, device, prompts, turns, eos, served, bnds, n, dman, records, progress, tok
         )
     secs = time.time() - t0
     prompt_set = (
