@@ -53,6 +53,14 @@ ENGINE_SIDE_THIRD_PARTY = {
     "sgl_kernel",
 }  # psutil, sgl_kernel: SGLang's own
 MAX_MODULE_LINES = 400
+# Files allowed past MAX_MODULE_LINES, up to LISTED_MODULE_MAX, each with a one-line reason: a
+# module that reads as one concern is better whole than split by size (issue 36).
+LISTED_MODULE_MAX = 600
+LONG_MODULES: dict[str, str] = {
+    "eagle3nb/drafter/model.py": "the drafter in one readable file, every flavour of its head",
+    "eagle3nb/training/loop.py": "one training loop, start to end, resume and init included",
+    "eagle3nb/steps/train.py": "03's one step: checks, loop, export, card",
+}
 MAX_STEP_FUNCTION_LINES = 80
 
 
@@ -296,13 +304,24 @@ def test_engine_side_imports_only_stdlib_torch_safetensors_and_the_engine():
 
 def test_no_module_over_400_lines():
     long = {m: len(p.read_text().splitlines()) for m, p in MODULES.items()}
-    over = [
-        f"  {MODULES[m].relative_to(REPO)}: {n} lines"
-        for m, n in long.items()
-        if n > MAX_MODULE_LINES
-    ]
+    over = []
+    for m, n in long.items():
+        rel = str(MODULES[m].relative_to(REPO))
+        cap = LISTED_MODULE_MAX if rel in LONG_MODULES else MAX_MODULE_LINES
+        if n > cap:
+            over.append(f"  {rel}: {n} lines (cap {cap})")
     if over:
-        _fail(f"modules over {MAX_MODULE_LINES} lines (split by concern):\n" + "\n".join(over))
+        _fail(
+            f"modules over {MAX_MODULE_LINES} lines, or over {LISTED_MODULE_MAX} for those in "
+            "LONG_MODULES (split by concern, or list the file with a one-line reason):\n"
+            + "\n".join(over)
+        )
+
+
+def test_long_modules_listed_exist_with_reason():
+    for rel, why in LONG_MODULES.items():
+        assert (REPO / rel).is_file(), f"LONG_MODULES names {rel}, which does not exist"
+        assert why.strip(), f"LONG_MODULES: {rel} needs a one-line reason"
 
 
 def _long_functions(path: Path, limit: int) -> list[str]:
