@@ -43,6 +43,7 @@ drafter/            the EAGLE-3 draft model and what is done with it
     export          export for SGLang and vLLM, load back (refusing broken folders)
     export_ids      the ids written per engine: its rule for the target class, or its convention
     engine_read     read an exported config as each serving engine does; what it ignores
+    flavours        which engine version reads which variant flag (EAGLE-3.1 flavours)
     acceptance      greedy chain speculative decoding with the real target (the simulator)
     ksweep          tau and acceptance for every k' <= k from drafts at every position (exact)
     shared_eval     04's simulator: one target forward per prompt shared by every drafter

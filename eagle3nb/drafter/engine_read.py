@@ -36,9 +36,13 @@ Drafter variants (both engines implement them; the flag lookups are the same in 
   writes the top-level key alone; :func:`check_config_flags` refuses a nested one that disagrees.
 - ``norm_output`` (EAGLE-3.1): top-level only, vLLM ``llama_eagle3.py:252`` (speculators reader
   ``algos.py:38``), SGLang ``llama_eagle3.py:207``.
-- ``fc_norm`` (per-aux RMSNorms ``fc_norm.{i}.weight``; SGLang also ``use_aux_norm``): both engines
-  implement it (vLLM ``llama_eagle3.py:231-240, 411-416``; SGLang ``185-196, 241-246``), eagle3nb
-  does not: :func:`check_config_flags` refuses a file that sets it.
+- ``fc_norm`` (per-aux RMSNorms ``fc_norm.{i}.weight``, EAGLE-3.1 of the EAGLE authors/SGLang/
+  SpecForge): top-level only, vLLM ``llama_eagle3.py:231-240, 411-416`` (speculators reader
+  ``algos.py:37``), SGLang ``185-196, 241-246``. SGLang also reads ``use_aux_norm`` as its legacy
+  name, vLLM does not: a file setting ``use_aux_norm`` without ``fc_norm`` is refused (the engines
+  would serve two functions); SGLang's legacy weight names ``aux_norm_low/mid/high`` are read as
+  ``fc_norm.0/1/2`` as SGLang reads them (``337-343``).
+- Which engine versions read which variant flag: :mod:`eagle3nb.drafter.flavours`.
 - ``norm_before_residual``: vLLM ``llama_eagle3.py:101-104``; SGLang 0.5.23 does not read it
   (its residual is the un-normed hidden, ``llama_eagle3.py:97-102``). vLLM's speculators reader
   assumes True when the key is absent (``algos.py:33-35``), its plain reader False.
@@ -80,6 +84,7 @@ ENGINE_READS = {
             "rope_theta",
             "norm_before_fc",
             "norm_output",
+            "fc_norm",
         },
     },
     "vllm": {
@@ -97,19 +102,17 @@ ENGINE_READS = {
             "norm_before_residual",
             "norm_before_fc",
             "norm_output",
+            "fc_norm",
         },
     },
 }
-# value an engine assumes for a flag it does not read (or when the key is absent)
-ENGINE_ASSUMES = {"norm_before_residual": False, "norm_before_fc": False, "norm_output": False}
-
 # Behavioural flags eagle3nb's drafter implements (trained with, honoured by the simulator).
-IMPLEMENTED_FLAGS = ("norm_before_residual", "norm_before_fc", "norm_output")
+IMPLEMENTED_FLAGS = ("norm_before_residual", "norm_before_fc", "norm_output", "fc_norm")
+# value an engine assumes for a flag it does not read (or when the key is absent)
+ENGINE_ASSUMES = dict.fromkeys(IMPLEMENTED_FLAGS, False)
 # Flags the engines act on that eagle3nb does not implement -> the value under which they change
 # nothing (vLLM 0.32.0 / SGLang 0.5.23 model_executor|srt/models/llama_eagle3.py lines):
 UNIMPLEMENTED_FLAGS = {
-    "fc_norm": False,  # per-aux RMSNorms before fc: vLLM 231-240, SGLang 185-196
-    "use_aux_norm": False,  # SGLang's legacy name of fc_norm (185-187)
     "bias": False,  # bias on fc: SGLang 166
     "attention_bias": False,  # q/k/v bias: vLLM 85; SGLang through llama.py:339
     "qkv_bias": False,  # vLLM llama.py:268-274, SGLang llama.py:339-341
@@ -132,6 +135,7 @@ _READ_OR_INERT = {
     "initializer_range", "use_cache", "attention_dropout", "pretraining_tp", "eagle_config",
     "eagle_aux_hidden_state_layer_ids", "eagle3nb", "speculators_model_type",
     "speculators_config", "transformer_layer_config", "speculators_version",
+    "use_aux_norm",  # SGLang's legacy fc_norm (185-187): checked against fc_norm below
 }  # fmt: skip
 _EAGLE_CONFIG_KEYS = {"eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state", "norm_before_fc"}
 
@@ -313,7 +317,8 @@ def check_config_flags(cfg: dict, where: str, n_aux: int) -> dict:
             fc takes (its width / target_hidden_size).
 
     Returns:
-        ``{"norm_before_residual", "norm_before_fc", "norm_output"}`` as the engines resolve them
+        ``{"norm_before_residual", "norm_before_fc", "norm_output", "fc_norm"}`` as the engines
+        resolve them
         (``norm_before_fc``: nested ``eagle_config`` first, as both engines do).
 
     Raises:
@@ -322,7 +327,8 @@ def check_config_flags(cfg: dict, where: str, n_aux: int) -> dict:
             be inert; ``eagle_config.use_aux_hidden_state`` false; a nested ``norm_before_fc``
             that disagrees with the top-level one (vLLM's speculators reader takes the top-level,
             its plain reader and SGLang the nested); ``norm_before_residual`` absent from a
-            speculators-format file (vLLM assumes True there, False elsewhere).
+            speculators-format file (vLLM assumes True there, False elsewhere); ``use_aux_norm``
+            set without ``fc_norm`` (SGLang reads it, vLLM does not).
     """
     for key, value in cfg.items():
         if key in UNIMPLEMENTED_FLAGS:
@@ -367,10 +373,17 @@ def check_config_flags(cfg: dict, where: str, n_aux: int) -> dict:
             f"{where}: speculators-format config without norm_before_residual: vLLM's speculators "
             "reader assumes true (speculators/algos.py:33-35), its plain reader false; write it"
         )
+    if cfg.get("use_aux_norm") and not cfg.get("fc_norm"):
+        raise ValueError(
+            f"{where}: use_aux_norm={cfg['use_aux_norm']!r} without fc_norm: SGLang reads it as "
+            "fc_norm (llama_eagle3.py:185-187), vLLM does not (llama_eagle3.py:231), so the two "
+            "engines would serve different drafters; write fc_norm: true (the key both read)"
+        )
     return {
         "norm_before_residual": bool(cfg.get("norm_before_residual", False)),
         "norm_before_fc": bool(ec.get("norm_before_fc", top)),
         "norm_output": bool(cfg.get("norm_output", False)),
+        "fc_norm": bool(cfg.get("fc_norm", False)),
     }
 
 

@@ -9,8 +9,12 @@ Config keys (``../shared/reference/conventions.md`` section 2):
 - ``draft_vocab_size``, ``target_hidden_size``, ``num_aux_hidden_states`` (both engines read it
   before counting the nested ids: vLLM ``llama_eagle3.py:210-216``, SGLang ``157-161``),
   ``tie_word_embeddings: false`` when the vocab is reduced, ``norm_before_residual``, and the
-  variants ``norm_before_fc`` / ``norm_output`` at the top level (where every reader finds them,
-  :mod:`eagle3nb.drafter.engine_read`).
+  variants ``norm_before_fc`` / ``fc_norm`` / ``norm_output`` at the top level, each written true or
+  false (every reader finds them there, :mod:`eagle3nb.drafter.engine_read`; the EAGLE-3.1 flavour
+  is then unambiguous to each: ``fc_norm`` for the EAGLE authors'/SGLang's, ``norm_before_fc`` for
+  speculators'), its name under ``eagle3nb.flavour`` (:func:`eagle3nb.drafter.model.flavour_of`).
+  An engine version that does not read a flag the drafter sets (or whose reading is not in
+  :data:`eagle3nb.drafter.flavours.FLAG_READS`) is refused by name as below.
 - per engine, ids from that engine's rule for the target's class (:mod:`eagle3nb.target.engine_rules`;
   without a class, the generic convention). An engine that cannot capture the served boundaries
   (SGLang on Llama-like classes for boundary N: its final norm captures nothing) is refused by name:
@@ -30,7 +34,8 @@ N unshifted), recorded with version, rule and source under ``eagle3nb.engine_ids
 table lacks, or refuses for that engine, gets the engine's plain convention (recorded as such).
 
 Weights (``model.safetensors``): ``fc.weight``, ``midlayer.*``, ``norm.weight``, ``lm_head.weight``,
-``d2t`` (int64 offsets), ``t2d`` (bool), and ``input_norm.weight`` with ``norm_before_fc``. The embedding is omitted: both engines share the target's.
+``d2t`` (int64 offsets), ``t2d`` (bool), ``input_norm.weight`` with ``norm_before_fc`` and
+``fc_norm.{i}.weight`` with ``fc_norm`` (the names both engines load). The embedding is omitted: both engines share the target's.
 A full draft vocabulary (``draft_vocab_size == vocab_size``, d2t all zeros) is written **without**
 ``d2t``/``t2d``: vLLM 0.32 creates ``draft_id_to_target_id`` only when the sizes differ
 (``model_executor/models/llama_eagle3.py:338-344``, else None), and its loader maps a stored ``d2t``
@@ -53,8 +58,9 @@ from safetensors.torch import load_file, save_file
 from eagle3nb.target.conventions import check_boundaries
 from eagle3nb.target.engine_rules import known_versions
 from eagle3nb.drafter.export_ids import engine_ids
-from eagle3nb.drafter.engine_read import check_config_flags
-from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
+from eagle3nb.drafter.engine_read import check_config_flags, trainer_flags
+from eagle3nb.drafter.flavours import flag_refusals
+from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter, flavour_of
 from eagle3nb.manifest import atomic_write_json, publish_permissions
 from eagle3nb.drafter.vocab import check_draft_vocab
 
@@ -132,9 +138,15 @@ def drafter_config_json(
             continue
         if recs[engine].get("refused"):  # a refused class: ids by convention, for the record only
             refused[engine] = f"{engine} {v} refused for {arch}: {recs[engine]['refused']}"
+        lacks = flag_refusals(trainer_flags(c), {engine: v}).get(engine)
+        if lacks:  # it would serve the drafter without a flag: no ids for it, named
+            refused[engine] = f"{engine} {v} refused: {lacks}"
+            ids.pop(engine)
+            recs.pop(engine)
     if not ids:
         raise ValueError(
-            f"serve boundaries {sb}: no engine can capture them ({'; '.join(refused.values())})"
+            f"serve boundaries {sb}: no engine can capture them or serve this drafter "
+            f"({'; '.join(refused.values())})"
         )
     cfg = {
         "architectures": [ARCH],
@@ -158,6 +170,7 @@ def drafter_config_json(
         "norm_before_residual": c.norm_before_residual,
         "norm_before_fc": c.norm_before_fc,
         "norm_output": c.norm_output,
+        "fc_norm": c.fc_norm,
         "bos_token_id": bos,
         "eos_token_id": eos,
         "torch_dtype": "float32",
@@ -167,6 +180,7 @@ def drafter_config_json(
             "target_num_hidden_layers": target_n_layers,
             "n_aux": c.n_aux,
             "target_architecture": target_arch,
+            "flavour": flavour_of(c),
             "engine_ids": {e: {"ids": ids[e], **recs[e]} for e in ids},
         },
     }
@@ -310,7 +324,8 @@ def load_drafter(
 
     Raises:
         ValueError: a required tensor is missing (named; ``input_norm.weight`` when
-            ``norm_before_fc`` is set), a shape contradicts the config (e.g. fc width vs n_aux x
+            ``norm_before_fc`` is set, ``fc_norm.{i}.weight`` with ``fc_norm``: SGLang's legacy
+            ``aux_norm_low/mid/high`` names are read as SGLang reads them), a shape contradicts the config (e.g. fc width vs n_aux x
             target_hidden_size, lm_head rows vs draft_vocab_size), ``d2t``/``t2d`` are not
             consistent offsets (absolute ids, targets out of range), or config.json sets a flag
             this drafter does not implement or a key it does not know
@@ -334,11 +349,15 @@ def load_drafter(
     )
     flags = check_config_flags(cfg, f"{path}/config.json", n_aux)
     sd = load_file(str(path / "model.safetensors"))
+    for i, old in enumerate(("aux_norm_low", "aux_norm_mid", "aux_norm_high")[:n_aux]):
+        if f"{old}.weight" in sd:  # SGLang's legacy names (llama_eagle3.py:337-343)
+            sd[f"fc_norm.{i}.weight"] = sd.pop(f"{old}.weight")
     full = cfg.get("draft_vocab_size", cfg["vocab_size"]) == cfg["vocab_size"]
     if full and not any(k in sd for k in VOCAB_TENSORS):  # full vocab: identity (module docstring)
         sd["d2t"] = torch.zeros(cfg["vocab_size"], dtype=torch.long)
         sd["t2d"] = torch.ones(cfg["vocab_size"], dtype=torch.bool)
     need = REQUIRED_TENSORS + (["input_norm.weight"] if flags["norm_before_fc"] else [])
+    need += [f"fc_norm.{i}.weight" for i in range(n_aux)] if flags["fc_norm"] else []
     missing = [k for k in need if k not in sd]
     if missing:
         raise ValueError(

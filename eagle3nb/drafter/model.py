@@ -8,6 +8,7 @@ Data flow for one draft step at sequence position t (H = drafter hidden, Ht = ta
 
     step 0:  a      = concat(aux states at the low/mid/high boundaries)        [B, T, n_aux*Ht]
              a      = input_norm(a)            (only with norm_before_fc)      [B, T, n_aux*Ht]
+             a      = concat(fc_norm[i](a_i))  (only with fc_norm, per aux)    [B, T, n_aux*Ht]
              hidden = fc(a)                                                    [B, T, H]
     step j:  hidden = what step j-1 fed forward (below)                        [B, T, H]
     x      = concat(input_layernorm(embed(token)), hidden_norm(hidden))        [B, T, 2H]
@@ -24,10 +25,22 @@ Variants (config.json flags, read the same way by both installed engines):
   SGLang 0.5.23 ``llama_eagle3.py:173-182`` (same flag lookup and norm), ``238-247`` (applied when
   the hidden is n_aux*Ht wide: the target's states only), weight ``input_norm.weight`` -> its
   ``model.input_norm.weight`` (``371-378``).
+- ``fc_norm``: one RMSNorm per aux state (weights ``fc_norm.{i}.weight`` [Ht], eps
+  ``rms_norm_eps``) on its own chunk of the concatenation before ``fc``, after ``input_norm`` when
+  both are set (the engines' order). vLLM 0.32.0 ``llama_eagle3.py:231-240`` (flag: top-level
+  ``fc_norm`` only; speculators reader ``speculators/algos.py:37``), ``409-416`` (applied in
+  ``combine_hidden_states``), weights -> ``model.fc_norm.{i}.weight`` (``load_weights`` prefixes
+  ``model.``); SGLang 0.5.23 ``llama_eagle3.py:184-196`` (flag: top-level ``fc_norm``, or its
+  legacy ``use_aux_norm``; legacy weight names ``aux_norm_low/mid/high`` -> ``fc_norm.0/1/2``,
+  ``337-343``), ``241-246`` (applied). vLLM 0.26.0 reads it the same way (``197-206``, ``372-376``).
 - ``norm_output``: the state fed to the next draft step is the final norm's output (the same tensor
   ``lm_head`` reads) instead of the pre-norm one. vLLM ``llama_eagle3.py:252, 283-288`` (second
   return value, used as the next step's hidden by ``v1/spec_decode/llm_base_proposer.py:605, 759``);
   SGLang ``llama_eagle3.py:207, 263-269``. No extra weight.
+
+EAGLE-3.1 names two flavours (:data:`FLAVOURS`): ``fc_norm`` + ``norm_output`` (the EAGLE authors,
+SGLang, SpecForge, TRT-LLM, NeMo) and ``norm_before_fc`` + ``norm_output`` (speculators' default
+"3.1"); :func:`flavour_of` names a config's, :func:`swap_norm_flavour` reads one as the other.
 
 Attention in training-time test (TTT): the query of step j at position t sees the step-0 keys of
 positions 0..t (causal) and the keys of steps 1..j at position t only (the draft chain so far). Its
@@ -57,7 +70,23 @@ from eagle3nb.drafter.flex_attention import (
     ttt_flex_attention,
 )
 
-__all__ = ["DrafterConfig", "Eagle3Drafter", "RMSNorm", "KV"]
+__all__ = [
+    "DrafterConfig",
+    "Eagle3Drafter",
+    "RMSNorm",
+    "KV",
+    "FLAVOURS",
+    "flavour_of",
+    "swap_norm_flavour",
+]
+
+# flavour name -> the flags that make it (every other variant flag off)
+FLAVOURS = {
+    "eagle3": {},
+    "eagle3.1-fc_norm": {"fc_norm": True, "norm_output": True},
+    "eagle3.1-norm_before_fc": {"norm_before_fc": True, "norm_output": True},
+}
+FLAVOUR_FLAGS = ("fc_norm", "norm_before_fc", "norm_output")
 
 
 @dataclass
@@ -79,6 +108,7 @@ class DrafterConfig:
     norm_before_residual: bool = False
     norm_before_fc: bool = False  # RMSNorm ``input_norm`` over the concatenated aux states
     norm_output: bool = False  # feed norm(out), not out, to the next draft step (EAGLE-3.1)
+    fc_norm: bool = False  # one RMSNorm ``fc_norm.{i}`` per aux state before fc (EAGLE-3.1)
 
     @classmethod
     def for_target(
@@ -322,6 +352,10 @@ class Eagle3Drafter(nn.Module):
         self.embed_tokens.requires_grad_(False)
         if c.norm_before_fc:  # [n_aux*Ht] weight, named as both engines load it
             self.input_norm = RMSNorm(c.n_aux * c.target_hidden_size, c.rms_norm_eps)
+        if c.fc_norm:  # n_aux weights [Ht] each: fc_norm.{i}.weight, as both engines load them
+            self.fc_norm = nn.ModuleList(
+                RMSNorm(c.target_hidden_size, c.rms_norm_eps) for _ in range(c.n_aux)
+            )
         self.fc = nn.Linear(c.n_aux * c.target_hidden_size, c.hidden_size, bias=False)
         self.midlayer = Eagle3DecoderLayer(c)
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
@@ -383,6 +417,11 @@ class Eagle3Drafter(nn.Module):
         if not cache:
             if self.config.norm_before_fc:
                 hidden = self.input_norm(hidden)  # [B, Tq, n_aux*Ht], over the whole concat
+            if self.config.fc_norm:  # each aux state normed alone, then concatenated again
+                chunks = hidden.chunk(self.config.n_aux, dim=-1)  # n_aux x [B, Tq, Ht]
+                hidden = torch.cat(
+                    [n(x) for n, x in zip(self.fc_norm, chunks)], -1
+                )  # [B,Tq,n_aux*Ht]
             hidden = self.fc(hidden)  # [B, Tq, n_aux*Ht] -> [B, Tq, H]
         embeds = self.embed_tokens(token_ids)  # [B, Tq, H]
         layer = self.midlayer if layer is None else layer
@@ -390,3 +429,39 @@ class Eagle3Drafter(nn.Module):
         normed = self.norm(out)  # [B, Tq, H]
         logits = self.lm_head(normed)  # [B, Tq, draft_vocab]
         return (normed if self.config.norm_output else out), logits, kv
+
+
+def flavour_of(c: DrafterConfig) -> str:
+    """The name of the drafter's variant: a key of :data:`FLAVOURS` when its flags are exactly one
+    of them, else ``"eagle3+flag+..."`` naming the flags set (e.g. ``"eagle3+norm_before_fc"``)."""
+    on = {k: True for k in FLAVOUR_FLAGS if getattr(c, k)}
+    for name, flags in FLAVOURS.items():
+        if flags == on:
+            return name
+    return "+".join(["eagle3", *on])
+
+
+def swap_norm_flavour(sd: dict, c: DrafterConfig) -> tuple[dict, DrafterConfig] | None:
+    """The same trained weights read as the other pre-fc norm: ``fc_norm`` <-> ``norm_before_fc``
+    (the EAGLE-3.1 flavour mix-up), ``norm_output`` unchanged. The scales carry over: the per-aux
+    weights ``fc_norm.{i}.weight`` [Ht] concatenated are ``input_norm.weight`` [n_aux*Ht] and back;
+    only the RMS statistics change (per aux state vs over the whole concatenation).
+
+    Args:
+        sd: a state dict (or an export's tensors) of a drafter with config ``c``.
+
+    Returns:
+        ``(state dict, config)`` of the swapped reading, or None when ``c`` sets neither or both
+        of the two norms (no other flavour to read it as).
+    """
+    if c.fc_norm == c.norm_before_fc:
+        return None
+    out = {k: v for k, v in sd.items() if not k.startswith(("fc_norm.", "input_norm."))}
+    if c.fc_norm:
+        ws = [sd[f"fc_norm.{i}.weight"] for i in range(c.n_aux)]  # n_aux x [Ht]
+        out["input_norm.weight"] = torch.cat(ws)  # [n_aux*Ht]
+    else:
+        for i, w in enumerate(sd["input_norm.weight"].chunk(c.n_aux)):  # n_aux x [Ht]
+            out[f"fc_norm.{i}.weight"] = w.clone()
+    flags = dict(fc_norm=c.norm_before_fc, norm_before_fc=c.fc_norm)
+    return out, DrafterConfig(**{**c.to_dict(), **flags})

@@ -59,6 +59,12 @@ class RunParams(InputFields):
     norm_output: bool = _p(
         False, "EAGLE-3.1: feed the final-normed state to the next draft step", [TRAIN]
     )
+    fc_norm: bool = _p(
+        False,
+        "one RMSNorm per aux state before fc (EAGLE-3.1 as SGLang/SpecForge mean it, with "
+        "norm_output; speculators' 3.1 is norm_before_fc + norm_output)",
+        [TRAIN],
+    )
     ttt_steps: int = _p(7, "training-time test unroll length k", [TRAIN, DRIFT], ge=1)
     loss_decay: float = _p(0.8, "TTT step j is weighted loss_decay**j", [TRAIN], gt=0, le=1)
     batch_size: int = _p(

@@ -58,6 +58,7 @@ class TrainConfig:
     draft_intermediate_size: int = 0  # 0 = the target's MLP width
     norm_before_fc: bool = False  # drafter variant: RMSNorm over the aux concat before fc
     norm_output: bool = False  # drafter variant (EAGLE-3.1): next step reads the normed state
+    fc_norm: bool = False  # drafter variant (EAGLE-3.1): one RMSNorm per aux state before fc
     ttt_steps: int = 7
     loss_decay: float = 0.8
     batch_size: int = 8
@@ -130,7 +131,9 @@ class TrainConfig:
         how = ("loader_workers", "fsdp", "attention", "precision", "torch_compile")
         how += ("eval_every", "keep_last", "export_from")
         d = {k: v for k, v in asdict(self).items() if k not in how}
-        return {k: v for k, v in d.items() if v or k not in ("norm_before_fc", "norm_output")}
+        return {
+            k: v for k, v in d.items() if v or k not in ("norm_before_fc", "norm_output", "fc_norm")
+        }
 
 
 def lr_lambda(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -167,7 +170,9 @@ def build_drafter(ds, target, cfg: TrainConfig) -> tuple[Eagle3Drafter, dict]:
         cfg.draft_num_kv_heads or None,
         cfg.draft_intermediate_size or None,
     )
-    c = replace(c, norm_before_fc=cfg.norm_before_fc, norm_output=cfg.norm_output)
+    c = replace(
+        c, norm_before_fc=cfg.norm_before_fc, norm_output=cfg.norm_output, fc_norm=cfg.fc_norm
+    )
     d = Eagle3Drafter(c, target.get_input_embeddings().weight.detach().float().cpu())
     counts = count_loss_tokens(ds.token_masks(), c.vocab_size)
     d2t, t2d = build_draft_vocab(counts, cfg.draft_vocab_size)
