@@ -39,6 +39,8 @@ training/           training the drafter with training-time test (TTT)
 drafter/            the EAGLE-3 draft model and what is done with it
     model           the drafter (mirrors SGLang llama_eagle3 and vLLM's EAGLE-3 head)
     flex_attention  the TTT attention through flex attention (fast path; eager is the reference)
+    mla             the drafter with MLA attention for DeepSeek/Kimi targets (vLLM deepseek_eagle3,
+                    SGLang kimi_k25_eagle3)
     vocab           draft vocabulary: d2t offsets and the t2d mask from token counts
     export          export for SGLang and vLLM, load back (refusing broken folders)
     export_ids      the ids written per engine: its rule for the target class, or its convention

@@ -61,6 +61,7 @@ from eagle3nb.drafter.export_ids import engine_ids
 from eagle3nb.drafter.engine_read import check_config_flags, trainer_flags
 from eagle3nb.drafter.flavours import flag_refusals
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter, flavour_of
+from eagle3nb.drafter import mla
 from eagle3nb.manifest import atomic_write_json, publish_permissions
 from eagle3nb.drafter.vocab import check_draft_vocab
 
@@ -184,6 +185,9 @@ def drafter_config_json(
             "engine_ids": {e: {"ids": ids[e], **recs[e]} for e in ids},
         },
     }
+    if isinstance(c, mla.MLAConfig):  # both engines' MLA drafter class (drafter/mla.py)
+        cfg.update(mla.mla_config_json(c))
+        verifier = None  # vLLM's speculators reader would build a Llama layer from them
     if "sglang" in ids:
         cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ids["sglang"]
     if "vllm" in ids:
@@ -334,9 +338,11 @@ def load_drafter(
     """
     path = Path(path)
     cfg = json.loads((path / "config.json").read_text())
-    if ARCH not in cfg.get("architectures", []):
+    is_mla = mla.MLA_ARCH in cfg.get("architectures", [])
+    if ARCH not in cfg.get("architectures", []) and not is_mla:
         raise ValueError(
-            f"{path}/config.json architectures={cfg.get('architectures')}; expected {ARCH!r}"
+            f"{path}/config.json architectures={cfg.get('architectures')}; expected {ARCH!r} "
+            f"or {mla.MLA_ARCH!r} (the MLA head)"
         )
     n_aux = (
         cfg.get("num_aux_hidden_states")
@@ -347,7 +353,8 @@ def load_drafter(
             or [0, 0, 0]  # both engines' default count (vLLM llama_eagle3.py:216, SGLang 161)
         )
     )
-    flags = check_config_flags(cfg, f"{path}/config.json", n_aux)
+    plain = {k: v for k, v in cfg.items() if not (is_mla and k in mla.MLA_READ)}
+    flags = check_config_flags(plain, f"{path}/config.json", n_aux)
     sd = load_file(str(path / "model.safetensors"))
     for i, old in enumerate(("aux_norm_low", "aux_norm_mid", "aux_norm_high")[:n_aux]):
         if f"{old}.weight" in sd:  # SGLang's legacy names (llama_eagle3.py:337-343)
@@ -356,7 +363,8 @@ def load_drafter(
     if full and not any(k in sd for k in VOCAB_TENSORS):  # full vocab: identity (module docstring)
         sd["d2t"] = torch.zeros(cfg["vocab_size"], dtype=torch.long)
         sd["t2d"] = torch.ones(cfg["vocab_size"], dtype=torch.bool)
-    need = REQUIRED_TENSORS + (["input_norm.weight"] if flags["norm_before_fc"] else [])
+    need = mla.MLA_REQUIRED_TENSORS if is_mla else REQUIRED_TENSORS
+    need = need + (["input_norm.weight"] if flags["norm_before_fc"] else [])
     need += [f"fc_norm.{i}.weight" for i in range(n_aux)] if flags["fc_norm"] else []
     missing = [k for k in need if k not in sd]
     if missing:
@@ -369,7 +377,7 @@ def load_drafter(
         intermediate_size=cfg["intermediate_size"],
         num_attention_heads=cfg["num_attention_heads"],
         num_key_value_heads=cfg["num_key_value_heads"],
-        head_dim=cfg["head_dim"],
+        head_dim=cfg.get("head_dim") or cfg["qk_rope_head_dim"],
         vocab_size=cfg["vocab_size"],
         draft_vocab_size=cfg.get("draft_vocab_size", cfg["vocab_size"]),
         n_aux=n_aux,
@@ -378,7 +386,8 @@ def load_drafter(
         max_position_embeddings=cfg["max_position_embeddings"],
         **flags,
     )
-    d = Eagle3Drafter(c, target_embed)
+    c = mla.mla_config_from_json(cfg, c) if is_mla else c
+    d = mla.make_drafter(c, target_embed)
     expect = {
         k: tuple(v.shape) for k, v in d.state_dict().items() if not k.startswith("embed_tokens")
     }

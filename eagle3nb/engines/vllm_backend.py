@@ -58,6 +58,14 @@ from eagle3nb.engines.worker import OtherModelCapture, folder_stamp  # noqa: E40
 __all__ = ["Backend", "ENGINE_NAME", "CONVENTION"]
 
 ENGINE_NAME = "vllm"
+
+
+def _config(folder) -> dict:
+    """A model folder's config.json."""
+    with open(os.path.join(str(folder), "config.json")) as f:
+        return json.load(f)
+
+
 CONVENTION = "vllm"  # id L = boundary L (checked by measurement: tests/engines/test_engine_vllm.py)
 
 
@@ -365,6 +373,11 @@ class Backend(OtherModelCapture):
         """
         self._check_prompts(prompts, max_new_tokens)
         spec = {"method": "eagle3", "model": str(drafter_dir), "num_speculative_tokens": int(k)}
+        if self._cpu_mla and _config(drafter_dir).get("kv_lora_rank"):
+            # an MLA drafter (deepseek_eagle3.py) on CPU: vLLM picks the drafter's backend apart
+            # from the target's (llm_base_proposer.py:1282-1291), AMX_MLA, which takes no float32;
+            # with CPU_MLA for both, their KV blocks agree (16) and vLLM serves it (measured)
+            spec["attention_backend"] = "CPU_MLA"
         llm = self._make(
             ("eagle3", str(drafter_dir), int(k), folder_stamp(drafter_dir)),
             speculative_config=spec,
