@@ -6,6 +6,7 @@ target/             the target model: model folders, layer-id conventions, HF ca
     models          find (explicit path, $EAGLE3NB_MODEL_PATH, ../shared/models), load, hash
     conventions     each engine's and trainer's layer ids <-> physical boundaries
     engine_rules    the id rule per (engine, engine version, architecture class), refusals
+    engine_rules_vllm  vLLM 0.26.0's rows of that table, with the source lines they were read at
     cpu_limits      classes and configs each engine version is measured not to run on CPU
     twin            a tiny random-weight twin of a target, from its config.json; slots named on it
     moe_copy        a dense Llama re-expressed as a Mixtral MoE of the same function (no download)

@@ -42,6 +42,9 @@ also Mistral and ``Llama4ForCausalLM`` ``llama4.py:708``; ``qwen2.py:422-433``, 
 raises ``TypeError``. GLM-4.5 (``glm4_moe.py:534``) and Gemma-3 (``gemma3.py:367``,
 ``gemma3_mm.py:500``) and Mixtral (``mixtral.py:375``) lack ``SupportsEagle3``:
 ``v1/worker/gpu_model_runner.py:5234-5238`` raises (plain generation runs).
+
+vLLM 0.26.0 (the GPU host's engine): the same rule per class, read in its own sources at its own
+lines (:data:`eagle3nb.target.engine_rules_vllm.VLLM_0260`).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from eagle3nb.target.cpu_limits import (  # re-exported: the CPU refusals prefli
     cpu_config_limit,
     cpu_limit,
 )
+from eagle3nb.target.engine_rules_vllm import VLLM_0260
 
 __all__ = [
     "EngineRule",
@@ -263,7 +267,8 @@ def _rules() -> dict[tuple[str, str, str], EngineRule]:
         "Gemma3ForConditionalGeneration": ("refused", 0, 0, vl + "gemma3_mm.py:500", ""),
     }
     out = {}
-    for engine, version, table in (("sglang", "0.5.23", sglang), ("vllm", "0.32.0", vllm)):
+    tables = (("sglang", "0.5.23", sglang), ("vllm", "0.32.0", vllm), ("vllm", "0.26.0", VLLM_0260))
+    for engine, version, table in tables:
         for arch, (kind, lo, hi_below, src, limit) in table.items():
             why = None
             if kind == "refused":  # a refused row's last field, when set, is its own reason

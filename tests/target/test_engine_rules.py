@@ -3,13 +3,17 @@ boundaries for 6-layer targets, as measured on tiny random-weight models and rea
 engine sources (``../shared/reference/architectures.md`` sections 3 and 4); refusals name the class,
 engine, version and reason; a version or class the table lacks is refused with how to measure it."""
 
+import os
+import re
+from pathlib import Path
+
 import pytest
 
 from eagle3nb.target.engine_rules import RULES, engine_rule, known_versions
 from eagle3nb.target.models import SUPPORTED_ARCHS
 
 N = 6
-SG, VL = ("sglang", "0.5.23"), ("vllm", "0.32.0")
+SG, VL, VL26 = ("sglang", "0.5.23"), ("vllm", "0.32.0"), ("vllm", "0.26.0")
 PLUS1_SG = [
     "LlamaForCausalLM",
     "MistralForCausalLM",
@@ -46,6 +50,8 @@ IDS_TO_BOUNDARIES = [
     (SG, ["GptOssForCausalLM"], [1, 6], [1, 6]),
     (VL, SAME_VL, [0, 1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 5, 6]),  # id L -> b L, 0..N
     (VL, DEEPSEEK, [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]),
+    (VL26, SAME_VL, [0, 1, 2, 3, 4, 5, 6], [0, 1, 2, 3, 4, 5, 6]),  # read: id L -> b L, 0..N
+    (VL26, DEEPSEEK, [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 5, 6]),
 ]
 # (engine, classes, boundaries, ids the export must write)
 BOUNDARIES_TO_IDS = [
@@ -56,6 +62,8 @@ BOUNDARIES_TO_IDS = [
     (SG, ["GptOssForCausalLM"], [0, 3, 6], [0, 3, 6]),
     (VL, SAME_VL, [0, 3, 6], [0, 3, 6]),
     (VL, DEEPSEEK, [1, 3, 6], [1, 3, 6]),
+    (VL26, SAME_VL, [0, 3, 6], [0, 3, 6]),
+    (VL26, DEEPSEEK, [1, 3, 6], [1, 3, 6]),
 ]
 # (engine, classes, boundaries, message): boundaries the engine cannot capture for that class
 BAD_BOUNDARIES = [
@@ -66,6 +74,7 @@ BAD_BOUNDARIES = [
     (SG, DEEPSEEK, [2, 6], r"not \[6\].*ids must lie below N"),
     (SG, ["GptOssForCausalLM"], [0, 3], r"names boundary 0 only when the ids include N=6"),
     (VL, DEEPSEEK, [0, 3], r"not \[0\] \(id 0 raises TypeError"),
+    (VL26, DEEPSEEK, [0, 3], r"not \[0\] \(id 0 raises TypeError.*deepseek_v2\.py:1430, 1469"),
 ]
 
 
@@ -100,7 +109,11 @@ def test_same_id_names_different_boundaries_by_first_id():
     + [(VL, a, r"SupportsEagle3.*gpu_model_runner\.py:5234") for a in GEMMA]
     + [(VL, "Glm4MoeForCausalLM", r"SupportsEagle3")]
     + [(VL, "MixtralForCausalLM", r"SupportsEagle3.*gpu_model_runner\.py:5234")]
-    + [(SG, "MixtralForCausalLM", r"no set_eagle3_layers_to_capture.*extract_engine: hf")],
+    + [(SG, "MixtralForCausalLM", r"no set_eagle3_layers_to_capture.*extract_engine: hf")]
+    + [
+        (VL26, a, r"SupportsEagle3.*gpu_model_runner\.py:5428-5432 in vLLM 0\.26\.0")
+        for a in GEMMA + ["Glm4MoeForCausalLM", "MixtralForCausalLM"]
+    ],
 )
 def test_refused_combinations_name_engine_version_class_and_reason(engine, arch, msg):
     rule = engine_rule(*engine, arch)
@@ -142,17 +155,42 @@ def test_every_rule_cites_an_installed_source_line():
         assert any(ch.isdigit() for ch in rule.source)
 
 
-def test_cited_source_lines_exist_in_the_installed_engines():
-    """Each cited file exists in the installed engine and each cited line range lies inside it and
-    names the capture (a changed engine install shows up here first)."""
-    import re
-    from pathlib import Path
+VLLM_026_SRC = (
+    Path(os.environ.get("EAGLE3NB_ENGINES", Path.home() / ".cache/eagle3nb/engines"))
+    / "vllm-src-0.26.0"
+)  # vLLM 0.26.0's sdist sources, extracted by .ci/setup_engines.sh
+CITE = re.compile(r"([\w/]+\.py):(\d+(?:-\d+)?(?:, \d+(?:-\d+)?)*)")
 
+
+def _cited_ranges(source: str):
+    """``(file relative to site-packages, lo, hi)`` for each range a rule's source cites."""
+    models_dir = Path(source.split(":")[0]).parent
+    for f, nums in CITE.findall(source):
+        for rng in filter(None, (x.strip() for x in nums.split(","))):
+            lo, _, hi = rng.partition("-")
+            yield (f if "/" in f else str(models_dir / f)), int(lo), int(hi or lo)
+
+
+def _read_range(root: Path, rel: str, lo: int, hi: int) -> str:
+    lines = (root / rel).read_text().splitlines()
+    assert hi <= len(lines), f"{root / rel} has {len(lines)} lines, the rule cites {lo}-{hi}"
+    return "\n".join(lines[lo - 1 : hi])
+
+
+def test_cited_source_lines_exist_in_the_installed_engines():
+    """Each cited file exists in the engine's sources (installed venv, or vLLM 0.26.0's sdist files)
+    and each cited line range lies inside it and names the capture (a changed engine install shows
+    up here first)."""
     from testkit import engine_site_packages
 
-    roots = {e: engine_site_packages(e) for e in ("sglang", "vllm")}
+    roots = {
+        ("sglang", "0.5.23"): engine_site_packages("sglang"),
+        ("vllm", "0.32.0"): engine_site_packages("vllm"),
+        ("vllm", "0.26.0"): VLLM_026_SRC if (VLLM_026_SRC / ".ready").is_file() else None,
+    }
     if not all(roots.values()):
-        pytest.skip(f"engine venvs absent: {roots} (bash .ci/setup_engines.sh)")
+        pytest.skip(f"engine sources absent: {roots} (bash .ci/setup_engines.sh)")
+    assert {(e, v) for e, v, _ in RULES} == set(roots)
     words = (
         "set_eagle3_layers_to_capture",
         "_maybe_add_hidden_state",
@@ -160,15 +198,79 @@ def test_cited_source_lines_exist_in_the_installed_engines():
         "layers_to_capture",
         "class ",
         "residual",
+        "architectures=",
     )
     for rule in RULES.values():
-        models_dir = Path(rule.source.split(":")[0]).parent
-        for f, nums in re.findall(r"([\w/]+\.py):(\d+(?:-\d+)?(?:, \d+(?:-\d+)?)*)", rule.source):
-            path = roots[rule.engine] / (f if "/" in f else models_dir / f)
-            lines = path.read_text().splitlines()
-            for rng in filter(None, (x.strip() for x in nums.split(","))):
-                lo, _, hi = rng.partition("-")
-                lo, hi = int(lo), int(hi or lo)
-                assert hi <= len(lines), f"{rule.source}: {path} has {len(lines)} lines"
-                text = "\n".join(lines[lo - 1 : hi])
-                assert any(w in text for w in words), f"{rule.source}: {path}:{rng} = {text!r}"
+        for rel, lo, hi in _cited_ranges(rule.source):
+            text = _read_range(roots[(rule.engine, rule.version)], rel, lo, hi)
+            assert any(w in text for w in words), f"{rule.source}: {rel}:{lo}-{hi} = {text!r}"
+
+
+M = "vllm/model_executor/models/"
+SAME = ("_maybe_add_hidden_state(", "+ 1, hidden_states, residual")
+NO_EAGLE3 = ("nn.Module",)  # the class line: its bases, checked below to lack SupportsEagle3
+# vLLM 0.26.0: each range its rules cite -> what that range must hold for the rule to be true
+VLLM_026_SNIPPETS = {
+    (M + "llama.py", 419, 428): (*SAME, "[], 0, hidden_states", "for idx, layer in enumerate("),
+    (M + "mistral.py", 230, 230): ("class MistralForCausalLM(LlamaForCausalLM)",),
+    (M + "llama4.py", 709, 709): ("class Llama4ForCausalLM(LlamaForCausalLM",),
+    (M + "qwen2.py", 415, 422): (*SAME, "[], 0, hidden_states", "for idx, layer in enumerate("),
+    (M + "qwen3.py", 264, 264): ("class Qwen3Model(Qwen2Model)",),
+    (M + "qwen3_moe.py", 503, 515): (
+        "[], self.start_layer, hidden_states",
+        "aux_hidden_states, layer_idx + 1, hidden_states, residual",
+    ),
+    (M + "gpt_oss.py", 349, 355): ("[], self.start_layer, x", "aux_hidden_states, i + 1, x"),
+    (M + "minimax_m2.py", 397, 405): (*SAME, "[], 0, hidden_states"),
+    (M + "deepseek_v2.py", 1430, 1430): ("residual = None",),
+    (M + "deepseek_v2.py", 1450, 1475): (
+        "if idx in self.aux_hidden_state_layers:",
+        "aux_hidden_state = hidden_states + residual",
+    ),
+    (M + "deepseek_v2.py", 1495, 1496): (
+        "if self.end_layer in self.aux_hidden_state_layers:",
+        "aux_hidden_states.append(hidden_states + residual)",
+    ),
+    (M + "kimi_k25.py", 290, 297): ("class KimiK25ForConditionalGeneration(", "SupportsEagle3,"),
+    (M + "kimi_k25.py", 371, 375): ('architectures=["DeepseekV2ForCausalLM"]',),
+    (M + "glm4_moe.py", 528, 528): ("class Glm4MoeForCausalLM(", *NO_EAGLE3),
+    (M + "mixtral.py", 376, 376): ("class MixtralForCausalLM(", *NO_EAGLE3),
+    (M + "gemma3.py", 380, 380): ("class Gemma3ForCausalLM(", *NO_EAGLE3),
+    (M + "gemma3_mm.py", 470, 472): ("class Gemma3ForConditionalGeneration(", *NO_EAGLE3),
+}
+# ranges cited in reasons (not in a rule's source field)
+VLLM_026_REASONS = {
+    ("vllm/v1/worker/gpu_model_runner.py", 5428, 5432): (
+        "if not supports_eagle3(self.get_model()):",
+        "Model does not support EAGLE3 interface",
+    ),
+    (M + "deepseek_v2.py", 1469, 1469): ("aux_hidden_state = hidden_states + residual",),
+    (M + "interfaces.py", 1343, 1359): (
+        "class EagleModelMixin:",
+        "def _maybe_add_hidden_state(",
+        "value = hidden_states + residual if residual is not None else hidden_states",
+    ),
+}
+
+
+def test_vllm_026_cited_lines_hold_the_code_each_rule_claims():
+    """Every range vLLM 0.26.0's rules cite holds the code the rule rests on: the capture call with
+    index 0 before the loop and idx+1 after each layer (id L = boundary L), DeepSeek's capture before
+    layer idx with residual None at layer 0, and classes refused for lacking SupportsEagle3."""
+    if not (VLLM_026_SRC / ".ready").is_file():
+        pytest.skip(
+            f"{VLLM_026_SRC} absent (bash .ci/setup_engines.sh fetches vLLM 0.26.0's sdist)"
+        )
+    rules = [r for r in RULES.values() if (r.engine, r.version) == VL26]
+    cited = {c for r in rules for c in _cited_ranges(r.source)}
+    assert cited == set(VLLM_026_SNIPPETS), cited ^ set(VLLM_026_SNIPPETS)
+    reasons = " ".join(r.refused or r.limit for r in rules)
+    assert "gpu_model_runner.py:5428-5432" in reasons and "deepseek_v2.py:1430, 1469" in reasons
+    for (rel, lo, hi), snippets in {**VLLM_026_SNIPPETS, **VLLM_026_REASONS}.items():
+        text = _read_range(VLLM_026_SRC, rel, lo, hi)
+        for snip in snippets:
+            assert snip in text, f"{rel}:{lo}-{hi} lacks {snip!r}: {text!r}"
+        if snippets[-1:] == NO_EAGLE3:
+            assert "SupportsEagle3" not in text, f"{rel}:{lo}-{hi} implements SupportsEagle3"
+    for r in rules:  # a refused class is refused for lacking SupportsEagle3, a served one has it
+        assert (r.kind == "refused") == ("SupportsEagle3" in (r.refused or "")), r.arch
