@@ -2,18 +2,74 @@
 notebooks' own run (``outputs/smoke``) made once per session, headless, and the engine workers
 kept for reuse across the session's tests (eagle3nb.engines.pool)."""
 
+import contextlib
 import os
 
 import pytest
 import torch
+from testkit import ENGINE_PYTHONS, engine_skip_reason
 
-from eagle3nb.engines import pool
+from eagle3nb.engines import client, pool
 from eagle3nb.target import models
 
 # One engine start per engine and target for the whole session: a worker closed by a test or a step
 # is kept running (at most 3 idle, ~2 GB each) and handed to the next with the same start arguments
 # (eagle3nb.engines.pool); set EAGLE3NB_KEEP_ENGINES=0 to start each afresh.
 os.environ.setdefault(pool.KEEP_ENV, "3")
+
+# where a test without the ``engines`` mark finds the engine venvs: nowhere (the name says why)
+HIDDEN_ENGINES = "/nonexistent/engine-venvs-hidden-from-a-test-not-marked-requires_engine"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip each test marked :func:`testkit.requires_engine` whose engine venv is absent (or
+    holds another version), with :func:`testkit.engine_skip_reason`'s one reason."""
+    reasons = {}
+    for item in items:
+        for mark in item.iter_markers("engines"):
+            if not mark.args:
+                continue  # a bare ``engines`` mark (nbval's notebooks): needs both, no skip here
+            key = (mark.args[0], mark.kwargs.get("version"))
+            if key not in reasons:
+                reasons[key] = engine_skip_reason(*key)
+            if reasons[key]:
+                item.add_marker(pytest.mark.skip(reason=reasons[key]))
+                break
+
+
+@contextlib.contextmanager
+def _engines_hidden():
+    """The engine venvs out of reach: ``DEFAULT_ENGINE_PYTHONS`` (read at call time by every
+    step) and ``EAGLE3NB_ENGINES`` (what a papermill kernel or torchrun child reads) point under
+    :data:`HIDDEN_ENGINES`; restored on exit."""
+    saved = dict(client.DEFAULT_ENGINE_PYTHONS), client.ENGINES_HOME
+    env = os.environ.get("EAGLE3NB_ENGINES")
+    os.environ["EAGLE3NB_ENGINES"] = HIDDEN_ENGINES
+    client.ENGINES_HOME = type(client.ENGINES_HOME)(HIDDEN_ENGINES)
+    for engine, python in ENGINE_PYTHONS.items():
+        rel = os.path.relpath(python, saved[1])
+        client.DEFAULT_ENGINE_PYTHONS[engine] = os.path.join(HIDDEN_ENGINES, rel)
+    try:
+        yield
+    finally:
+        client.DEFAULT_ENGINE_PYTHONS.update(saved[0])
+        client.ENGINES_HOME = saved[1]
+        if env is None:
+            os.environ.pop("EAGLE3NB_ENGINES", None)
+        else:
+            os.environ["EAGLE3NB_ENGINES"] = env
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test without the ``engines`` mark runs (setup, fixtures of any scope it first asks for,
+    call, teardown) with the engine venvs hidden: one that starts an engine, reads an engine's
+    installed version or files, fails naming :data:`HIDDEN_ENGINES`, so the contributors' fast
+    command (``-m "not engines ..."``, README "Tests") never starts an engine and needs no venv.
+    Why at run time: a grep cannot see an engine started three calls down inside a step."""
+    hide = item.get_closest_marker("engines") is None
+    with _engines_hidden() if hide else contextlib.nullcontext():
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -29,6 +29,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from testkit import requires_engine
 
 REPO = Path(__file__).resolve().parents[1]
 BROWSER_DIR = REPO / "tests" / "browser"
@@ -289,4 +290,10 @@ def _skip_reason() -> str | None:
 
 
 _reason = _skip_reason()
-pytestmark = pytest.mark.skipif(_reason is not None, reason=_reason or "")
+# the notebooks resume the smoke run, whose steps start both engines
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.skipif(_reason is not None, reason=_reason or ""),
+    requires_engine("vllm"),
+    requires_engine("sglang"),
+]

@@ -5,12 +5,16 @@ import json
 
 import plotly.offline
 import pytest
+from testkit import requires_engine
 
 from eagle3nb.drafter.export import load_drafter
 from eagle3nb.params import RunParams, load_params
 from eagle3nb.params.sync import declared_by
 from eagle3nb.rundir import REPO_ROOT
 from eagle3nb.run import NOTEBOOKS as ALL_NOTEBOOKS
+
+# every test here reads the smoke run (``smoke_run``), whose steps start both engines
+pytestmark = [requires_engine("vllm"), requires_engine("sglang")]
 
 # the smoke run leaves audit_drafter null, so eagle3nb.run skips 06_audit (tests/audit/ runs it)
 NOTEBOOKS = [n for n in ALL_NOTEBOOKS if n != "06_audit"]

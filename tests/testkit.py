@@ -1,6 +1,6 @@
 """Helpers shared by several test folders (importable as ``testkit``: pytest puts ``tests/`` on
-``sys.path`` through ``tests/conftest.py``): the tiny HF-captured dataset and the installed
-engines' source files."""
+``sys.path`` through ``tests/conftest.py``): the engine-venv mark :func:`requires_engine`, the
+tiny HF-captured dataset and the installed engines' source files."""
 
 from __future__ import annotations
 
@@ -8,6 +8,54 @@ from pathlib import Path
 from typing import Sequence
 
 import pytest
+
+from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
+
+# the engine pythons as installed, taken before tests/conftest.py hides them from tests without
+# the ``engines`` mark (a test reads them through requires_engine's skip, never directly)
+ENGINE_PYTHONS = dict(DEFAULT_ENGINE_PYTHONS)
+SETUP_ENGINES = "bash .ci/setup_engines.sh"
+
+
+def requires_engine(engine: str, version: str | None = None) -> pytest.MarkDecorator:
+    """The mark of a test that needs ``engine``'s venv (it starts the engine, or reads the
+    venv's files or installed version): ``pytest.mark.engines(engine, version=version)``.
+
+    Use as a decorator, in a module's ``pytestmark`` (a list for both engines) or in
+    ``pytest.param(..., marks=...)``. ``tests/conftest.py`` skips the test with
+    :func:`engine_skip_reason` where the venv is absent (or holds another version), and hides the
+    venvs from every test without the mark, so a test that needs them unmarked fails.
+    ``-m "not engines"`` deselects them all (the contributors' fast command, README "Tests").
+
+    Args:
+        engine: ``"vllm"`` or ``"sglang"`` (a key of ``DEFAULT_ENGINE_PYTHONS``).
+        version: a version prefix the installed engine must start with (``"0.5"``), or None.
+
+    Raises:
+        ValueError: an unknown engine (names the known ones).
+    """
+    if engine not in ENGINE_PYTHONS:
+        raise ValueError(
+            f"requires_engine({engine!r}): engine must be one of {list(ENGINE_PYTHONS)}"
+        )
+    return pytest.mark.engines(engine, version=version)
+
+
+def engine_skip_reason(engine: str, version: str | None = None) -> str | None:
+    """Why a test marked :func:`requires_engine` ``(engine, version)`` cannot run here: the venv's
+    python is absent, or its installed version does not start with ``version``; None when it
+    can. The one wording of the "engine venv absent" skip."""
+    python = ENGINE_PYTHONS[engine]
+    if not Path(python).is_file():
+        return f"{engine} engine venv absent ({python}); create it with `{SETUP_ENGINES}`"
+    if version is not None:
+        from eagle3nb.engines.versions import installed_engine_version
+
+        have = installed_engine_version(engine, python)
+        if not have.startswith(version):
+            return f"needs {engine} {version}*, the venv ({python}) has {have}; `{SETUP_ENGINES}`"
+    return None
+
 
 # five short stories: the tiny dataset's texts (the first 3 tokens of each are prompt, loss mask 0)
 TINY_TEXTS = [
@@ -60,22 +108,25 @@ def write_tiny_dataset(
 
 def engine_site_packages(engine: str) -> Path | None:
     """The site-packages folder of ``engine``'s venv (eagle3nb's default engine python), or None
-    when that venv is absent."""
-    from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
-
+    when that venv is absent (or hidden: a test without :func:`requires_engine`)."""
     venv = Path(DEFAULT_ENGINE_PYTHONS[engine]).parent.parent
     hits = sorted(venv.glob("lib/python3*/site-packages"))
     return hits[0] if hits else None
 
 
 def engine_file_lines(engine: str, rel: str) -> list[str]:
-    """The lines of ``rel`` (a path inside site-packages) in ``engine``'s venv; skips the test
-    when the venv is absent."""
+    """The lines of ``rel`` (a path inside site-packages) in ``engine``'s venv; the test carries
+    :func:`requires_engine` ``(engine)`` (skipped without the venv).
+
+    Raises:
+        AssertionError: the venv lacks the file (another engine version moved it), or the test
+            is not marked (the venvs are hidden from it).
+    """
     root = engine_site_packages(engine)
-    if root is None or not (root / rel).is_file():
-        pytest.skip(
-            f"{engine} venv absent or without {rel}; create it with `bash .ci/setup_engines.sh`"
-        )
+    assert root is not None and (root / rel).is_file(), (
+        f"{rel} not in {engine}'s venv ({DEFAULT_ENGINE_PYTHONS[engine]}): mark the test "
+        f"requires_engine({engine!r}), or the installed {engine} moved the file"
+    )
     return (root / rel).read_text().splitlines()
 
 

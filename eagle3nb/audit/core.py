@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
 
+from eagle3nb.audit.flavour import flavour_reading
 from eagle3nb.audit.formats import check_belongs, loadable_copy, read_drafter_folder
 from eagle3nb.audit.measure import candidate_sets, engine_readings, measure_candidates, verdict
 from eagle3nb.audit.patch import commands, write_patched
@@ -103,6 +104,7 @@ def run_audit(
         eos = models.stop_token_ids(m, tok)  # as 04 and the engines' serve_acceptance stop
         rows = measure_candidates(m, d, cands, ids, k, max_new_tokens, eos, progress)
         v = verdict(rows, folder.declared)
+        flav = flavour_reading(m, d, v["recommended"], ids, k, max_new_tokens, eos)
         for r in readings.values():
             r["tau"] = next(
                 (x["tau"] for x in rows if x["boundaries"] == r.get("boundaries")), None
@@ -118,6 +120,7 @@ def run_audit(
             "readings": readings,
             "candidates": rows,
             "verdict": v,
+            "flavour": flav,
             "engine": engine,
             "k": k,
             "prompts": len(ids),
@@ -167,6 +170,12 @@ def summary_lines(result: dict) -> list[str]:
         f"{result['k']}",
         f"recommended: {v['recommended']} ({v['why']})",
     ]
+    fl = result.get("flavour") or {}
+    if fl.get("swapped"):
+        sw = fl["swapped"]
+        out.append(f"flavour {fl['flavour']}; read as {sw['flavour']}: tau {_f(sw['tau'])}")
+    elif fl:
+        out.append(f"flavour {fl['flavour']}")
     for e, r in result["readings"].items():
         if result["engine"] and e != result["engine"]:
             continue

@@ -9,7 +9,6 @@ import torch
 from eagle3nb.drafter.acceptance import conditional_acceptance
 from eagle3nb.drafter.export import load_drafter
 from eagle3nb.drafter.ksweep import sweep_from_positions
-from eagle3nb.drafter.model import Eagle3Drafter
 from eagle3nb.drafter.acceptance import greedy_generate
 from eagle3nb.drafter.shared_eval import evaluate_shared
 from eagle3nb.manifest import read_json
@@ -111,7 +110,7 @@ def _runs(p: RunParams, model, drafter, dman: dict, bnds, n: int, served: dict) 
     if p.baselines:
         torch.manual_seed(p.seed + 1234)
         emb = model.get_input_embeddings().weight.detach().float().cpu()
-        fresh = Eagle3Drafter(drafter.config, emb)
+        fresh = type(drafter)(drafter.config, emb)  # the same head (Llama or MLA)
         fresh.set_vocab(drafter.d2t.cpu(), drafter.t2d.cpu())
         if dman["train_config"].get("init_head_from_target"):
             init_head_from_target(fresh, model)  # the trained drafter's starting point

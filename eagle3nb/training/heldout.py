@@ -28,6 +28,7 @@ import torch
 from eagle3nb.drafter.acceptance import AcceptanceStats
 from eagle3nb.drafter.shared_eval import greedy_states, walk
 from eagle3nb.drafter.model import Eagle3Drafter
+from eagle3nb.drafter.mla import make_drafter
 from eagle3nb.padding import pad_right
 from eagle3nb.target.capture import capture_boundaries, final_norm_of, n_layers_of
 from eagle3nb.target.models import as_stop_list
@@ -55,7 +56,7 @@ def plain_copy(drafter: Eagle3Drafter, device, state: dict | None = None) -> Eag
     dict, e.g. gathered from FSDP shards; None: the drafter's own). Consumes RNG (the fresh
     module's init): call it inside :func:`isolated_rng`."""
     sd = drafter.state_dict() if state is None else state
-    c = Eagle3Drafter(drafter.config)
+    c = make_drafter(drafter.config)  # the same head class (Llama or MLA)
     c.load_state_dict({k: v.detach().clone() for k, v in sd.items()})
     return c.to(device).eval()
 

@@ -34,6 +34,7 @@ import torch
 from eagle3nb import threads
 from eagle3nb.training import distributed
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
+from eagle3nb.drafter.mla import MLAConfig, make_drafter
 from eagle3nb.training.batches import add_aux_noise, loader_workers_for, make_source  # noqa: F401 (re-exported)
 from eagle3nb.training.fastpath import COMPILE, PRECISIONS, resolve
 from eagle3nb.training.objective import TTTObjective
@@ -59,6 +60,7 @@ class TrainConfig:
     norm_before_fc: bool = False  # drafter variant: RMSNorm over the aux concat before fc
     norm_output: bool = False  # drafter variant (EAGLE-3.1): next step reads the normed state
     fc_norm: bool = False  # drafter variant (EAGLE-3.1): one RMSNorm per aux state before fc
+    drafter_head: str = "llama"  # llama (GQA attention) or mla (DeepSeek/Kimi: drafter/mla.py)
     ttt_steps: int = 7
     loss_decay: float = 0.8
     batch_size: int = 8
@@ -109,6 +111,8 @@ class TrainConfig:
                 f"precision={self.precision!r}, torch_compile={self.torch_compile!r}: use one of "
                 f"{PRECISIONS} and one of {COMPILE}"
             )
+        if self.drafter_head not in ("llama", "mla"):
+            raise ValueError(f"drafter_head={self.drafter_head!r}: use llama or mla")
         if self.attention not in ("auto", "eager", "flex"):
             raise ValueError(f"attention={self.attention!r}: use auto, eager or flex")
         if self.fsdp not in ("auto", "on", "off"):
@@ -132,7 +136,10 @@ class TrainConfig:
         how += ("eval_every", "keep_last", "export_from")
         d = {k: v for k, v in asdict(self).items() if k not in how}
         return {
-            k: v for k, v in d.items() if v or k not in ("norm_before_fc", "norm_output", "fc_norm")
+            k: v
+            for k, v in d.items()
+            if (v or k not in ("norm_before_fc", "norm_output", "fc_norm"))
+            and (k, v) != ("drafter_head", "llama")
         }
 
 
@@ -162,18 +169,21 @@ def build_drafter(ds, target, cfg: TrainConfig) -> tuple[Eagle3Drafter, dict]:
     Returns ``(drafter, vocab_info)``."""
     torch.manual_seed(cfg.seed)
     n_aux = getattr(ds, "n_aux", None) or len(ds.manifest["aux_boundaries"])
-    c = DrafterConfig.for_target(
-        target.config.get_text_config(),  # wrappers: the text model's widths
-        cfg.draft_vocab_size,
-        n_aux,
-        cfg.draft_num_heads or None,
-        cfg.draft_num_kv_heads or None,
-        cfg.draft_intermediate_size or None,
-    )
+    heads, mlp = cfg.draft_num_heads or None, cfg.draft_intermediate_size or None
+    if cfg.drafter_head == "mla":  # MLA ranks and rope from the target (refuses a non-MLA one)
+        c = MLAConfig.for_target(
+            target.config.get_text_config(), cfg.draft_vocab_size, n_aux, num_attention_heads=heads,
+            intermediate_size=mlp,
+        )  # fmt: skip
+    else:
+        c = DrafterConfig.for_target(
+            target.config.get_text_config(),  # wrappers: the text model's widths
+            cfg.draft_vocab_size, n_aux, heads, cfg.draft_num_kv_heads or None, mlp,
+        )  # fmt: skip
     c = replace(
         c, norm_before_fc=cfg.norm_before_fc, norm_output=cfg.norm_output, fc_norm=cfg.fc_norm
     )
-    d = Eagle3Drafter(c, target.get_input_embeddings().weight.detach().float().cpu())
+    d = make_drafter(c, target.get_input_embeddings().weight.detach().float().cpu())
     counts = count_loss_tokens(ds.token_masks(), c.vocab_size)
     d2t, t2d = build_draft_vocab(counts, cfg.draft_vocab_size)
     d.set_vocab(d2t, t2d)
@@ -374,7 +384,7 @@ def train_drafter(
         returned["from"] = "best"
     if mode == "fsdp":  # gather the shards into a plain drafter (every rank takes part)
         full = distributed.unwrap_full_state(model)  # rank 0 only (the others get {})
-        drafter = Eagle3Drafter(drafter.config)
+        drafter = make_drafter(drafter.config)
         if ctx.is_main:
             drafter.load_state_dict({k.removeprefix("drafter."): v for k, v in full.items()})
     drafter.eval()

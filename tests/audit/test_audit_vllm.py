@@ -4,11 +4,11 @@ trained boundaries, and the folder as published does not. Skipped when the venv 
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 from conftest import TRAINED, write_format
 
+from testkit import requires_engine
 from eagle3nb.audit.core import heldout_prompt_ids, run_audit
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
 from eagle3nb.engines.pool import open_engine
@@ -16,10 +16,7 @@ from eagle3nb.engines.versions import installed_engine_version
 from eagle3nb.target import models
 
 VLLM_PY = DEFAULT_ENGINE_PYTHONS["vllm"]
-pytestmark = pytest.mark.skipif(
-    not Path(VLLM_PY).is_file(),
-    reason=f"vLLM engine venv absent ({VLLM_PY}); create it with `bash .ci/setup_engines.sh`",
-)
+pytestmark = requires_engine("vllm")
 K, NEW = 4, 48
 
 

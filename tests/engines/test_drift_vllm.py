@@ -9,15 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
+from testkit import requires_engine
 from eagle3nb.params import RunParams
 from eagle3nb.steps.drift_matrix import drift_matrix_step
 from eagle3nb.steps.generate import generate_step
 
-pytestmark = pytest.mark.skipif(
-    not Path(DEFAULT_ENGINE_PYTHONS["vllm"]).is_file(),
-    reason=f"vLLM engine venv absent ({DEFAULT_ENGINE_PYTHONS['vllm']}); create it with `bash .ci/setup_engines.sh`",
-)
+pytestmark = requires_engine("vllm")
 REF, W8, W4 = "hf:float32:none", "vllm:bfloat16:w8a8", "vllm:bfloat16:w4a16"
 
 

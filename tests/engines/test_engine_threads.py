@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from testkit import requires_engine
 from eagle3nb import threads
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient
 
@@ -63,10 +64,7 @@ def test_worker_takes_this_process_budget_and_keeps_a_users_setting(tmp_path, mo
 VLLM_PY = DEFAULT_ENGINE_PYTHONS["vllm"]
 
 
-@pytest.mark.skipif(
-    not Path(VLLM_PY).is_file(),
-    reason=f"vLLM engine venv absent ({VLLM_PY}); create it with `bash .ci/setup_engines.sh`",
-)
+@requires_engine("vllm")
 def test_real_vllm_worker_python_runs_with_the_budget(tmp_path, monkeypatch):
     # the worker in vLLM's venv (its own torch build) builds the vLLM backend; vLLM's engine itself
     # starts on the first request, so no engine is started here

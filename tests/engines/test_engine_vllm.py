@@ -6,11 +6,11 @@ inside); the bf16 check starts a second one. Skipped, with the reason, when the 
 (`bash .ci/setup_engines.sh` creates it)."""
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
+from testkit import requires_engine
 from eagle3nb.target import models
 from eagle3nb import params
 from eagle3nb.rundir import RunDir
@@ -25,10 +25,7 @@ from eagle3nb.engines.pool import open_engine
 from eagle3nb.drafter.export import load_drafter
 
 VLLM_PY = DEFAULT_ENGINE_PYTHONS["vllm"]
-pytestmark = pytest.mark.skipif(
-    not Path(VLLM_PY).is_file(),
-    reason=f"vLLM engine venv absent ({VLLM_PY}); create it with `bash .ci/setup_engines.sh`",
-)
+pytestmark = [requires_engine("vllm"), requires_engine("sglang")]
 
 SAMPLES = [
     [1, 400, 300, 20, 55, 66, 301, 17],

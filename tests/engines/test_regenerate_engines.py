@@ -3,11 +3,9 @@ SGLang (each in its own venv, float32, CPU) gives the same token ids as HF trans
 turn; a difference is reported with its conversation, turn and first position. Skipped, with the
 reason, where an engine venv is absent (`bash .ci/setup_engines.sh` creates them)."""
 
-from pathlib import Path
-
 import pytest
 
-from testkit import sglang_ctx
+from testkit import requires_engine, sglang_ctx
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
 from eagle3nb.engines.pool import open_engine
 from eagle3nb.engines.sglang_helpers import start_sglang
@@ -70,9 +68,7 @@ def _engine_results(client, records, target, partial):
     return _regen(records, gen, tok, partial)
 
 
-@pytest.mark.skipif(
-    not Path(DEFAULT_ENGINE_PYTHONS["vllm"]).is_file(), reason="vLLM engine venv absent"
-)
+@requires_engine("vllm")
 def test_vllm_regeneration_equals_hf(records, target, hf_results, tmp_path):
     path = models.resolve_model("stories260K-hd32")
     with open_engine(
@@ -85,9 +81,7 @@ def test_vllm_regeneration_equals_hf(records, target, hf_results, tmp_path):
     assert [r["rows"] for r in got] == [r["rows"] for r in hf_results]
 
 
-@pytest.mark.skipif(
-    not Path(DEFAULT_ENGINE_PYTHONS["sglang"]).is_file(), reason="SGLang engine venv absent"
-)
+@requires_engine("sglang")
 def test_sglang_regeneration_equals_hf(records, target, hf_results, tmp_path):
     path = models.resolve_model("stories260K-hd32")
     with start_sglang(path, "float32", "cpu", 0, None, tmp_path, sglang_ctx(path)) as client:
@@ -96,9 +90,7 @@ def test_sglang_regeneration_equals_hf(records, target, hf_results, tmp_path):
     assert [r["rows"] for r in got] == [r["rows"] for r in hf_results]
 
 
-@pytest.mark.skipif(
-    not Path(DEFAULT_ENGINE_PYTHONS["sglang"]).is_file(), reason="SGLang engine venv absent"
-)
+@requires_engine("sglang")
 def test_01_through_sglang_writes_the_hf_file(tmp_path):
     """01 (generate_step) on 6 conversations with generate_engine sglang and hf: the same
     generated.jsonl; SGLang's tokens/s recorded under metrics.json engines.sglang."""

@@ -4,11 +4,10 @@ names the target in speculators form), each serve the exported drafter (vLLM's d
 with output equal to vLLM's plain greedy output. Skipped when the vLLM venv is absent."""
 
 import re
-from pathlib import Path
 
-import pytest
 import torch
 
+from testkit import requires_engine
 from eagle3nb.drafter.card import serve_commands_markdown, vllm_command_args
 from eagle3nb.drafter.export import export_drafter
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
@@ -17,10 +16,7 @@ from eagle3nb.engines.pool import open_engine
 from eagle3nb.target import models
 
 VLLM_PY = DEFAULT_ENGINE_PYTHONS["vllm"]
-pytestmark = pytest.mark.skipif(
-    not Path(VLLM_PY).is_file(),
-    reason=f"vLLM engine venv absent ({VLLM_PY}); create it with `bash .ci/setup_engines.sh`",
-)
+pytestmark = requires_engine("vllm")
 
 
 def test_serve_commands_vllm_serve_the_drafter_losslessly(target, tmp_path):

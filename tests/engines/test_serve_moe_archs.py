@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from testkit import requires_engine
 from eagle3nb import params
 from eagle3nb.drafter.acceptance import evaluate_acceptance
 from eagle3nb.drafter.export import load_drafter
@@ -35,10 +36,7 @@ from eagle3nb.target.twin import twin_config
 from eagle3nb.text.generation import read_jsonl
 
 VLLM_PY = DEFAULT_ENGINE_PYTHONS["vllm"]
-pytestmark = pytest.mark.skipif(
-    not Path(VLLM_PY).is_file(),
-    reason=f"vLLM engine venv absent ({VLLM_PY}); create it with `bash .ci/setup_engines.sh`",
-)
+pytestmark = [requires_engine("vllm"), requires_engine("sglang")]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 # class -> (model_type, draft_vocab_size)
 ARCHS = {

@@ -15,16 +15,13 @@ import subprocess
 import pytest
 import torch
 
-from testkit import sglang_ctx
+from testkit import requires_engine, sglang_ctx
 from eagle3nb.target import models
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
 from eagle3nb.text.generation import generate_batch
 
 PY = DEFAULT_ENGINE_PYTHONS["sglang"]
-pytestmark = pytest.mark.skipif(
-    not os.path.isfile(PY),
-    reason=f"SGLang venv absent ({PY}); create it with `bash .ci/setup_engines.sh`",
-)
+pytestmark = requires_engine("sglang")
 
 IDS = [0, 1, 3]  # SGLang ids -> boundaries 1, 2, 4 of the 5-layer target
 SAMPLES = [

@@ -11,20 +11,15 @@ keeps drift and an offset apart by more than 10x.
 One SGLang engine (bf16, capture mode) for the module. Skipped only when the SGLang venv is absent.
 """
 
-import os
-
 import pytest
 import torch
 
-from testkit import sglang_ctx
+from testkit import requires_engine, sglang_ctx
 from eagle3nb.target import models
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
 
 PY = DEFAULT_ENGINE_PYTHONS["sglang"]
-pytestmark = pytest.mark.skipif(
-    not os.path.isfile(PY),
-    reason=f"SGLang venv absent ({PY}); create it with `bash .ci/setup_engines.sh`",
-)
+pytestmark = requires_engine("sglang")
 
 IDS = [0, 1, 3]
 SAMPLES = [[1, 20, 30, 40, 50, 60, 70], [1, 7, 8], [1] + list(range(100, 160))]

@@ -8,10 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
-from testkit import sglang_ctx
+from testkit import requires_engine, sglang_ctx
 from eagle3nb.engines import sglang_forkserver
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
 from eagle3nb.target import models
@@ -98,7 +97,7 @@ def test_forked_child_runs_with_the_environment_of_its_start(tmp_path):
     assert ours.read_text() == "at the child's start"
 
 
-@pytest.mark.skipif(not os.path.isfile(PY), reason=f"SGLang venv absent ({PY})")
+@requires_engine("sglang")
 def test_every_engine_of_a_worker_forks_from_one_preloaded_server(tmp_path):
     from eagle3nb.engines.sglang_helpers import start_sglang
 

@@ -9,12 +9,11 @@ Skipped, with the reason, when the SGLang venv is absent (``bash .ci/setup_engin
 """
 
 import json
-import os
 import shutil
 
 import pytest
 
-from testkit import sglang_ctx
+from testkit import requires_engine, sglang_ctx
 from eagle3nb import params
 from eagle3nb.drafter.acceptance import evaluate_acceptance, greedy_generate
 from eagle3nb.drafter.export import load_drafter
@@ -28,10 +27,7 @@ from eagle3nb.target import models
 from eagle3nb.text.generation import read_jsonl
 
 PY = DEFAULT_ENGINE_PYTHONS["sglang"]
-pytestmark = pytest.mark.skipif(
-    not os.path.isfile(PY),
-    reason=f"SGLang venv absent ({PY}); create it with `bash .ci/setup_engines.sh`",
-)
+pytestmark = requires_engine("sglang")
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from testkit import sglang_ctx
+from testkit import requires_engine, sglang_ctx
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
 from eagle3nb.engines.pool import open_engine
 from eagle3nb.engines.sglang_helpers import start_sglang
@@ -55,11 +55,9 @@ CLASSES = {
         "Glm4MoeForCausalLM",
     ],
 }
-CASES = [(e, a) for e in CLASSES for a in CLASSES[e] if Path(DEFAULT_ENGINE_PYTHONS[e]).is_file()]
+CASES = [pytest.param((e, a), marks=requires_engine(e)) for e in CLASSES for a in CLASSES[e]]
 SAMPLES = [[1, 400, 300, 20, 55, 66, 301, 17, 9], [1, 5, 6, 7], [1, 33, 260, 261, 262, 263, 264]]
 F32_TOL = 1e-5
-
-pytestmark = pytest.mark.skipif(not CASES, reason="no engine venv (bash .ci/setup_engines.sh)")
 
 
 def _ids(engine: str, arch: str) -> list[int]:
@@ -172,7 +170,7 @@ def test_one_by_one_equals_batched(case):
         assert _rel(b["aux"], s["aux"]) <= case["tol"]
 
 
-@pytest.mark.parametrize("engine", sorted({e for e, _ in CASES}))
+@pytest.mark.parametrize("engine", [pytest.param(e, marks=requires_engine(e)) for e in CLASSES])
 def test_twin_proof_on_the_default_target(engines, engine, tmp_path):
     """What 02a/02b add to a run on the embedded default: its seconds (build, engine capture in
     the running worker, HF reference), with the run's default boundaries [1, 2, 4]."""

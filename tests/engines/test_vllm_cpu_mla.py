@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from testkit import requires_engine
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient, EngineError
 from eagle3nb.engines.twin_check import TWIN_ENGINE_OPTIONS, twin_proof
 from eagle3nb.target import models
@@ -37,10 +38,7 @@ from eagle3nb.target.cpu_limits import cpu_limit
 from eagle3nb.target.engine_rules import engine_rule
 
 VLLM_PY = DEFAULT_ENGINE_PYTHONS["vllm"]
-needs_vllm = pytest.mark.skipif(
-    not Path(VLLM_PY).is_file(),
-    reason=f"vLLM engine venv absent ({VLLM_PY}); create it with `bash .ci/setup_engines.sh`",
-)
+needs_vllm = requires_engine("vllm")
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = "eagle3nb/data/deepseek_v3.config.json"
 ARCH, N = "DeepseekV3ForCausalLM", 12

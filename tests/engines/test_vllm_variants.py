@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from testkit import requires_engine
 from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.dataset.write import write_dataset
 from eagle3nb.drafter.acceptance import evaluate_acceptance, greedy_generate
@@ -23,10 +24,7 @@ from eagle3nb.target.capture import HFCaptureEngine
 from eagle3nb.training.loop import TrainConfig, train_drafter
 
 VLLM_PY = DEFAULT_ENGINE_PYTHONS["vllm"]
-pytestmark = pytest.mark.skipif(
-    not Path(VLLM_PY).is_file(),
-    reason=f"vLLM engine venv absent ({VLLM_PY}); create it with `bash .ci/setup_engines.sh`",
-)
+pytestmark = requires_engine("vllm")
 K, NEW = 3, 32
 
 

@@ -4,14 +4,12 @@ loads no target weights when the simulator is off."""
 
 import json
 import shutil
-from pathlib import Path
 
-import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from testkit import requires_engine
 from eagle3nb.drafter.engine_read import read_as_engine
-from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
 from eagle3nb.steps import eval_bench
 from eagle3nb.steps.eval_bench import target_parameters
 from eagle3nb.steps.eval_served import offset_drafter_dir, serve_engine
@@ -141,10 +139,7 @@ def test_auto_leaves_out_a_simulator_whose_target_does_not_fit(monkeypatch, tmp_
     assert eval_bench.resolve_eval_engines(q, tmp_path / "t", {}, "cpu") == (["sglang"], {})
 
 
-@pytest.mark.skipif(
-    not Path(DEFAULT_ENGINE_PYTHONS["vllm"]).is_file(),
-    reason=f"vLLM engine venv absent ({DEFAULT_ENGINE_PYTHONS['vllm']}); create it with `bash .ci/setup_engines.sh`",
-)
+@requires_engine("vllm")
 def test_04_without_the_simulator_loads_no_target_weights(smoke_run, tmp_path, monkeypatch):
     """The smoke run's drafter served by vLLM alone, with every HF weight load forbidden: 04
     still reports vLLM's own tau, the same as the smoke run's vLLM-served tau; and on a

@@ -4,20 +4,16 @@ compared with HF's stored ones record by record here (not by the code under test
 the vLLM venv is absent."""
 
 import json
-from pathlib import Path
 
 import pytest
 
+from testkit import requires_engine
 from eagle3nb import params
-from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
 from eagle3nb.rundir import RunDir
 from eagle3nb.steps.generate import generate_step
 from eagle3nb.text.generation import read_jsonl
 
-pytestmark = pytest.mark.skipif(
-    not Path(DEFAULT_ENGINE_PYTHONS["vllm"]).is_file(),
-    reason="vLLM engine venv absent; create it with `bash .ci/setup_engines.sh`",
-)
+pytestmark = requires_engine("vllm")
 
 
 def test_hf_and_vllm_timed_on_the_same_prompts(tmp_path):

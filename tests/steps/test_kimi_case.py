@@ -13,6 +13,7 @@ this twin (README), so the shortened run checks what was fed, not which tau is h
 import json
 
 import pytest
+from testkit import requires_engine
 
 from eagle3nb.params import load_params
 from eagle3nb.preflight import check_against_model
@@ -52,13 +53,8 @@ def test_twin_of_deepseek_v3_built_from_its_config(kimi):
     assert models.resolve_model(kimi[0].model) == path  # built once, then found
 
 
+@requires_engine("vllm")
 def test_preflight_accepts_the_run(kimi):
-    from pathlib import Path
-
-    from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
-
-    if not Path(DEFAULT_ENGINE_PYTHONS["vllm"]).is_file():
-        pytest.skip("vLLM venv absent (bash .ci/setup_engines.sh)")
     p, _ = kimi
     info = check_against_model(p)
     assert info["n_layers"] == 12 and info["boundaries"] == [3, 7, 10]
@@ -92,6 +88,7 @@ def test_sglang_reading_flagged_before_training(kimi, tmp_path):
     assert llama["sglang"]["reads"] == [3, 7, 10]  # the same ids work on a Llama target
 
 
+@requires_engine("sglang")  # its installed version names the reading
 def test_alignment_figure_marks_what_03_flags(kimi, tmp_path):
     """02b's alignment figure marks, per engine, where it reads the ids 03 will export: with the
     params 02b's notebook declares (as eagle3nb.run passes them), SGLang's marker is the flagged
@@ -114,8 +111,7 @@ def test_alignment_figure_marks_what_03_flags(kimi, tmp_path):
     rd = RunDir(p)
     rd.root.mkdir(parents=True)
     flags = export_rule_check(p, rd, "DeepseekV3ForCausalLM", 12, [3, 7, 10], [3, 7, 10])
-    if "sglang" not in flags:
-        pytest.skip("SGLang venv absent: its installed version names the reading")
+    assert "sglang" in flags, flags  # its installed version names the reading
     assert marks["sglang 0.5.23 reads exported ids [2, 6, 9] as boundaries [2, 6, 9]"] == [2, 6, 9]
     assert {tuple(v) for v in marks.values()} == {tuple(r["reads"]) for r in flags.values()}
 
@@ -145,16 +141,13 @@ SMALL.update(eval_max_new_tokens=32, interactive=False)
 
 @pytest.fixture(scope="module")
 def kimi_run(kimi):
-    from pathlib import Path
-
-    from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
+    """The run on the Kimi twin; its tests carry requires_engine("sglang") (the installed SGLang
+    version names the reading)."""
     from eagle3nb.steps.evaluate import eval_step
     from eagle3nb.steps.extract_sglang import extract_sglang_step
     from eagle3nb.steps.generate import generate_step
     from eagle3nb.steps.train import train_step
 
-    if not Path(DEFAULT_ENGINE_PYTHONS["sglang"]).is_file():
-        pytest.skip("SGLang venv absent: its installed version names the reading")
     p = kimi[0].model_copy(update=SMALL)
     generate_step(p, progress=False)
     out = {"02b": extract_sglang_step(p, progress=False)}
@@ -164,6 +157,7 @@ def kimi_run(kimi):
     return p, out
 
 
+@requires_engine("sglang")
 def test_run_captured_the_trained_boundaries_with_hf(kimi_run):
     _, out = kimi_run
     m = out["02b"]["manifest"]
@@ -173,6 +167,7 @@ def test_run_captured_the_trained_boundaries_with_hf(kimi_run):
     assert out["02b"]["alignment"]["ok"] and m.get("twin_check") is None
 
 
+@requires_engine("sglang")
 def test_run_flags_and_measures_the_sglang_reading(kimi_run):
     p, out = kimi_run
     cfg = json.loads((RunDir(p).drafter / "config.json").read_text())

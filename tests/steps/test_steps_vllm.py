@@ -3,11 +3,11 @@ against HF's (02b, engine hf) on the same tokens, 02a stopping on a measured bou
 03 from the 02a dataset, 04's vLLM-served counters next to the simulator, metrics per engine."""
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
+from testkit import requires_engine
 from eagle3nb.target import conventions
 from eagle3nb import params
 from eagle3nb.preflight import check_against_model
@@ -18,14 +18,10 @@ from eagle3nb.steps.extract_vllm import extract_vllm_step
 from eagle3nb.steps.generate import generate_step
 from eagle3nb.steps.train import train_step
 from eagle3nb.dataset.read import AuxDataset
-from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
 from eagle3nb.engines import vllm_helpers
 from eagle3nb.text.generation import read_jsonl
 
-pytestmark = pytest.mark.skipif(
-    not Path(DEFAULT_ENGINE_PYTHONS["vllm"]).is_file(),
-    reason=f"vLLM engine venv absent ({DEFAULT_ENGINE_PYTHONS['vllm']}); create it with `bash .ci/setup_engines.sh`",
-)
+pytestmark = requires_engine("vllm")  # 02b on HF here
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from testkit import requires_engine
 from eagle3nb.target.engine_rules import RULES, engine_rule, known_versions
 from eagle3nb.target.models import SUPPORTED_ARCHS
 
@@ -177,6 +178,8 @@ def _read_range(root: Path, rel: str, lo: int, hi: int) -> str:
     return "\n".join(lines[lo - 1 : hi])
 
 
+@requires_engine("vllm")
+@requires_engine("sglang")
 def test_cited_source_lines_exist_in_the_installed_engines():
     """Each cited file exists in the engine's sources (installed venv, or vLLM 0.26.0's sdist files)
     and each cited line range lies inside it and names the capture (a changed engine install shows
