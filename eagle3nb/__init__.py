@@ -78,6 +78,7 @@ viz/                figures and interactive views
     views           JupyterLab views (ipywidgets + plotly FigureWidget)
 audit/              a drafter trained elsewhere: its boundaries, each engine's reading, corrected ids
     formats         drafter folders as engines and peers write them; refusals for another target
+    flavour         the drafter's EAGLE-3.1 flavour, and tau of its weights read as the other
     measure         engine readings, candidate boundary sets, their tau by the simulator
     patch           the corrected copy (each engine's ids for the measured best), serving commands
     core            run_audit: read, refuse, measure, write; the summary lines

@@ -206,7 +206,29 @@ def check_belongs(folder: DrafterFolder, target_cfg: dict, tokenizer_size: int) 
             f"{target_cfg['num_hidden_layers']} layers: exported for another target"
         )
     # aux states the fc reads: the config's count, else both engines' default of 3
-    check_config_flags(c, where, int(c.get("num_aux_hidden_states") or 3))
+    n_aux = int(c.get("num_aux_hidden_states") or 3)
+    flags = check_config_flags(c, where, n_aux)
+    _check_flag_weights(folder.path, flags, n_aux)
+
+
+def _check_flag_weights(path: Path, flags: dict, n_aux: int) -> None:
+    """The norm weights the variant flags ask for are in model.safetensors (SGLang's legacy
+    ``aux_norm_low/mid/high`` count as ``fc_norm.0/1/2``), checked before the target loads."""
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        have = set(f.keys())
+    legacy = ("aux_norm_low", "aux_norm_mid", "aux_norm_high")
+    have |= {f"fc_norm.{i}.weight" for i, n in enumerate(legacy) if f"{n}.weight" in have}
+    need = {
+        "norm_before_fc": ["input_norm.weight"],
+        "fc_norm": [f"fc_norm.{i}.weight" for i in range(n_aux)],
+    }
+    for flag, names in need.items():
+        lack = [x for x in names if flags[flag] and x not in have]
+        if lack:
+            raise ValueError(
+                f"{path}/model.safetensors lacks {lack}, which config.json's {flag}=true asks "
+                "for: an engine would serve untrained norms (or refuse to load); re-export it"
+            )
 
 
 def loadable_copy(folder: DrafterFolder, out_dir: str | os.PathLike) -> Path:

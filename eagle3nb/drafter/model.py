@@ -56,7 +56,7 @@ queries are the step-0 positions themselves. Pick with :meth:`Eagle3Drafter.set_
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
 import torch
@@ -78,6 +78,7 @@ __all__ = [
     "FLAVOURS",
     "flavour_of",
     "swap_norm_flavour",
+    "swapped_drafter",
 ]
 
 # flavour name -> the flags that make it (every other variant flag off)
@@ -463,5 +464,16 @@ def swap_norm_flavour(sd: dict, c: DrafterConfig) -> tuple[dict, DrafterConfig] 
     else:
         for i, w in enumerate(sd["input_norm.weight"].chunk(c.n_aux)):  # n_aux x [Ht]
             out[f"fc_norm.{i}.weight"] = w.clone()
-    flags = dict(fc_norm=c.norm_before_fc, norm_before_fc=c.fc_norm)
-    return out, DrafterConfig(**{**c.to_dict(), **flags})
+    return out, replace(c, fc_norm=c.norm_before_fc, norm_before_fc=c.fc_norm)  # same class
+
+
+def swapped_drafter(d: Eagle3Drafter) -> Eagle3Drafter | None:
+    """A copy of ``d`` read as the other EAGLE-3.1 flavour (:func:`swap_norm_flavour`), same
+    class, device and mode; None when ``d`` has no other flavour."""
+    got = swap_norm_flavour(d.state_dict(), d.config)
+    if got is None:
+        return None
+    sd, c = got
+    out = type(d)(c).to(d.embed_tokens.weight.device)
+    out.load_state_dict(sd)
+    return out.train(d.training)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from eagle3nb.drafter import engine_read
 from eagle3nb.drafter.export_ids import engine_ids
+from eagle3nb.drafter.model import flavour_of, swap_norm_flavour
 
 __all__ = [
     "SPEED_NOTE",
@@ -25,6 +26,8 @@ __all__ = [
     "LATENCY_NOTE",
     "ENGINE_NAMES",
     "offset_drafter_dir",
+    "FLAVOUR",
+    "flavour_swapped_dir",
     "serve_engine",
     "served_block",
 ]
@@ -124,6 +127,48 @@ def offset_drafter_dir(drafter_dir, out_dir, moved: list[int], n: int, arch: str
         if got == list(moved):
             reads[engine] = got
     return reads
+
+
+# label of the flavour-swapped baseline: the trained weights read as the other EAGLE-3.1 flavour
+FLAVOUR = "trained, flavour swapped"
+
+
+def flavour_swapped_dir(drafter_dir, out_dir) -> str | None:
+    """A copy of the exported drafter read as the other EAGLE-3.1 flavour (``fc_norm`` <->
+    ``norm_before_fc``, :func:`eagle3nb.drafter.model.swap_norm_flavour`): the config's two flags
+    swapped, the norm scales renamed (``fc_norm.{i}.weight`` concatenated = ``input_norm.weight``),
+    so each engine loads it and serves the same weights with the other RMS statistics: the
+    served form of the simulator's flavour-swapped baseline, the mix-up of two "3.1"s.
+
+    Returns:
+        the copy's flavour name, or None (nothing written) when the drafter sets neither or both
+        norms.
+    """
+    from safetensors.torch import load_file, save_file
+
+    from eagle3nb.drafter.export import load_drafter
+
+    src, dst = Path(drafter_dir), Path(out_dir)
+    d, cfg = load_drafter(src)
+    got = swap_norm_flavour(load_file(str(src / "model.safetensors")), d.config)
+    if got is None:
+        return None
+    sd, c = got
+    cfg.update(fc_norm=c.fc_norm, norm_before_fc=c.norm_before_fc)
+    (cfg.get("eagle_config") or {}).pop("norm_before_fc", None)
+    meta = cfg.setdefault("eagle3nb", {})
+    meta.update(flavour=flavour_of(c), flavour_swapped_of=flavour_of(d.config))
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for f in src.iterdir():
+        if f.is_file() and f.name not in ("config.json", "model.safetensors"):
+            shutil.copy2(f, tmp / f.name)
+    save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
+    shutil.rmtree(dst, ignore_errors=True)
+    os.replace(tmp, dst)
+    return meta["flavour"]
 
 
 def _chunks(idx: list[int], b: int) -> list[list[int]]:

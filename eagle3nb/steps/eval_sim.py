@@ -9,6 +9,7 @@ import torch
 from eagle3nb.drafter.acceptance import conditional_acceptance
 from eagle3nb.drafter.export import load_drafter
 from eagle3nb.drafter.ksweep import sweep_from_positions
+from eagle3nb.drafter.model import swapped_drafter
 from eagle3nb.drafter.acceptance import greedy_generate
 from eagle3nb.drafter.shared_eval import evaluate_shared
 from eagle3nb.manifest import read_json
@@ -19,6 +20,7 @@ from eagle3nb.steps.common import merge_engine_metrics, progress_bar, record_che
 from eagle3nb.steps.eval_bench import HELDOUT, bench_prompts
 from eagle3nb.steps.eval_served import (
     ENGINE_NAMES,
+    FLAVOUR,
     LATENCY_NOTE,
     OFFSET,
     SPEED_NOTE,
@@ -79,7 +81,7 @@ def simulate(
             return [greedy_generate(model, q, p.eval_max_new_tokens, eos) for q in qs]
 
         ids, cats, keys = bench_prompts(p, tok, records, ans)
-        both = {k: v for k, v in runs.items() if k in ("trained", OFFSET)}
+        both = {k: v for k, v in runs.items() if k in ("trained", OFFSET, FLAVOUR)}
         b = evaluate_shared(
             model,
             both,
@@ -101,8 +103,9 @@ def simulate(
 def _runs(p: RunParams, model, drafter, dman: dict, bnds, n: int, served: dict) -> dict:
     """``{label: (drafter, boundaries)}`` to evaluate: the trained drafter, as served where an
     engine reads other boundaries from the exported ids, and with ``baselines`` an untrained
-    drafter and the trained one at the other engine's reading of the same ids
-    (:func:`eagle3nb.steps.eval_served.offset_boundaries`)."""
+    drafter, the trained one at the other engine's reading of the same ids
+    (:func:`eagle3nb.steps.eval_served.offset_boundaries`) and, for an EAGLE-3.1 flavour, the
+    trained one read as the other flavour (:func:`eagle3nb.drafter.model.swapped_drafter`)."""
     runs = {"trained": (drafter, bnds)}
     for sb in served.values():
         if sb != list(bnds) and f"trained, as served (ids -> {sb})" not in runs:
@@ -118,6 +121,9 @@ def _runs(p: RunParams, model, drafter, dman: dict, bnds, n: int, served: dict) 
         moved = offset_boundaries(dman.get("convention", "sglang"), list(bnds), n)
         if moved is not None and moved not in [list(x) for _, x in runs.values()]:
             runs[OFFSET] = (drafter, moved)
+        swapped = swapped_drafter(drafter)
+        if swapped is not None:
+            runs[FLAVOUR] = (swapped.eval(), bnds)
     return runs
 
 
@@ -130,7 +136,7 @@ def _sim_label(served: dict, engine: str, bnds) -> str:
 def _sim_runs(p, sim: dict) -> list[dict]:
     """The simulator's numbers as rows of the served table (engine "simulator")."""
     rows = []
-    for label in ("trained", OFFSET):
+    for label in ("trained", OFFSET, FLAVOUR):
         r = sim["results"].get(label)
         if r:
             rows.append(

@@ -22,7 +22,9 @@ from eagle3nb.steps.eval_bench import (
     serve_engines,
 )
 from eagle3nb.steps.eval_served import (  # noqa: F401  (OFFSET, offset_boundaries: re-exported)
+    FLAVOUR,
     OFFSET,
+    flavour_swapped_dir,
     offset_boundaries,
     offset_drafter_dir,
 )
@@ -160,7 +162,8 @@ def _stop_ids(path, tok) -> list[int]:
 def _served_drafters(p, rd, dman, bnds, n, served, serving) -> dict:
     """``{label: (folder, ks, batch sizes, engines that serve it, {engine: boundaries it reads})}``: the exported drafter at k and
     every ``eval_ks`` and batch size, and with ``baselines`` its layer-offset copy at k and the
-    first batch size, for the engines that read the offset as meant."""
+    first batch size, for the engines that read the offset as meant, and its flavour-swapped copy
+    (an EAGLE-3.1 drafter read as the other flavour) at k and the first batch size."""
     ks = [p.k] + [k for k in p.eval_ks if k != p.k]
     out = {"trained": (rd.drafter, ks, list(p.eval_batch_sizes), set(serving), served)}
     moved = offset_boundaries(dman.get("convention", "sglang"), list(bnds), n)
@@ -174,6 +177,9 @@ def _served_drafters(p, rd, dman, bnds, n, served, serving) -> dict:
             set(reads),
             reads,
         )
+    swap = rd.root / "drafter_flavour_swapped"
+    if p.baselines and serving and flavour_swapped_dir(rd.drafter, swap):
+        out[FLAVOUR] = (swap, [p.k], list(p.eval_batch_sizes[:1]), set(serving), served)
     return out
 
 
