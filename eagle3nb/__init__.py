@@ -114,7 +114,7 @@ params/             run parameters: one validated model for params/*.yaml and th
     schema          RunParams: every parameter's default, range, help and notebooks, once
     paths           checks of the prompts file, chat dataset and chat template paths
     load            params YAML files and a notebook's globals, validated; errors that name the fix
-    sync            parameters cells and README table rendered from RunParams
+    sync            parameters cells and docs/parameters.md rendered from RunParams
     __main__        python -m eagle3nb.params sync [--check]
 padding             pad_right: variable-length samples -> right-padded batch and mask
 threads             thread budget per process (affinity, cgroup quota): kernel and engine workers
@@ -123,6 +123,7 @@ preflight           checks before any notebook runs: parameters vs the target's 
 manifest            what produced an artefact, so a later step can refuse a mismatch
 run                 papermill driver: python -m eagle3nb.run PARAMS.yaml
 report              run browser: runs with their metrics and figures, two runs compared
+results_page        docs/results.md generated from bench/reference_*.json (python -m eagle3nb.report results)
 """
 
 __version__ = "0.1.0"

@@ -2,6 +2,7 @@
 
 python -m eagle3nb.report                      # table of runs
 python -m eagle3nb.report --compare default smoke
+python -m eagle3nb.report results [--run outputs/default] [--check]   # docs/results.md
 """
 
 from __future__ import annotations
@@ -95,14 +96,17 @@ def _table(rows: list[dict], cols: list[str]) -> str:
 app = typer.Typer(add_completion=False, help=__doc__)
 
 
-@app.command()
+@app.callback(invoke_without_command=True)
 def main(
+    ctx: typer.Context,
     outputs_dir: str = typer.Option("outputs", help="folder holding runs"),
     compare: Optional[list[str]] = typer.Option(
         None, help="two run names to compare (repeat the option)"
     ),
 ):
     """List runs, or compare two."""
+    if ctx.invoked_subcommand:
+        return
     if compare:
         if len(compare) != 2:
             raise typer.BadParameter(f"--compare takes two run names, got {compare}")
@@ -130,6 +134,35 @@ def main(
             if rows
             else f"no runs under {resolve_path(outputs_dir)}"
         )
+
+
+@app.command("results")
+def results_cmd(
+    run: Optional[str] = typer.Option(
+        None,
+        help="a finished main-job run folder: its numbers replace bench/reference_default_run.json",
+    ),
+    out: str = typer.Option("docs/results.md", help="page to write (relative to the repo root)"),
+    check: bool = typer.Option(False, "--check", help="write nothing; exit 1 if the page differs"),
+):
+    """Write docs/results.md from bench/reference_default_run.json and bench/reference_*.json."""
+    from eagle3nb import results_page
+
+    if run:
+        ref = results_page.reference_from_run(resolve_path(run))
+        results_page.REFERENCE.write_text(json.dumps(ref, indent=1) + "\n")
+        typer.echo(f"wrote {results_page.REFERENCE}")
+    page, text = resolve_path(out), results_page.render_from_files()
+    if check:
+        if not page.is_file() or page.read_text() != text:
+            typer.echo(
+                f"{page} differs from what `{results_page.COMMAND}` writes; run it", err=True
+            )
+            raise typer.Exit(1)
+        typer.echo(f"in step: {page}")
+        return
+    page.write_text(text)
+    typer.echo(f"wrote {page}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Execute the stored notebooks with their own defaults (as nbval does), keep the outputs of the
 cells marked `# NBVAL_CHECK_OUTPUT` only, and strip everything else (plots, timings, widget state).
-Run it after changing what such a cell prints (README, "Changing a notebook"):
+Run it after changing what such a cell prints (docs/development.md#changing-a-notebook):
 
     .venv/bin/python notebooks/store_checked_outputs.py          # refresh the outputs nbval compares
     .venv/bin/python notebooks/store_checked_outputs.py --strip  # only strip, no execution

@@ -1,6 +1,6 @@
 """The pinned versions (.ci/constraints*.txt, issue 32 item 6): every install path passes them to
 pip, the running environment is the one they describe (read from the installed distributions, not
-from the file), and the README names the transformers that is really installed."""
+from the file), and docs/development.md names the transformers that is really installed."""
 
 import re
 from importlib import metadata
@@ -52,8 +52,8 @@ def test_every_install_passes_its_constraints():
     assert "-c .ci/constraints.txt" in pip
 
 
-def test_readme_names_the_installed_transformers():
-    readme = (REPO_ROOT / "README.md").read_text()
-    setup_par = readme.split("**Pinned versions.**")[1].split("\n\n")[0]
+def test_docs_name_the_installed_transformers():
+    page = (REPO_ROOT / "docs" / "development.md").read_text()
+    setup_par = page.split("**Pinned versions.**")[1].split("\n\n")[0]
     assert f"transformers {transformers.__version__}" in setup_par
     assert _pins(CI / "constraints.txt")["transformers"] == transformers.__version__

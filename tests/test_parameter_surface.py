@@ -1,6 +1,6 @@
 """One parameter surface: every run parameter is written once, as a field of ``params.RunParams``.
 
-Checks that the notebooks' ``parameters`` cells and the README's parameter table are the rendering
+Checks that the notebooks' ``parameters`` cells and the parameter table of docs/parameters.md are the rendering
 of RunParams (fix: ``python -m eagle3nb.params sync``), that each field is declared by at least one
 notebook or is a run-level switch that ``eagle3nb.run`` reads, that each cell line is a Python literal
 equal to the field's default, that ``params/smoke.yaml`` equals the notebooks' defaults, and that
@@ -22,7 +22,7 @@ from eagle3nb.params import NOTEBOOKS, RUN_LEVEL, RunParams, load_params
 from eagle3nb.rundir import REPO_ROOT
 from eagle3nb.training.loop import TrainConfig
 
-FIX = f"run `{params.SYNC_COMMAND}` (writes the notebooks' parameters cells and the README table from eagle3nb/params/schema.py RunParams)"
+FIX = f"run `{params.SYNC_COMMAND}` (writes the notebooks' parameters cells and docs/parameters.md's table from eagle3nb/params/schema.py RunParams)"
 
 
 def _cell(name):
@@ -56,20 +56,23 @@ def test_parameters_cell_is_rendered_from_runparams(name):
     )
 
 
-def test_readme_parameter_table_is_rendered_from_runparams():
-    text = (REPO_ROOT / "README.md").read_text()
-    want = params._readme_with_table(text)
+def test_parameters_page_table_is_rendered_from_runparams():
+    text = params.PARAMS_PAGE.read_text()
+    assert params.PARAMS_PAGE == REPO_ROOT / "docs" / "parameters.md"
+    want = params.page_with_table(text)
     diff = "\n".join(
         difflib.unified_diff(
             text.splitlines(),
             want.splitlines(),
-            "README.md (stored)",
+            "docs/parameters.md (stored)",
             "RunParams (rendered)",
             lineterm="",
             n=0,
         )
     )
-    assert text == want, f"the README's parameter table differs from RunParams; {FIX}\n{diff}"
+    assert text == want, (
+        f"docs/parameters.md's parameter table differs from RunParams; {FIX}\n{diff}"
+    )
 
 
 @pytest.mark.parametrize("name", NOTEBOOKS)

@@ -26,7 +26,7 @@ RUN_LEVEL = "run"  # read by eagle3nb.run (which notebooks to execute), declared
 
 def _p(default, help: str, notebooks, notebook_help: dict[str, str] | None = None, **kw):
     """One RunParams field: ``default``, ``help`` (the comment of its line in a parameters cell,
-    the help column of the README table), the ``notebooks`` whose parameters cell declares it (or
+    the help column of docs/parameters.md), the ``notebooks`` whose parameters cell declares it (or
     :data:`RUN_LEVEL`), ``notebook_help`` where a notebook's context changes what it means there,
     and pydantic constraints (``ge``, ``pattern``, ``default_factory`` ...)."""
     extra = {"notebooks": RUN_LEVEL if notebooks == RUN_LEVEL else list(notebooks)}

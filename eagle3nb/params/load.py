@@ -134,4 +134,4 @@ def parse_sets(sets: list[str] | None) -> dict:
     return over
 
 
-# --- the parameter surface: notebooks' parameters cells and the README table, rendered from RunParams
+# --- the parameter surface: notebooks' parameters cells and docs/parameters.md, rendered from RunParams

@@ -1,4 +1,5 @@
-"""The parameter surface rendered: notebooks' parameters cells and the README table, from RunParams.
+"""The parameter surface rendered: notebooks' parameters cells and the parameter table of
+docs/parameters.md, from RunParams.
 
 python -m eagle3nb.params sync           # write them
 python -m eagle3nb.params sync --check   # only say what is out of step (exit 1)
@@ -16,7 +17,8 @@ from eagle3nb.params.schema import ALL, NOTEBOOKS, RUN_LEVEL, RunParams
 
 
 NB_DIR = REPO_ROOT / "notebooks"
-README = REPO_ROOT / "README.md"
+# the documentation page holding the table of every parameter (between the two markers)
+PARAMS_PAGE = REPO_ROOT / "docs" / "parameters.md"
 TABLE_BEGIN, TABLE_END = "<!-- params:begin -->", "<!-- params:end -->"
 SYNC_COMMAND = "python -m eagle3nb.params sync"
 
@@ -63,7 +65,7 @@ def parameters_cell(notebook: str) -> str:
 
 
 def params_table() -> str:
-    """The README's table of all parameters: name, default, notebooks that declare it, help."""
+    """docs/parameters.md's table of all parameters: name, default, notebooks that declare it, help."""
 
     def cell(text: str) -> str:
         return text.replace("|", "\\|")
@@ -88,10 +90,15 @@ def params_table() -> str:
     return "\n".join(rows)
 
 
-def _readme_with_table(text: str) -> str:
+def page_with_table(text: str) -> str:
+    """``text`` (docs/parameters.md) with the table between its markers rendered from RunParams.
+
+    Raises:
+        ValueError: the markers are not there exactly once each.
+    """
     if text.count(TABLE_BEGIN) != 1 or text.count(TABLE_END) != 1:
         raise ValueError(
-            f"{README} must hold {TABLE_BEGIN} and {TABLE_END} once each (the parameter table goes between them)"
+            f"{PARAMS_PAGE} must hold {TABLE_BEGIN} and {TABLE_END} once each (the parameter table goes between them)"
         )
     head, rest = text.split(TABLE_BEGIN)
     _, tail = rest.split(TABLE_END)
@@ -119,13 +126,13 @@ def out_of_step() -> list[Path]:
         ).source
         != parameters_cell(name)
     ]
-    text = README.read_text()
-    return stale + ([README] if _readme_with_table(text) != text else [])
+    text = PARAMS_PAGE.read_text()
+    return stale + ([PARAMS_PAGE] if page_with_table(text) != text else [])
 
 
 def sync() -> list[Path]:
-    """Write each notebook's parameters cell (and nothing else in it) and the README table from
-    RunParams; returns the files changed."""
+    """Write each notebook's parameters cell (and nothing else in it) and the table of
+    docs/parameters.md from RunParams; returns the files changed."""
     import nbformat
 
     changed = []
@@ -137,10 +144,10 @@ def sync() -> list[Path]:
             cell.source = parameters_cell(name)
             nbformat.write(nb, path)
             changed.append(path)
-    text = README.read_text()
-    if _readme_with_table(text) != text:
-        README.write_text(_readme_with_table(text))
-        changed.append(README)
+    text = PARAMS_PAGE.read_text()
+    if page_with_table(text) != text:
+        PARAMS_PAGE.write_text(page_with_table(text))
+        changed.append(PARAMS_PAGE)
     return changed
 
 
@@ -149,7 +156,7 @@ def _cli():
 
     app = typer.Typer(
         add_completion=False,
-        help="The parameter surface: RunParams rendered into the notebooks' parameters cells and the README table.",
+        help="The parameter surface: RunParams rendered into the notebooks' parameters cells and docs/parameters.md.",
     )
 
     @app.command("sync")
@@ -158,7 +165,7 @@ def _cli():
             False, "--check", help="change nothing; exit 1 when a file is out of step"
         ),
     ):
-        """Write notebooks/*.ipynb parameters cells and the README's parameter table from RunParams."""
+        """Write notebooks/*.ipynb parameters cells and docs/parameters.md's parameter table from RunParams."""
         files = out_of_step() if check else sync()
         for f in files:
             typer.echo(f"{'out of step' if check else 'wrote'}: {f.relative_to(REPO_ROOT)}")
@@ -167,7 +174,7 @@ def _cli():
             raise typer.Exit(1)
         if not files:
             typer.echo(
-                "in step: notebooks/*.ipynb parameters cells and README table match RunParams"
+                "in step: notebooks/*.ipynb parameters cells and docs/parameters.md match RunParams"
             )
 
     @app.command("show")

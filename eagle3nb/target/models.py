@@ -278,8 +278,8 @@ def target_arch(cfg: dict, model: str = "model") -> str:
     if not known:
         raise ValueError(
             f"model={model!r} has architectures={archs}; eagle3nb captures decoder-only models of "
-            f"{sorted(SUPPORTED_ARCHS)}; use one of those (a new class: see README 'Where to change "
-            "what')"
+            f"{sorted(SUPPORTED_ARCHS)}; use one of those (a new class: see "
+            "docs/development.md#where-to-change-what)"
         )
     if not _transformers_has(ARCH_MODULES[known[0]]):
         import transformers
