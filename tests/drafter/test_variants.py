@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from testkit import engine_file_lines
+from testkit import engine_file_lines, requires_engine
 
 from eagle3nb.drafter.acceptance import draft_chain
 from eagle3nb.drafter.card import serve_commands_markdown
@@ -392,9 +392,7 @@ def test_export_fails_only_when_no_engine_can_name_the_boundaries(target, tmp_pa
     assert set(cfg["eagle3nb"]["refused_engines"]) == {"sglang", "vllm"}
 
 
-@pytest.mark.parametrize(
-    "engine,rel,line,text",
-    [
+ENGINE_LINES = [
         ("vllm", "vllm/model_executor/models/llama_eagle3.py", 186,
          '"norm_before_fc", getattr(self.config, "norm_before_fc", False)'),
         ("vllm", "vllm/model_executor/models/llama_eagle3.py", 224, "self.input_norm: RMSNorm"),
@@ -433,8 +431,13 @@ def test_export_fails_only_when_no_engine_can_name_the_boundaries(target, tmp_pa
         ("sglang", "sglang/srt/models/llama_eagle3.py", 244,
          "[norm(chunk) for norm, chunk in zip(self.fc_norm, chunks)],"),
         ("sglang", "sglang/srt/models/llama_eagle3.py", 340, '"aux_norm_low": "fc_norm.0",'),
-    ],
-)  # fmt: skip
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "engine,rel,line,text",
+    [pytest.param(*x, marks=requires_engine(x[0])) for x in ENGINE_LINES],
+)
 def test_the_engine_lines_the_variants_mirror_are_installed(engine, rel, line, text):
     """The source lines model.py and export.py cite (a changed engine version fails here, not
     silently in serving). SGLang cannot serve EAGLE-3 on CPU, so these lines are its check."""
