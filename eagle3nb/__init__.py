@@ -83,6 +83,12 @@ audit/              a drafter trained elsewhere: its boundaries, each engine's r
     patch           the corrected copy (each engine's ids for the measured best), serving commands
     core            run_audit: read, refuse, measure, write; the summary lines
     __main__        python -m eagle3nb.audit DRAFTER --model TARGET [--engine] [--out]
+offline/            an engine for a GPU host with no package index: a bundle of parts built here
+    sets            engine version per torch pin, the wheels beyond the host image, prune rules
+    bundle          download (cached), stage, prune, tar | xz in parts, manifest.json
+    installer       install.sh: check sha256, reassemble, unpack, print the export line
+    check           on the host: versions, an engine on a local target vs HF greedy tokens
+    __main__        python -m eagle3nb.offline build --python-version --torch | check
 steps/              one module per notebook, called from its cells and from eagle3nb.run
     common          what the steps share: target info, aux ids, checks, metrics
     generate        01_generate

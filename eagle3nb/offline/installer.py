@@ -1,0 +1,72 @@
+"""``install.sh``: what the host runs, one command, next to the parts (bash, coreutils, tar and xz,
+or python3's lzma where xz is absent; no package index, no network).
+
+It checks every part's sha256 against the manifest's, reassembles them with ``cat``, unpacks with
+``xz -dc | tar -x`` into a temporary folder beside the target (a failed unpack leaves the previous
+install as it was), moves ``site-packages`` into place, writes ``env.sh`` and prints the
+``export PYTHONPATH=... VLLM_USE_FLASHINFER_SAMPLER=0`` line.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+__all__ = ["render_install_sh", "env_line"]
+
+
+def env_line(target: str, env: dict[str, str]) -> str:
+    """The ``export`` line that puts ``target/site-packages`` first on ``PYTHONPATH`` with the
+    bundle's switches (``target`` may hold shell variables: it is double-quoted, not escaped)."""
+    extra = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+    path = f'PYTHONPATH="{target}/site-packages${{PYTHONPATH:+:$PYTHONPATH}}"'
+    return f"export {path} {extra}".rstrip()
+
+
+def render_install_sh(manifest: dict) -> str:
+    """The script for ``manifest`` (its ``bundle``, ``parts`` with ``name``/``sha256``, ``env``,
+    ``member``)."""
+    names = " ".join(shlex.quote(p["name"]) for p in manifest["parts"])
+    sums = " ".join(p["sha256"] for p in manifest["parts"])
+    stem = manifest["bundle"]
+    member = manifest.get("member", "site-packages")
+    line = env_line("@TARGET@", manifest.get("env", {}))
+    return f"""#!/usr/bin/env bash
+# eagle3nb offline bundle {stem} (see manifest.json). Put every part in this script's folder, then:
+#   bash install.sh [TARGET]      (default $HOME/eagle3nb-offline/{stem})
+set -euo pipefail
+HERE=$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)
+TARGET=${{1:-$HOME/eagle3nb-offline/{stem}}}
+PARTS=({names})
+SUMS=({sums})
+files=()
+for i in "${{!PARTS[@]}}"; do
+  f="$HERE/${{PARTS[$i]}}"
+  if [ ! -f "$f" ]; then
+    echo "install.sh: missing part $f: copy all ${{#PARTS[@]}} parts into $HERE" >&2; exit 1
+  fi
+  got=$(sha256sum "$f" | cut -d' ' -f1)
+  if [ "$got" != "${{SUMS[$i]}}" ]; then
+    echo "install.sh: $f has sha256 $got, the manifest says ${{SUMS[$i]}}: copy it again" >&2
+    exit 1
+  fi
+  files+=("$f")
+done
+unxz() {{
+  if command -v xz >/dev/null; then xz -dc
+  else python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.stdin.buffer), sys.stdout.buffer)'
+  fi
+}}
+mkdir -p "$TARGET"
+TARGET=$(cd "$TARGET" && pwd)
+tmp="$TARGET/.unpack.$$"
+rm -rf "$tmp"; mkdir "$tmp"
+trap 'rm -rf "$tmp"' EXIT
+cat "${{files[@]}}" | unxz | tar -x -C "$tmp"
+rm -rf "$TARGET/{member}"
+mv "$tmp/{member}" "$TARGET/{member}"
+printf '%s\\n' {shlex.quote(line)} | sed "s|@TARGET@|$TARGET|g" > "$TARGET/env.sh"
+echo "installed {stem} into $TARGET/{member} ($(du -sh "$TARGET/{member}" | cut -f1))"
+echo "now run (or: source $TARGET/env.sh):"
+cat "$TARGET/env.sh"
+echo "then check it: python3 -m eagle3nb.offline check   (from the eagle3nb repository)"
+"""
