@@ -8,7 +8,7 @@ target read as trained. What SGLang would feed is HF's residual stream at [2, 6,
 capture at SGLang's rule, labelled so), one layer off from the trained states at every slot. The run
 itself (HF capture, training, simulator acceptance as served), shortened here: `python -m
 eagle3nb.run params/kimi_case.yaml`; its acceptance cost of the mismatch is within seed noise on
-this twin (README), so the shortened run checks what was fed, not which tau is higher."""
+this twin (docs/architectures.md, DeepSeek / Kimi), so the shortened run checks what was fed, not which tau is higher."""
 
 import json
 
@@ -189,7 +189,8 @@ def test_run_flags_and_measures_the_sglang_reading(kimi_run):
     print(f"\nkimi case: tau trained {st['tau']['trained']:.3f}, as SGLang 0.5.23 serves it "
           f"{st['tau'][served]:.3f}; per position {st['per_position_acceptance']}")  # fmt: skip
     # trained vs as served is NOT compared: on this random-weight twin their difference is within
-    # seed noise (README, "The same failure on DeepSeek / Kimi"); the drafter did learn, though
+    # seed noise (docs/architectures.md#the-same-failure-on-deepseek-kimi-paramskimi_caseyaml);
+    # the drafter did learn, though
     assert st["tau"]["trained"] > st["tau"]["untrained"] + 0.3
 
 
