@@ -75,6 +75,17 @@ def shrink(params: dict) -> dict[str, object]:
     return out
 
 
+def cpu_stand_in(params: dict) -> dict[str, object]:
+    """``--set`` overrides for a file written for a GPU (``device: cuda``, e.g. gpu.yaml) on a
+    machine without one: ``device: cpu`` and the CPU vLLM venv for ``vllm_python`` (in-process
+    vLLM is the GPU host's), so the rest of the file runs; {} where CUDA is there or not asked."""
+    import torch
+
+    if not str(params.get("device", "cpu")).startswith("cuda") or torch.cuda.is_available():
+        return {}
+    return {"device": "cpu", "vllm_python": DEFAULT_ENGINE_PYTHONS["vllm"]}
+
+
 def versions() -> dict:
     """Versions of this venv's packages and of each engine venv's engine and transformers."""
     out = {"python": platform.python_version()}
@@ -103,7 +114,7 @@ def run_one(path: Path, full: bool, timeout: float) -> dict:
     ends the whole group: papermill kernels and engine workers)."""
     params = yaml.safe_load(path.read_text()) or {}
     run_name = f"bench-params-{'full-' if full else ''}{path.stem}"
-    sets = {"run_name": run_name, **({} if full else shrink(params))}
+    sets = {"run_name": run_name, **({} if full else shrink(params)), **cpu_stand_in(params)}
     shutil.rmtree(REPO / "outputs" / run_name, ignore_errors=True)  # from scratch, every time
     cmd = [sys.executable, "-m", "eagle3nb.run", str(path.relative_to(REPO))]
     for k, v in sets.items():

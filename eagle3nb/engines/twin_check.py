@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 from eagle3nb.engines import twin_cache
 from eagle3nb.target import models
 from eagle3nb.target.alignment import (
-    TOLERANCE,
+    tolerance,
     alignment_matrix,
     boundary_separation,
     reference_states,
@@ -54,6 +54,7 @@ def twin_proof(
     seed: int = 0,
     cache: str | Path | None = None,
     cache_extra: dict | None = None,
+    device: str = "cpu",
 ) -> dict:
     """Measure which boundaries ``engine`` at ``version`` captures for ``engine_ids`` on a twin of
     the target in ``target_path``, and compare with the engine_rules table.
@@ -63,7 +64,8 @@ def twin_proof(
             capture of another model folder (``EngineClient.capture_model``).
         engine, version: what the engine reported about itself (keys the table).
         engine_ids: the ids the run gives this engine (its own ids, in its own convention).
-        dtype: the engine's dtype (sets the tolerance, :data:`eagle3nb.target.alignment.TOLERANCE`).
+        dtype: the engine's dtype, and ``device`` where it ran (they set the tolerance,
+            :func:`eagle3nb.target.alignment.tolerance`: TF32 kernels on CUDA).
         twin_dir: where the twin folder is built (reused when already built for this config).
         cache: folder of cached measurements (:mod:`eagle3nb.engines.twin_cache`); None measures
             without reading or writing one. A cached measurement under the same key
@@ -99,7 +101,7 @@ def twin_proof(
     tids = twin_ids(engine_ids, n, nt)
     tcfg = models.text_config(models.read_model_config(tdir))
     samples = probe_samples(int(tcfg["vocab_size"]), seed)
-    tol = ENGINE_TOLERANCE.get((engine, arch), TOLERANCE.get(dtype, 5e-2))
+    tol = ENGINE_TOLERANCE.get((engine, arch), tolerance(dtype, device))
     fields, entry = None, None
     if cache is not None:
         fields = twin_cache.key_fields(

@@ -44,6 +44,7 @@ _ENV = {
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
     "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_USE_FLASHINFER_SAMPLER": "0",  # CUDA: no flashinfer import (gpu_engines_h200.md)
     # the engine core runs in this process: no ZMQ sockets, one process to stop, quick restarts
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
 }
@@ -378,11 +379,8 @@ class Backend(OtherModelCapture):
             # from the target's (llm_base_proposer.py:1282-1291), AMX_MLA, which takes no float32;
             # with CPU_MLA for both, their KV blocks agree (16) and vLLM serves it (measured)
             spec["attention_backend"] = "CPU_MLA"
-        llm = self._make(
-            ("eagle3", str(drafter_dir), int(k), folder_stamp(drafter_dir)),
-            speculative_config=spec,
-            disable_log_stats=False,
-        )  # counters
+        key = ("eagle3", str(drafter_dir), int(k), folder_stamp(drafter_dir))
+        llm = self._make(key, speculative_config=spec, disable_log_stats=False)  # counters
         before = self._counters(llm)
         sp = self._sampling(max_new_tokens, stop_token_ids, 0.0, 1.0, 0)
         t0 = time.time()

@@ -207,6 +207,7 @@ def check_alignment(
     captured: torch.Tensor,
     model,
     probe: Sequence[int],
+    device: str = "cpu",
 ) -> tuple[dict, torch.Tensor, list[int]]:
     """Measure which boundaries an engine really captured on one probe sample, before anything is
     written or trained: every captured slot against the HF reference (``model``) at every boundary
@@ -217,6 +218,8 @@ def check_alignment(
         engine_ids: the ids the engine was asked for; ``bnds``: the boundaries they declare.
         captured: ``[T, n_aux*H]`` aux states of ``probe`` (``T`` tokens) from the engine.
         model: HF target, in the capture dtype, giving the reference states.
+        device: where the engine computed ``captured`` (its ``info()["device"]``): an engine on
+            CUDA is judged at :data:`eagle3nb.target.alignment.TOLERANCE_CUDA` (TF32 kernels).
 
     Returns:
         ``(verdict, err, reference_boundaries)``: :func:`alignment_verdict`'s dict, the error
@@ -227,7 +230,7 @@ def check_alignment(
             ``p.allow_boundary_mismatch``), or the capture has other rows/widths than the reference.
     """
     err, ref_b = alignment_matrix(captured.float(), reference_states(model, probe), len(bnds))
-    align = alignment_verdict(err, ref_b, bnds, p.dtype)
+    align = alignment_verdict(err, ref_b, bnds, p.dtype, device)
     if not align["ok"] and not p.allow_boundary_mismatch:
         verdicts = [s["verdict"] for s in align["slots"]]
         raise ValueError(

@@ -106,8 +106,9 @@ def _extract(p: RunParams, progress: bool) -> dict:
         check_engine_boundaries(engine.engine_name, engine, cap.ids, bnds)
         # measure, before writing anything, which boundaries the engine really captured
         conv = engine.convention.name
+        dev = cap.block.get("device", "cpu") if client is not None else "cpu"  # HF: exact
         align, err, ref_b = check_alignment(
-            p, engine.engine_name, conv, cap.ids, bnds, cap.probe_aux[0], model, probes[0]
+            p, engine.engine_name, conv, cap.ids, bnds, cap.probe_aux[0], model, probes[0], dev
         )
         man = _manifest(p, gman, tinfo, cap, ids, bnds, twin)
         t0 = time.time()

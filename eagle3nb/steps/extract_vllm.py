@@ -74,7 +74,9 @@ def _extract(p: RunParams, progress: bool) -> dict:
         probe = samples[0][1]
         client.capture([probe], vids)  # starts vLLM's capture engine (not timed)
         captured = engine.capture([probe], vids)[0].aux
-        align, err, ref_b = check_alignment(p, "vllm", "vllm", vids, bnds, captured, model, probe)
+        align, err, ref_b = check_alignment(
+            p, "vllm", "vllm", vids, bnds, captured, model, probe, info["device"]
+        )
         man = _manifest(p, info, gman, tinfo, vids, bnds, twin)
         timed.seconds, timed.tokens = 0.0, 0  # the extraction's capture calls only
         t0 = time.time()

@@ -57,7 +57,17 @@ def run_twin_check(
             "options": TWIN_ENGINE_OPTIONS.get(engine),
         }
     rec = twin_proof(
-        capture, engine, version, path, engine_ids, p.dtype, rd.root / "twin", p.seed, cache, extra
+        capture,
+        engine,
+        version,
+        path,
+        engine_ids,
+        p.dtype,
+        rd.root / "twin",
+        p.seed,
+        cache,
+        extra,
+        device=info.get("device", "cpu"),  # an engine on CUDA: TF32 kernels, a wider tolerance
     )
     rec.update(run_boundaries=list(bnds), mode=p.twin_check)
     rec["run_boundaries_match"] = rec["target_boundaries"] == list(bnds)
