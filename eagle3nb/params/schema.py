@@ -146,10 +146,7 @@ class RunParams(InputFields):
         ge=1,
     )
     nnodes: int = _p(
-        1,
-        "nodes; above 1 every other node runs torchrun itself (docs/training.md#scale-out)",
-        [TRAIN],
-        ge=1,
+        1, "nodes; above 1 the others run torchrun (docs/training.md#scale-out)", [TRAIN], ge=1
     )
     node_rank: int = _p(0, "index of this node when nnodes is above 1", [TRAIN], ge=0)
     rdzv_endpoint: str = _p(
