@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
 
-# the default job on CPU (README "Results on the embedded default", 2026-12-04): held-out tau of
+# the default job on CPU (docs/results.md, 2026-12-04): held-out tau of
 # the simulator = vLLM-served = SGLang-served; the layer offset; vLLM served on the H200 vs CPU on
 # the same drafter and 40 prompts (../shared/reference/gpu_engines_h200.md)
 CPU_REFERENCE = {
