@@ -30,6 +30,7 @@ training/           training the drafter with training-time test (TTT)
     batches         deterministic global batch plan over the shards, rank slices
     objective       the TTT loss and per-step accuracy
     loop            the training loop: one process, or DDP/FSDP under torchrun, CPU or GPU
+    init_from       03 from a drafter someone else trained: any peer format, its boundaries kept or moved
     fastpath        how training runs on its device: bf16-mixed precision, compiled layer, fused AdamW
     distributed     process group, DDP/FSDP wrapping, per-rank checkpoints, torchrun launch
     online          online training: the target captures each batch's aux states in the loop

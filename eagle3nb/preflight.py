@@ -30,7 +30,8 @@ def check_against_model(p: RunParams) -> dict:
             use (:func:`eagle3nb.threads.plan`); vLLM parameters (see
             :func:`eagle3nb.engines.vllm_helpers.check_vllm_params`), ``sglang_options``
             (:func:`eagle3nb.engines.sglang_helpers.check_sglang_options`); an engine whose layer-id rule
-            for the target's class refuses the run (:func:`check_engine_rules`).
+            for the target's class refuses the run (:func:`check_engine_rules`); ``init_from`` for
+            another target or other boundaries (:func:`eagle3nb.steps.train.adoption_for`).
         FileNotFoundError: also when a step uses vLLM and ``vllm_python`` does not exist.
     """
     from eagle3nb.target import conventions, models
@@ -85,6 +86,10 @@ def check_against_model(p: RunParams) -> dict:
 
     check_sglang_options(p.sglang_options)
     engines = check_engine_rules(p, models.target_arch(cfg, p.model), n, b, cfg)
+    if p.init_from:  # 03's starting drafter: another target's, or other boundaries, refused now
+        from eagle3nb.steps.train import adoption_for
+
+        adoption_for(p)
     return {
         "path": str(path),
         "n_layers": n,

@@ -61,6 +61,7 @@ LONG_MODULES: dict[str, str] = {
     "eagle3nb/training/loop.py": "one training loop, start to end, resume and init included",
     "eagle3nb/steps/train.py": "03's one step: checks, loop, export, card",
     "eagle3nb/drafter/export.py": "export and load back of every head (Llama, MLA) and flavour",
+    "eagle3nb/params/schema.py": "every run parameter once: default, range, help, notebooks",
 }
 MAX_STEP_FUNCTION_LINES = 80
 

@@ -65,6 +65,16 @@ class RunParams(InputFields):
         "norm_output; speculators' 3.1 is norm_before_fc + norm_output)",
         [TRAIN],
     )
+    init_from: Optional[str] = _p(
+        None,
+        "start from this drafter folder (any format: eagle3nb, SpecForge/SGLang, speculators, vLLM, no ids; read as 06_audit reads it) and fine-tune it; its vocabulary, widths and flags are kept; None: a fresh drafter",
+        [TRAIN],
+    )
+    init_boundaries: Literal["keep", "params"] = _p(
+        "keep",
+        "with init_from: keep (the boundaries it declares; refused unless this run's aux_boundaries equal them) or params (this run's boundaries: its fc's input side is re-initialised and re-trained)",
+        [TRAIN],
+    )
     ttt_steps: int = _p(7, "training-time test unroll length k", [TRAIN, DRIFT], ge=1)
     loss_decay: float = _p(0.8, "TTT step j is weighted loss_decay**j", [TRAIN], gt=0, le=1)
     batch_size: int = _p(

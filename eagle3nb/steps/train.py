@@ -78,6 +78,7 @@ def train_step(p: RunParams, progress=True) -> dict:
     if (p.nproc_per_node > 1 or p.nnodes > 1) and not distributed.under_torchrun():
         return _train_with_torchrun(p, rd)
     ctx = distributed.init_from_env(resolve_device(p))
+    init = adoption_for(p) if p.init_from else None  # refused before any weight loads
     ds_dir = rd.dataset_vllm if p.train_on == "vllm" else rd.dataset
     ds = AuxDataset(ds_dir, mmap=True) if p.training_mode == "offline" else None
     device = distributed.local_device(resolve_device(p), ctx)
@@ -98,7 +99,7 @@ def train_step(p: RunParams, progress=True) -> dict:
     cfg = _train_config(p)
     ev = heldout_eval(p, rd, model, tok, ds.manifest["aux_boundaries"])
     bar = progress_bar() if progress else None
-    drafter, rep = train_drafter(ds, head or model, cfg, rd.train, bar, ev, p.tracking)
+    drafter, rep = train_drafter(ds, head or model, cfg, rd.train, bar, ev, p.tracking, init=init)
     if not ctx.is_main:
         return {"history": rep["history"], "stats": None, "export_dir": rd.drafter}
     atomic_write_json(rd.train / "history.json", rep["history"])
@@ -116,6 +117,32 @@ def train_step(p: RunParams, progress=True) -> dict:
     update_metrics(rd.metrics, "train", stats)
     _record_checks(p, rd, ds.manifest, ds_dir, serve_b, engines)
     return {"history": rep["history"], "stats": stats, "export_dir": rd.drafter}
+
+
+def adoption_for(p: RunParams) -> dict:
+    """``init_from`` checked against the target's config and this run's boundaries before any
+    work (:func:`eagle3nb.training.init_from.adoption_plan`; preflight calls it too).
+
+    Raises:
+        FileNotFoundError, ValueError: as adoption_plan (the field or the boundaries named).
+    """
+    from eagle3nb.rundir import resolve_path
+    from eagle3nb.training.init_from import adoption_plan
+
+    path = models.resolve_model(p.model)
+    tcfg = models.text_config(models.read_model_config(path))
+    n = int(tcfg["num_hidden_layers"])
+    _, bnds = resolve_aux(p, n)
+    tok_n = len(models.load_tokenizer(path))
+
+    def hint(declared: list[int]) -> str | None:  # the layer_ids that capture that set
+        try:
+            ids = conventions.get_convention(p.convention).boundaries_to_ids(declared, n)
+        except ValueError:
+            return None
+        return f"layer_ids: {ids} (convention {p.convention})"
+
+    return adoption_plan(resolve_path(p.init_from), tcfg, tok_n, bnds, p.init_boundaries, hint)
 
 
 def _train_config(p: RunParams) -> TrainConfig:
@@ -273,6 +300,7 @@ def _export(p: RunParams, rd: RunDir, man: dict, drafter, rep, cfg, tok, serve_b
         **template_fields(man),  # the dataset's: what the drafter was trained on
         train_config=cfg.__dict__,
         vocab=rep["vocab"],
+        init_from=rep.get("init_from"),  # where an adopted drafter came from (None: fresh)
     )
     bos, eos = tok.bos_token_id, tok.eos_token_id
     by_rule = p.export_layer_ids != "convention"  # convention: the per-class mismatch, reproduced
@@ -306,6 +334,7 @@ def _train_stats(p: RunParams, ds, rep: dict) -> dict:
         "last_batch_step_acc_is": "training-batch accuracy per TTT step (not held-out; see eval)",
         "draft_vocab_size": p.draft_vocab_size,
         "vocab": rep["vocab"],
+        "init_from": rep.get("init_from"),
         "empty_batches": rep["empty_batches"],
         "n_train_samples": len(ds),
         "n_train_tokens_incl_prompts": ds.manifest["n_tokens"],

@@ -210,6 +210,7 @@ def train_drafter(
     tracking: Sequence[str] = ("tensorboard",),
     stream="auto",
     clock=time.monotonic,
+    init: dict | None = None,
 ) -> tuple[Eagle3Drafter, dict]:
     """Train a drafter and return ``(drafter, report)``; under torchrun every rank calls it.
 
@@ -226,6 +227,9 @@ def train_drafter(
         stream: where rank 0 prints progress lines; ``auto``: stdout without ``progress``, none
             with it (lines then go to ``train.log`` only).
         clock: monotonic seconds for the progress lines (a line at least every 60 s of it).
+        init: start from a drafter someone else trained (03's ``init_from``): the plan of
+            :func:`eagle3nb.training.init_from.adoption_plan`, recorded in ``report["init_from"]``
+            and in the checkpoints (a checkpoint of another start is not resumed).
 
     ``report`` holds ``history`` (per logged step: step, loss, lr, per-TTT-step loss and accuracy,
     all over the global batch, and ``heldout`` at evaluated steps), ``vocab`` info,
@@ -257,7 +261,12 @@ def train_drafter(
     ckdir = Path(out_dir) / "checkpoints"
     if ctx.is_main:
         ckdir.mkdir(parents=True, exist_ok=True)
-    drafter, vocab = build_drafter(source, target, cfg)
+    if init is None:
+        drafter, vocab = build_drafter(source, target, cfg)
+    else:  # its weights, vocabulary and flags (eagle3nb.training.init_from)
+        from eagle3nb.training.init_from import adopt_drafter
+
+        drafter, vocab = adopt_drafter(init, source, target, cfg)
     # train where the target lives (its norm/lm_head give the labels)
     dev = next(target.parameters()).device
     attn = cfg.attention if cfg.attention != "auto" else ("flex" if dev.type == "cuda" else "eager")
@@ -282,6 +291,8 @@ def train_drafter(
     step, history, empty_batches = 0, [], 0
     prev_secs, prev_tokens = 0.0, 0  # training time and token-steps of earlier (interrupted) runs
     expect = {"config": cfg.identity(), "data": source.fingerprint()}
+    if init is not None:
+        expect["init_from"] = init["sha256"] + (" moved" if init["moved"] else "")
     extra = distributed.load_checkpoint(ckdir, model, opt, ctx, expect)
     if extra is not None:
         sched.load_state_dict(extra["scheduler"])
@@ -353,6 +364,7 @@ def train_drafter(
                 "seconds": prev_secs + time.time() - t0,
                 "token_steps": prev_tokens + tokens,
                 "world_size": ctx.world,
+                **{k: v for k, v in expect.items() if k == "init_from"},
             }
             distributed.save_checkpoint(
                 ckdir,
@@ -390,6 +402,7 @@ def train_drafter(
     drafter.eval()
     rep = {
         "history": history,
+        "init_from": vocab.pop("init_from", None),
         "vocab": vocab,
         "seconds": secs,
         "tokens_per_s": tokens / train_secs if train_secs > 0 else None,
