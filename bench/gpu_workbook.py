@@ -386,6 +386,8 @@ def main(argv=None) -> int:
     a.gen_tokens, a.serve_tokens, a.hf_gen_batch = (16, 16, 8) if cpu else (128, 128, 64)
     a.k, a.draft_vocab = 5, (256 if cpu else 32000)
     a.batch_sizes = [int(x) for x in a.batch_sizes.split(",")]
+    if cpu:  # plumbing: two sizes, 2 x 4 prompts served
+        a.batch_sizes = a.batch_sizes[:1] + [4]
     a.graphs = [g == "on" for g in a.graphs.split(",")] if not cpu else [False]
     a.default_sets = {}
     if cpu:  # plumbing: params_files' shrunk sizes, the CPU vLLM venv
