@@ -112,6 +112,7 @@ steps/              one module per notebook, called from its cells and from eagl
     drift_sources   05's sources (engine, dtype, quantization): capture, drift against float32 HF
     drift_matrix    05_drift: one drafter per source and seed, the train x serve acceptance matrix
     drift_report    05's reading of the matrix: noise bars, the diagonal, the recommendation
+    audit           06_audit's prompts: held-out prompts and eval_dataset's turns as 04 renders them
     recorded        02a/02b/04/05's results recorded in the run folder, read back on a re-run
 data/               package data: prompts_tinystories.txt (default prompts), chat_stories.*.jsonl
                     (chat dataset, two forms), chat_template_stories.jinja,

@@ -8,7 +8,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 from eagle3nb.audit.flavour import flavour_reading
 from eagle3nb.audit.formats import check_belongs, loadable_copy, read_drafter_folder
@@ -16,7 +16,7 @@ from eagle3nb.audit.measure import candidate_sets, engine_readings, measure_cand
 from eagle3nb.audit.patch import commands, write_patched
 from eagle3nb.text.prompts import DEFAULT_PROMPTS, load_prompts, split_prompts
 
-__all__ = ["installed_versions", "heldout_prompt_ids", "run_audit"]
+__all__ = ["installed_versions", "heldout_prompt_ids", "check_drafter", "run_audit"]
 
 
 def installed_versions(pythons: dict | None = None) -> dict:
@@ -46,12 +46,30 @@ def heldout_prompt_ids(tok, prompts_file=DEFAULT_PROMPTS, fraction: float = 0.15
     return [tok(p).input_ids for p in held[:n]]
 
 
+def check_drafter(drafter: str | os.PathLike, model: str | os.PathLike):
+    """The drafter folder read and refused when it cannot belong to the target, from the target's
+    config and tokenizer only (no weights): what :func:`run_audit` checks first, for a caller that
+    loads the target before calling it.
+
+    Raises:
+        FileNotFoundError, ValueError: as :func:`eagle3nb.audit.formats.read_drafter_folder` and
+            :func:`eagle3nb.audit.formats.check_belongs` (the field named).
+    """
+    from eagle3nb.target import models
+
+    path = models.resolve_model(model)
+    tcfg = models.text_config(models.read_model_config(path))
+    folder = read_drafter_folder(drafter, int(tcfg["num_hidden_layers"]))
+    check_belongs(folder, tcfg, len(models.load_tokenizer(path)))
+    return folder
+
+
 def run_audit(
     drafter: str | os.PathLike,
     model: str | os.PathLike,
     out_dir: str | os.PathLike | None = None,
     engine: str | None = None,
-    prompts_ids: Sequence[Sequence[int]] | None = None,
+    prompts_ids: Sequence[Sequence[int]] | Mapping[str, Sequence[Sequence[int]]] | None = None,
     k: int = 4,
     max_new_tokens: int = 48,
     radius: int = 1,
@@ -66,13 +84,16 @@ def run_audit(
         out_dir: where ``drafter/`` (the corrected copy), ``audit.json`` and ``serve_commands.json``
             go (None: measure and report only). engine: ``sglang`` or ``vllm`` to name one engine
             in the summary (both are always read). prompts_ids: held-out prompts (default:
-            :func:`heldout_prompt_ids`). radius: candidate boundaries within this of the declared
+            :func:`heldout_prompt_ids`), or ``{set name: prompts}`` (e.g. ``heldout`` and a
+            benchmark's turns, :func:`eagle3nb.steps.audit.audit_prompts`): the verdict reads all
+            of them, each row's ``by_set`` says tau per set. radius: candidate boundaries within this of the declared
             ones. versions: ``{engine: version or None}`` (default: the installed venvs).
             target: ``(model, tokenizer, path)`` already loaded (float32).
 
     Returns:
         ``{"drafter", "format", "declared", "declared_how", "readings", "candidates": rows best
-        first, "verdict", "engine", "patched" (None without out_dir), "commands", "notes"}``.
+        first, "verdict", "engine", "prompts" (count), "prompt_sets" ({set: count}), "patched"
+        (None without out_dir), "commands", "notes"}``.
 
     Raises:
         ValueError: ``engine`` unknown; a drafter that cannot belong to the target (the field
@@ -100,9 +121,11 @@ def run_audit(
         extra = [r["boundaries"] for r in readings.values() if "boundaries" in r]
         extra += [[2, n // 2, n - 3]]
         cands = candidate_sets(folder.declared, extra, n, d.config.n_aux, radius)
-        ids = prompts_ids if prompts_ids is not None else heldout_prompt_ids(tok)
+        sets = _prompt_sets(prompts_ids if prompts_ids is not None else heldout_prompt_ids(tok))
+        ids = [q for qs in sets.values() for q in qs]
+        groups = [name for name, qs in sets.items() for _ in qs] if len(sets) > 1 else None
         eos = models.stop_token_ids(m, tok)  # as 04 and the engines' serve_acceptance stop
-        rows = measure_candidates(m, d, cands, ids, k, max_new_tokens, eos, progress)
+        rows = measure_candidates(m, d, cands, ids, k, max_new_tokens, eos, progress, groups)
         v = verdict(rows, folder.declared)
         flav = flavour_reading(m, d, v["recommended"], ids, k, max_new_tokens, eos)
         for r in readings.values():
@@ -124,6 +147,7 @@ def run_audit(
             "engine": engine,
             "k": k,
             "prompts": len(ids),
+            "prompt_sets": {name: len(qs) for name, qs in sets.items()},
             "max_new_tokens": max_new_tokens,
             "patched": None,
             "commands": None,
@@ -132,6 +156,13 @@ def run_audit(
         if out_dir is not None:
             _write(result, loadable, Path(out_dir), n, arch, str(path), k)
     return result
+
+
+def _prompt_sets(prompts) -> dict:
+    """``{set name: prompt id lists}`` from a mapping, or one list named ``heldout``; empty sets
+    are dropped (at least one prompt must remain: :func:`measure_candidates` refuses none)."""
+    sets = dict(prompts) if isinstance(prompts, Mapping) else {"heldout": prompts}
+    return {name: [list(q) for q in qs] for name, qs in sets.items() if len(qs)}
 
 
 def _write(result: dict, loadable: Path, out: Path, n: int, arch: str, target: str, k: int):
@@ -166,8 +197,8 @@ def summary_lines(result: dict) -> list[str]:
         f" next {v['nll_next_set']} {_f(v['nll_next'])}, margin {_f(v['nll_margin'])}), tau "
         f"{_f(v['trained_tau'])}",
         f"highest tau: {v['best']} tau {_f(v['best_tau'])}; next {v['next_best']} tau "
-        f"{_f(v['next_tau'])} (margin {_f(v['margin'])}) over {result['prompts']} prompts, k="
-        f"{result['k']}",
+        f"{_f(v['next_tau'])} (margin {_f(v['margin'])}) over {result['prompts']} prompts "
+        f"({_sets(result)}), k={result['k']}",
         f"recommended: {v['recommended']} ({v['why']})",
     ]
     fl = result.get("flavour") or {}
@@ -176,6 +207,9 @@ def summary_lines(result: dict) -> list[str]:
         out.append(f"flavour {fl['flavour']}; read as {sw['flavour']}: tau {_f(sw['tau'])}")
     elif fl:
         out.append(f"flavour {fl['flavour']}")
+    rec = next((r for r in result["candidates"] if r["boundaries"] == v["recommended"]), {})
+    for name, x in (rec.get("by_set") or {}).items():
+        out.append(f"  recommended set on {name}: tau {_f(x['tau'])} over {x['cycles']} cycles")
     for e, r in result["readings"].items():
         if result["engine"] and e != result["engine"]:
             continue
@@ -187,6 +221,11 @@ def summary_lines(result: dict) -> list[str]:
         for e, r in result["patched"]["engines"].items():
             out.append(f"  {e}: " + (r.get("refused") or f"ids {r['ids']} -> {r['reads']}"))
     return out + [f"note: {x}" for x in result["notes"]]
+
+
+def _sets(result: dict) -> str:
+    sets = result.get("prompt_sets") or {"heldout": result["prompts"]}
+    return ", ".join(f"{n} {c}" for n, c in sets.items())
 
 
 def _f(x) -> str:

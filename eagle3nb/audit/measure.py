@@ -134,36 +134,51 @@ def measure_candidates(
     max_new_tokens: int,
     eos_token_id,
     progress: Callable | None = None,
+    groups: Sequence[str] | None = None,
 ) -> list[dict]:
     """tau of ``drafter`` fed the target's states at each candidate set (greedy chain, ``k`` drafts
     per cycle, ``max_new_tokens`` per prompt) and its first-draft NLL there (:func:`draft_nll`),
     one target forward per prompt for all of them: the building blocks of
     :func:`eagle3nb.drafter.shared_eval.evaluate_shared` (states, then each set's replayed run).
 
+    Args:
+        groups: the prompt set each prompt belongs to (e.g. ``heldout``, a benchmark's name), one
+            per prompt; each row then also holds ``by_set`` (None: no breakdown).
+
     Returns:
-        ``[{"boundaries", "label", "tau", "draft_acceptance_rate", "cycles", "nll" (nats per
-        token)}]``, best tau first.
+        ``[{"boundaries", "label", "tau", "draft_acceptance_rate", "cycles", "accepted_per_pos"
+        (cycles whose draft i was accepted, [k], the engines' counter of that name),
+        "per_position_acceptance", "nll" (nats per token), "by_set": {set: {"tau", "cycles",
+        "accepted_per_pos"}} with ``groups``}]``, best tau first.
 
     Raises:
-        ValueError: no candidate or no prompt.
+        ValueError: no candidate or no prompt; ``groups`` of another length than the prompts.
     """
     if not candidates or not prompts_ids:
         raise ValueError(
             f"{len(candidates)} candidate sets and {len(prompts_ids)} prompts: need at least one each"
         )
+    if groups is not None and len(groups) != len(prompts_ids):
+        raise ValueError(f"{len(groups)} group labels for {len(prompts_ids)} prompts")
     sets = {_label(bs): list(bs) for bs in candidates}
     stats = {label: AcceptanceStats(k) for label in sets}
+    names = list(dict.fromkeys(groups or []))
+    per = {label: {g: AcceptanceStats(k) for g in names} for label in sets}
     nll = {label: [0.0, 0] for label in sets}
     stops = set(as_stop_list(eos_token_id))
     bnds = sorted({b for bs in sets.values() for b in bs})
     dev = next(drafter.parameters()).device
-    for q in progress(prompts_ids) if progress else prompts_ids:
+    order = list(zip(prompts_ids, groups or [None] * len(prompts_ids)))
+    for q, g in progress(order) if progress else order:
         full, st, _ = greedy_states(target, q, max_new_tokens + k, bnds)
         fd, p = full.to(dev), len(q)
         for label, bs in sets.items():
             aux = torch.cat([st[b] for b in bs], dim=-1).to(dev)  # [p + n, n_aux*Ht]
             memo = accepted_memo(drafter, fd, aux, p, k, max_new_tokens)
-            stats[label].merge(walk(drafter, fd, aux, p, k, max_new_tokens, stops, None, memo)[1])
+            one = walk(drafter, fd, aux, p, k, max_new_tokens, stops, None, memo)[1]
+            stats[label].merge(one)
+            if g is not None:
+                per[label][g].merge(one)
             s, n = draft_nll(drafter, fd, aux, p - 1, p + max_new_tokens - 2)
             nll[label][0] += s
             nll[label][1] += n
@@ -177,9 +192,20 @@ def measure_candidates(
                 "tau": r["tau"],
                 "draft_acceptance_rate": r["draft_acceptance_rate"],
                 "cycles": r["cycles"],
+                "accepted_per_pos": list(stats[label].accepted_per_pos),
+                "per_position_acceptance": r["per_position_acceptance"],
                 "nll": nll[label][0] / max(nll[label][1], 1),
             }
         )
+        if groups is not None:
+            rows[-1]["by_set"] = {
+                g: {
+                    "tau": acc.summary()["tau"],
+                    "cycles": acc.cycles,
+                    "accepted_per_pos": list(acc.accepted_per_pos),
+                }
+                for g, acc in per[label].items()
+            }
     return sorted(rows, key=lambda r: -r["tau"])
 
 

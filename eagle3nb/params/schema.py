@@ -214,11 +214,11 @@ class RunParams(InputFields):
     )
     eval_dataset: Optional[str] = _p(
         None,
-        "benchmark served per category besides the held-out prompts: MT-Bench question.jsonl, GSM8K/HumanEval/MATH JSONL or a chat dataset; builtin:tinystories_mtbench ships; null: none",
-        [EVAL],
+        "benchmark served per category besides the held-out prompts: MT-Bench question.jsonl, GSM8K/HumanEval/MATH JSONL or a chat dataset; builtin:tinystories_mtbench ships; null: none (06_audit measures on it too)",
+        [EVAL, AUDIT],
     )
     eval_max_records: int = _p(
-        0, "cap on eval_dataset records, stratified by category (0 for all)", [EVAL], ge=0
+        0, "cap on eval_dataset records, stratified by category (0 for all)", [EVAL, AUDIT], ge=0
     )
     eval_batch_sizes: list[int] = _p(
         None,
