@@ -65,6 +65,13 @@ class RunParams(InputFields):
         "norm_output; speculators' 3.1 is norm_before_fc + norm_output)",
         [TRAIN],
     )
+    drafter_head: Literal["llama", "mla"] = _p(
+        "llama",
+        "the drafter's attention: llama (GQA, every target) or mla (DeepSeek-V3/Kimi-K2 targets "
+        "only: their multi-latent attention, exported as vLLM's deepseek_eagle3 / SGLang's "
+        "kimi_k25_eagle3 class; on CPU vLLM serves it, SGLang 0.5.23 cannot)",
+        [TRAIN],
+    )
     init_from: Optional[str] = _p(
         None,
         "start from this drafter folder (any format: eagle3nb, SpecForge/SGLang, speculators, vLLM, no ids; read as 06_audit reads it) and fine-tune it; its vocabulary, widths and flags are kept; None: a fresh drafter",
