@@ -133,8 +133,7 @@ class MLAConfig(DrafterConfig):
         kw.pop("num_key_value_heads", None)
         base = DrafterConfig.for_target(c, draft_vocab_size, n_aux, **kw)
         nh = base.num_attention_heads
-        rs = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or None
-        rs = None if not rs or _rope_type(rs) == "default" else dict(rs)
+        rs = _scaling(getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None))
         out = cls(
             **{**base.to_dict(), "num_key_value_heads": nh, "head_dim": c.qk_rope_head_dim},
             **{k: int(getattr(c, k)) for k in MLA_KEYS},
@@ -146,6 +145,14 @@ class MLAConfig(DrafterConfig):
 
 def _rope_type(rs: dict) -> str:
     return rs.get("rope_type") or rs.get("type") or "default"
+
+
+def _scaling(rs: Optional[dict]) -> Optional[dict]:
+    """The rope scaling a config names: None for none or default, else the dict without
+    ``rope_theta`` (transformers v5 copies it in; the drafter keeps it in ``rope_theta``)."""
+    if not rs or _rope_type(rs) == "default":
+        return None
+    return {k: v for k, v in rs.items() if k != "rope_theta"}
 
 
 def _yarn_mscale(scale: float, mscale: float) -> float:
@@ -346,7 +353,6 @@ def mla_config_from_json(cfg: dict, base: DrafterConfig) -> MLAConfig:
             "rope_interleave=false: SGLang would rotate halves, vLLM 0.32 still interleaved pairs "
             "(deepseek_v2.py:1126); the engines disagree, so no drafter is loaded; set it true"
         )
-    rs = cfg.get("rope_parameters") or cfg.get("rope_scaling")
-    rs = None if not rs or _rope_type(rs) == "default" else rs
+    rs = _scaling(cfg.get("rope_parameters") or cfg.get("rope_scaling"))
     d = {**base.to_dict(), "num_key_value_heads": cfg["num_attention_heads"]}
     return MLAConfig(**d, **{k: int(cfg[k]) for k in MLA_KEYS}, rope_scaling=rs)
