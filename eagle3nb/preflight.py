@@ -69,7 +69,13 @@ def check_against_model(p: RunParams) -> dict:
             ) from None
     nh = p.draft_num_heads or cfg.get("num_attention_heads")
     nkv = p.draft_num_kv_heads or (min(nh, cfg.get("num_key_value_heads") or nh) if nh else None)
-    if nh and nkv and nh % nkv:
+    if p.drafter_head == "mla" and not cfg.get("kv_lora_rank"):
+        raise ValueError(
+            f"drafter_head='mla' on model={p.model!r} ({models.target_arch(cfg, p.model)}): the MLA "
+            "head is for MLA targets (kv_lora_rank in the config: DeepSeek-V2/V3, Kimi-K2), which "
+            "this is not, and no engine here serves it beside another; set drafter_head: llama"
+        )
+    if nh and nkv and nh % nkv and p.drafter_head != "mla":  # MLA: a k and v per head
         raise ValueError(
             f"draft_num_heads={p.draft_num_heads} ({nh} heads) is not a multiple of draft_num_kv_heads="
             f"{p.draft_num_kv_heads} ({nkv} kv heads; 0 = from the target); pick divisible head counts, "
@@ -179,6 +185,8 @@ def check_engine_rules(
                 f"DeepSeek/Kimi: a first boundary of 2, as the default [2, N//2, N-3]), or {fix}"
             )
         for use in kinds if on_cpu else []:
+            if use == "serve" and getattr(p, "drafter_head", "llama") == "mla":
+                use = "serve_mla"  # an MLA drafter: its own CPU limits (target/cpu_limits.py)
             why = cpu_config_limit(engine, version, arch, cfg or {}, use)
             if why:
                 raise ValueError(

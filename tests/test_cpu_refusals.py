@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from eagle3nb.params import RunParams
+from testkit import requires_engine
 from eagle3nb.preflight import check_against_model
 from eagle3nb.target.engine_rules import CPU_CONFIG_LIMITS, CPU_LIMITS, RULES
 
@@ -95,6 +96,38 @@ def test_vllm_deepseek_with_576_latent_and_yarn_captures_on_cpu_mla_but_cannot_s
         "on this CPU, takes no float32 weights (v1/attention/backends/mla/amx_mla.py:303); leave "
         "vllm out of eval_engines, or run on a GPU (device: cuda)"
     ), str(e.value)
+
+
+@requires_engine("vllm")
+@requires_engine("sglang")
+def test_the_mla_head_is_served_by_vllm_refused_by_sglang_and_only_for_mla_targets(tmp_path):
+    """drafter_head mla: vLLM 0.32 serves it beside a DeepSeek target on CPU (measured in
+    tests/engines/test_vllm_mla.py), SGLang 0.5.23 is refused with its measured error, a target
+    without MLA is refused whichever engine serves."""
+    over = dict(kv_lora_rank=512, qk_rope_head_dim=64, rope_parameters=YARN, rope_scaling=YARN)
+    m = _folder(tmp_path, "DeepseekV3ForCausalLM", **over)
+    (tmp_path / "x").mkdir()
+    serve = dict(vllm_extract=False, eval_engines=["vllm"], drafter_head="mla")
+    assert _run(m, "vllm", **serve)["engines"]["vllm"]["version"] == "0.32.0"
+    with pytest.raises(ValueError, match="without YaRN rope"):  # the target's own CPU_MLA limit
+        _run(
+            _folder(
+                tmp_path / "x",
+                "DeepseekV3ForCausalLM",
+                **over | {"rope_parameters": None, "rope_scaling": None},
+            ),
+            "vllm",
+            **serve,
+        )
+    with pytest.raises(ValueError) as e:
+        _run(m, "sglang", extract_engine="hf", eval_engines=["sglang"], drafter_head="mla")
+    assert (
+        "sglang 0.5.23 cannot serve_mla DeepseekV3ForCausalLM on CPU: its MLA drafter class calls "
+        "torch.cuda.synchronize() unconditionally when it takes the target's embedding "
+        "(srt/models/kimi_k25_eagle3.py:415, set_embed)"
+    ) in str(e.value)
+    with pytest.raises(ValueError, match="drafter_head='mla' on model=.+LlamaForCausalLM.+set "):
+        _run(_folder(tmp_path, "LlamaForCausalLM"), "vllm", drafter_head="mla")
 
 
 def test_vllm_gpt_oss_and_llama4_config_limits(tmp_path):

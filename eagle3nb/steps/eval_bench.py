@@ -13,7 +13,7 @@ from eagle3nb.params import RunParams
 from eagle3nb.params.paths import eval_dataset_path
 from eagle3nb.rundir import RunDir
 from eagle3nb.steps.common import record_engine_threads, template_of
-from eagle3nb.drafter import engine_read
+from eagle3nb.drafter import engine_read, mla
 from eagle3nb.steps.eval_served import serve_engine
 from eagle3nb.text import benchmarks, chat
 
@@ -79,8 +79,10 @@ def _engine_reason(p, engine: str, path, cfg: dict, drafter_cfg: dict) -> str | 
         return f"not installed ({py} is missing; bash .ci/setup_engines.sh installs it)"
     if engine in engine_read.refused_engines(drafter_cfg):
         return f"the export refused it: {engine_read.refused_engines(drafter_cfg)[engine]}"
+    head = "mla" if mla.MLA_ARCH in (drafter_cfg.get("architectures") or []) else "llama"
     q = p.model_copy(
         update={"eval_engines": [engine], "vllm_extract": False, "extract_engine": "hf"}
+        | {"drafter_head": head}  # the export's head, whatever 04's parameters say
     )
     try:
         if engine == "vllm":

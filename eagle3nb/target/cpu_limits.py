@@ -11,8 +11,11 @@ packing refuses float32 ("expect weight to be bfloat16, float16, int8, fp8_e4m3 
 ``v1/attention/backends/mla/amx_mla.py:303``). Measured with ``CPU_MLA`` on the 12-layer DeepSeek-V3
 twin (``twin:eagle3nb/data/deepseek_v3.config.json``, float32, 2026-12-04;
 tests/engines/test_vllm_cpu_mla.py): capture equals HF's boundaries within 1.0e-6 relative, plain
-greedy generation equals HF's; EAGLE-3 serving fails at engine build (:data:`_DS_CPU_SERVE`), so it
-stays refused.
+greedy generation equals HF's; EAGLE-3 serving of the Llama head fails at engine build
+(:data:`_DS_CPU_SERVE`), so it stays refused. The MLA head (``drafter_head: mla``,
+:mod:`eagle3nb.drafter.mla`) is served: with CPU_MLA asked for the drafter too, target and drafter
+share KV blocks of 16 (use ``serve_mla``: tests/engines/test_vllm_mla.py, served counters = the
+simulator's). SGLang 0.5.23 cannot serve the MLA head on CPU (:data:`_SG_MLA_SERVE`).
 """
 
 from __future__ import annotations
@@ -31,11 +34,25 @@ _DS_CPU_SERVE = (
     "option changes either (block_size 32: 'No common block size for 16'); AMX_MLA, vLLM's own "
     "pick on this CPU, takes no float32 weights (v1/attention/backends/mla/amx_mla.py:303)"
 )
-# (engine, version, class) -> {use: why it fails on CPU}; use "capture" (02a/02b) or "serve" (04).
+# SGLang 0.5.23 serving the MLA drafter head on CPU, as measured on the DeepSeek-V3 twin (2026-12-04)
+_SG_MLA_SERVE = (
+    "its MLA drafter class calls torch.cuda.synchronize() unconditionally when it takes the "
+    "target's embedding (srt/models/kimi_k25_eagle3.py:415, set_embed): the scheduler dies at "
+    "start with 'Cannot re-initialize CUDA in forked subprocess. To use CUDA with "
+    "multiprocessing, you must use the 'spawn' start method'; and " + _DS_CPU_SG
+)
+# (engine, version, class) -> {use: why it fails on CPU}; use "capture" (02a/02b), "serve" (04,
+# the Llama head) or "serve_mla" (04, the MLA head: drafter_head mla).
 # Measured on this machine kind (../shared/reference/architectures.md sections 3 and 4).
 CPU_LIMITS: dict[tuple[str, str, str], dict[str, str]] = {
-    ("sglang", "0.5.23", "DeepseekV3ForCausalLM"): {"capture": _DS_CPU_SG},
-    ("sglang", "0.5.23", "Kimi_K25ForConditionalGeneration"): {"capture": _DS_CPU_SG},
+    ("sglang", "0.5.23", "DeepseekV3ForCausalLM"): {
+        "capture": _DS_CPU_SG,
+        "serve_mla": _SG_MLA_SERVE,
+    },
+    ("sglang", "0.5.23", "Kimi_K25ForConditionalGeneration"): {
+        "capture": _DS_CPU_SG,
+        "serve_mla": _SG_MLA_SERVE,
+    },
     ("sglang", "0.5.23", "GptOssForCausalLM"): {
         "capture": "it fails at weight load (layers/moe/fused_moe_triton/layer.py:879 _load_w13)"
     },
@@ -57,7 +74,7 @@ CPU_LIMITS: dict[tuple[str, str, str], dict[str, str]] = {
 
 
 def cpu_limit(engine: str, version: str, arch: str, use: str) -> str | None:
-    """Why ``engine`` at ``version`` cannot ``use`` ("capture" or "serve") a target of class
+    """Why ``engine`` at ``version`` cannot ``use`` ("capture", "serve" or "serve_mla") a target of class
     ``arch`` on CPU, as measured here; None where nothing is known to fail."""
     return CPU_LIMITS.get((engine, str(version).split("+")[0], arch), {}).get(use)
 
@@ -107,8 +124,12 @@ def _kimi_not_run(cfg: dict) -> str | None:
 # target's config, measured on this machine kind (../shared/reference/architectures.md section 4)
 CPU_CONFIG_LIMITS = {
     # capture runs on CPU_MLA (module docstring), which needs the 576 latent head and YaRN
-    ("vllm", "0.32.0", "DeepseekV3ForCausalLM"): [("capture", _mla_576)],
-    ("vllm", "0.32.0", "Kimi_K25ForConditionalGeneration"): [("capture", _kimi_not_run)],
+    # an MLA drafter runs on CPU_MLA beside the target: the same widths and YaRN needed
+    ("vllm", "0.32.0", "DeepseekV3ForCausalLM"): [("capture", _mla_576), ("serve_mla", _mla_576)],
+    ("vllm", "0.32.0", "Kimi_K25ForConditionalGeneration"): [
+        ("capture", _kimi_not_run),
+        ("serve_mla", _kimi_not_run),
+    ],
     ("vllm", "0.32.0", "GptOssForCausalLM"): [("capture", _yarn_factor), ("serve", _yarn_factor)],
     ("vllm", "0.32.0", "Llama4ForCausalLM"): [("capture", _chunk_128), ("serve", _chunk_128)],
 }

@@ -1,0 +1,103 @@
+"""The MLA drafter head (eagle3nb/drafter/mla.py) trained on the DeepSeek-V3 twin and served by real
+vLLM 0.32.0 on CPU (its own venv): vLLM loads the export as its ``Eagle3DeepseekV2ForCausalLM``
+(``model_executor/models/deepseek_eagle3.py``) and serves it beside the twin with CPU_MLA for target
+and drafter (eagle3nb's backend asks it for both); its output equals HF's greedy output and its
+own per-position acceptance counters equal the workbook simulator's, so the engine computes the
+drafter eagle3nb trained. The twin: ``twin:eagle3nb/data/deepseek_v3.config.json`` (12 layers,
+hidden 224, MLA ranks 1536/512 + 64, YaRN), the drafter 2 heads, draft vocab 256.
+
+SGLang 0.5.23 cannot serve it on CPU: its ``kimi_k25_eagle3.py:415`` ``set_embed`` calls
+``torch.cuda.synchronize()`` unconditionally (measured: "Cannot re-initialize CUDA in forked
+subprocess"), so it is refused by preflight (tests/test_cpu_refusals.py names the reason)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from testkit import requires_engine
+from eagle3nb.dataset.read import AuxDataset
+from eagle3nb.dataset.write import write_dataset
+from eagle3nb.drafter.acceptance import evaluate_acceptance, greedy_generate
+from eagle3nb.drafter.export import export_drafter, load_drafter
+from eagle3nb.drafter.mla import MLA_ARCH, MLADrafter
+from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
+from eagle3nb.engines.pool import open_engine
+from eagle3nb.target import models
+from eagle3nb.target.capture import HFCaptureEngine
+from eagle3nb.training.loop import TrainConfig, train_drafter
+
+pytestmark = requires_engine("vllm")
+TWIN = "twin:eagle3nb/data/deepseek_v3.config.json"
+B, N, K, NEW = [2, 6, 9], 12, 3, 24  # vLLM DeepSeek: id = boundary (engine_rules)
+
+
+@pytest.fixture(scope="module")
+def twin():
+    folder = models.resolve_model(TWIN)
+    model, tok = models.load_target(folder, "float32")[:2]
+    return folder, model, tok, models.stop_token_ids(model, tok)
+
+
+@pytest.fixture(scope="module")
+def trained(twin, tmp_path_factory):
+    folder, model, tok, eos = twin
+    src = Path(models.__file__).parent.parent / "data" / "prompts_tinystories.txt"
+    lines = [ln for ln in src.read_text().splitlines() if ln and not ln.startswith("#")]
+    prompts = [tok(ln).input_ids for ln in lines[:40]]
+    rows = []
+    for i, p in enumerate(prompts[:32]):
+        gen = greedy_generate(model, p, 24, eos)
+        rows.append((i, p + gen, [0] * len(p) + [1] * len(gen)))
+    tmp = tmp_path_factory.mktemp("mla")
+    eng = HFCaptureEngine(model, "vllm")
+    man = {"target": {"architecture": "DeepseekV3ForCausalLM"}, "engine": {}, "convention": "vllm",
+           "layer_ids": B, "aux_boundaries": B, "final_boundary": N, "dtype": "float32",
+           "template": {}}  # fmt: skip
+    write_dataset(tmp / "ds", rows, lambda xs: eng.capture(xs, B), man, shard_size=32)
+    cfg = TrainConfig(batch_size=8, max_steps=40, warmup_steps=5, ttt_steps=K, lr=3e-3,
+                      draft_vocab_size=256, draft_num_heads=2, log_every=10, eval_every=0,
+                      seed=0, drafter_head="mla")  # fmt: skip
+    drafter, rep = train_drafter(AuxDataset(tmp / "ds"), model, cfg, tmp / "train")
+    man = {"target": {"architecture": "DeepseekV3ForCausalLM"}}
+    out = export_drafter(drafter, tmp / "drafter", B, N, man, None, None, None, K)
+    return out, rep, prompts[32:]
+
+
+@pytest.fixture(scope="module")
+def vllm(twin, tmp_path_factory):
+    with open_engine(
+        "vllm", twin[0], "float32", options={"max_model_len": 256},
+        python=DEFAULT_ENGINE_PYTHONS["vllm"], param="vllm_python",
+        workdir_parent=tmp_path_factory.mktemp("engine"),
+    ) as c:  # fmt: skip
+        yield c
+
+
+def test_mla_training_on_the_twin_lowers_the_loss(trained):
+    _, rep, _ = trained
+    losses = [h["loss"] for h in rep["history"]]
+    assert losses[-1] < losses[0], losses
+
+
+def test_vllm_serves_the_mla_drafter_as_the_simulator_computes_it(twin, trained, vllm):
+    folder, model, _, eos = twin
+    out, _, held = trained
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == [MLA_ARCH] and cfg["eagle_aux_hidden_state_layer_ids"] == B
+    served, _ = load_drafter(out, model.get_input_embeddings().weight.detach())
+    assert isinstance(served, MLADrafter)
+    sim = evaluate_acceptance(model, served, held, B, K, NEW, eos, check_greedy=True)
+    assert sim["greedy_mismatches"] == []
+    got = vllm.serve_acceptance(out, held, K, NEW, eos)
+    assert vllm.info(live=True)["attention_backend"] == "CPU_MLA"
+    assert got["outputs"] == [greedy_generate(model, p, NEW, eos) for p in held]  # lossless
+    # vLLM's own counters equal the simulator's, position by position
+    sim_counts = [round(a * sim["cycles"]) for a in sim["per_position_acceptance"]]
+    assert got["num_drafts"] == sim["cycles"], (got, sim["cycles"])
+    assert got["accepted_per_pos"] == sim_counts, (got["accepted_per_pos"], sim_counts)
+    assert got["tau"] == pytest.approx(sim["tau"], abs=1e-9)
+    print(f"\nMLA drafter on the DeepSeek-V3 twin: vLLM tau {got['tau']:.4f} "
+          f"{got['accepted_per_pos']}/{got['num_drafts']}, simulator tau {sim['tau']:.4f}")  # fmt: skip
