@@ -4,10 +4,11 @@ kept for reuse across the session's tests (eagle3nb.engines.pool)."""
 
 import contextlib
 import os
+from pathlib import Path
 
 import pytest
 import torch
-from testkit import ENGINE_PYTHONS, engine_skip_reason
+from testkit import engine_skip_reason
 
 from eagle3nb.engines import client, pool
 from eagle3nb.target import models
@@ -17,8 +18,10 @@ from eagle3nb.target import models
 # (eagle3nb.engines.pool); set EAGLE3NB_KEEP_ENGINES=0 to start each afresh.
 os.environ.setdefault(pool.KEEP_ENV, "3")
 
-# where a test without the ``engines`` mark finds the engine venvs: nowhere (the name says why)
-HIDDEN_ENGINES = "/nonexistent/engine-venvs-hidden-from-a-test-not-marked-requires_engine"
+# the engine venvs' folder (~/.cache/eagle3nb/engines/<venv>/bin/python)
+ENGINES_HOME = Path(client.ENGINES_HOME)
+# what a test without the ``engines`` mark meets when it starts an engine
+UNMARKED_START = "an engine started by a test not marked requires_engine(...) (tests/testkit.py)"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -38,37 +41,36 @@ def pytest_collection_modifyitems(config, items):
 
 
 @contextlib.contextmanager
-def _engines_hidden():
-    """The engine venvs out of reach: ``DEFAULT_ENGINE_PYTHONS`` (read at call time by every
-    step) and ``EAGLE3NB_ENGINES`` (what a papermill kernel or torchrun child reads) point under
-    :data:`HIDDEN_ENGINES`; restored on exit."""
-    saved = dict(client.DEFAULT_ENGINE_PYTHONS), client.ENGINES_HOME
-    env = os.environ.get("EAGLE3NB_ENGINES")
-    os.environ["EAGLE3NB_ENGINES"] = HIDDEN_ENGINES
-    client.ENGINES_HOME = type(client.ENGINES_HOME)(HIDDEN_ENGINES)
-    for engine, python in ENGINE_PYTHONS.items():
-        rel = os.path.relpath(python, saved[1])
-        client.DEFAULT_ENGINE_PYTHONS[engine] = os.path.join(HIDDEN_ENGINES, rel)
+def _engine_starts_refused():
+    """``EngineClient`` (every engine worker start, pooled or not) raises :data:`UNMARKED_START`
+    before it starts a process; restored on exit. Reading an engine's installed version (preflight)
+    stays allowed: it starts nothing and takes milliseconds."""
+    init = client.EngineClient.__init__
+
+    def refuse(self, engine, model_path, dtype="float32", options=None, python=None, **kw):
+        # only the engine venvs' pythons are refused: a fake worker (tests/engines/fake) or the
+        # in-process mode (python None: no engine installed in this venv) is a unit test
+        if not python or Path(python).expanduser().parent.parent.parent != ENGINES_HOME:
+            return init(self, engine, model_path, dtype, options, python, **kw)
+        raise RuntimeError(f"{UNMARKED_START}: {engine}; mark the test requires_engine({engine!r})")
+
+    client.EngineClient.__init__ = refuse
     try:
         yield
     finally:
-        client.DEFAULT_ENGINE_PYTHONS.update(saved[0])
-        client.ENGINES_HOME = saved[1]
-        if env is None:
-            os.environ.pop("EAGLE3NB_ENGINES", None)
-        else:
-            os.environ["EAGLE3NB_ENGINES"] = env
+        client.EngineClient.__init__ = init
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """A test without the ``engines`` mark runs (setup, fixtures of any scope it first asks for,
-    call, teardown) with the engine venvs hidden: one that starts an engine, reads an engine's
-    installed version or files, fails naming :data:`HIDDEN_ENGINES`, so the contributors' fast
-    command (``-m "not engines ..."``, README "Tests") never starts an engine and needs no venv.
-    Why at run time: a grep cannot see an engine started three calls down inside a step."""
-    hide = item.get_closest_marker("engines") is None
-    with _engines_hidden() if hide else contextlib.nullcontext():
+    call, teardown) with engine starts refused in this process, so one that starts an engine
+    unmarked fails naming the mark, and the contributors' fast command (``-m "not engines ..."``,
+    README "Tests") starts none. Why at run time: a grep cannot see an engine started three calls
+    down inside a step. (A papermill kernel or torchrun child is not watched: the tests that run
+    notebooks on the engines carry the mark.)"""
+    refuse = item.get_closest_marker("engines") is None
+    with _engine_starts_refused() if refuse else contextlib.nullcontext():
         yield
 
 

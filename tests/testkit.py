@@ -11,8 +11,7 @@ import pytest
 
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
 
-# the engine pythons as installed, taken before tests/conftest.py hides them from tests without
-# the ``engines`` mark (a test reads them through requires_engine's skip, never directly)
+# the engine pythons as installed (requires_engine's skip reads them)
 ENGINE_PYTHONS = dict(DEFAULT_ENGINE_PYTHONS)
 SETUP_ENGINES = "bash .ci/setup_engines.sh"
 
@@ -23,8 +22,8 @@ def requires_engine(engine: str, version: str | None = None) -> pytest.MarkDecor
 
     Use as a decorator, in a module's ``pytestmark`` (a list for both engines) or in
     ``pytest.param(..., marks=...)``. ``tests/conftest.py`` skips the test with
-    :func:`engine_skip_reason` where the venv is absent (or holds another version), and hides the
-    venvs from every test without the mark, so a test that needs them unmarked fails.
+    :func:`engine_skip_reason` where the venv is absent (or holds another version), and refuses
+    an engine start (``EngineClient`` on a venv's python) in every test without the mark.
     ``-m "not engines"`` deselects them all (the contributors' fast command, README "Tests").
 
     Args:
@@ -108,7 +107,7 @@ def write_tiny_dataset(
 
 def engine_site_packages(engine: str) -> Path | None:
     """The site-packages folder of ``engine``'s venv (eagle3nb's default engine python), or None
-    when that venv is absent (or hidden: a test without :func:`requires_engine`)."""
+    when that venv is absent."""
     venv = Path(DEFAULT_ENGINE_PYTHONS[engine]).parent.parent
     hits = sorted(venv.glob("lib/python3*/site-packages"))
     return hits[0] if hits else None
@@ -119,8 +118,7 @@ def engine_file_lines(engine: str, rel: str) -> list[str]:
     :func:`requires_engine` ``(engine)`` (skipped without the venv).
 
     Raises:
-        AssertionError: the venv lacks the file (another engine version moved it), or the test
-            is not marked (the venvs are hidden from it).
+        AssertionError: the venv lacks the file (another engine version moved it).
     """
     root = engine_site_packages(engine)
     assert root is not None and (root / rel).is_file(), (

@@ -8,6 +8,7 @@ both at its trained boundaries and as served, with a per-position drop.
 import json
 
 import pytest
+from testkit import requires_engine
 
 from eagle3nb.steps.evaluate import eval_step
 from eagle3nb.steps.extract_sglang import extract_sglang_step
@@ -16,6 +17,9 @@ from eagle3nb.steps.train import train_step
 from eagle3nb.drafter.engine_read import read_as_engine
 from eagle3nb.rundir import REPO_ROOT, RunDir
 from eagle3nb.params import load_params
+
+# 02b extracts through SGLang, 04 serves through vLLM
+pytestmark = [requires_engine("vllm"), requires_engine("sglang")]
 
 # the real params file, shrunk so the test takes about a minute (same convention, ids and export)
 SMALL = {

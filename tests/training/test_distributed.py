@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
-from testkit import train_killed
+from testkit import requires_engine, train_killed
 
 from eagle3nb import params
 from eagle3nb.rundir import RunDir
@@ -81,6 +81,7 @@ def one_and_two(run):
     return one, two, out
 
 
+@requires_engine("sglang")  # the run fixture extracts through SGLang
 def test_two_processes_train_the_weights_of_one(one_and_two, target):
     one, two, out = one_and_two
     assert out["stats"]["world_size"] == 2 and out["stats"]["parallel"] == "ddp"
@@ -101,6 +102,7 @@ def test_two_processes_train_the_weights_of_one(one_and_two, target):
     ).abs().max() > 100 * 1e-5  # training moved weights far beyond the tolerance
 
 
+@requires_engine("sglang")  # the run fixture extracts through SGLang
 def test_fsdp_two_processes_train_the_weights_of_one(run, one_and_two):
     one = one_and_two[0]
     q = _copy(run, "fsdp", nproc_per_node=2, fsdp="on")
@@ -111,6 +113,7 @@ def test_fsdp_two_processes_train_the_weights_of_one(run, one_and_two):
         torch.testing.assert_close(w2[k], w1[k], rtol=0, atol=1e-5, msg=k)
 
 
+@requires_engine("sglang")  # the run fixture extracts through SGLang
 def test_rank_killed_mid_epoch_resumes_to_the_uninterrupted_weights(run, one_and_two):
     two = one_and_two[1]
     q = _copy(run, "killed", nproc_per_node=2)
@@ -134,6 +137,7 @@ def test_rank_killed_mid_epoch_resumes_to_the_uninterrupted_weights(run, one_and
     assert _history(q) == _history(two)
 
 
+@requires_engine("sglang")  # the run fixture extracts through SGLang
 def test_resume_on_another_number_of_processes_continues_the_run(run, one_and_two):
     """Issue 15's resume on fewer ranks (8 -> 4 on GPUs), here 2 -> 1 gloo processes: the step-6
     checkpoint written by 2 ranks (DCP, one file per rank) is resharded into 1 process, which
@@ -175,6 +179,7 @@ def test_cli_refuses_bad_input_before_work(tmp_path):
     assert r.returncode == 2 and "node_rank=1 must be below nnodes=1" in r.stderr
 
 
+@requires_engine("sglang")  # the run fixture extracts through SGLang
 def test_best_and_rotation_under_two_processes(run):
     """Held-out evaluation on rank 0 under torchrun: best.json names the step with the highest
     held-out tau in the history, rotation keeps the newest ``keep_last`` steps plus best, and
