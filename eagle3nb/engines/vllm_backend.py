@@ -24,8 +24,8 @@ connector's files; required for capture), ``max_model_len``, ``kv_cache_gib`` (C
 default 1), ``enforce_eager`` (default True: no graph capture, quick start), ``llm_kwargs`` (any
 further ``vllm.LLM`` keyword, e.g. ``{"tensor_parallel_size": 2}`` on a GPU box),
 ``max_num_seqs``. An MLA target (``kv_lora_rank``, ``config/model.py:2050-2063``) on CPU gets
-``attention_backend: CPU_MLA`` unless ``llm_kwargs`` names one: vLLM's own pick, AMX_MLA
-(``platforms/cpu.py:151-164``), takes no float32 (measured: :mod:`eagle3nb.target.cpu_limits`).
+``attention_backend: CPU_MLA`` unless ``llm_kwargs`` names one (so does an MLA drafter): vLLM's
+pick, AMX_MLA (``platforms/cpu.py:151-164``), takes no float32 (:mod:`eagle3nb.target.cpu_limits`).
 """
 
 from __future__ import annotations
@@ -59,14 +59,6 @@ from eagle3nb.engines.worker import OtherModelCapture, folder_stamp  # noqa: E40
 __all__ = ["Backend", "ENGINE_NAME", "CONVENTION"]
 
 ENGINE_NAME = "vllm"
-
-
-def _config(folder) -> dict:
-    """A model folder's config.json."""
-    with open(os.path.join(str(folder), "config.json")) as f:
-        return json.load(f)
-
-
 CONVENTION = "vllm"  # id L = boundary L (checked by measurement: tests/engines/test_engine_vllm.py)
 
 
@@ -362,8 +354,7 @@ class Backend(OtherModelCapture):
         """Serve ``drafter_dir`` as vLLM's EAGLE-3 drafter (greedy) and read vLLM's counters.
 
         Args:
-            drafter_dir: exported drafter folder (config.json with top-level
-                ``eagle_aux_hidden_state_layer_ids`` in vLLM's convention, model.safetensors).
+            drafter_dir: exported drafter folder (vLLM's ids at config.json's top level).
             k: ``num_speculative_tokens``.
 
         Returns:
@@ -374,11 +365,9 @@ class Backend(OtherModelCapture):
         """
         self._check_prompts(prompts, max_new_tokens)
         spec = {"method": "eagle3", "model": str(drafter_dir), "num_speculative_tokens": int(k)}
-        if self._cpu_mla and _config(drafter_dir).get("kv_lora_rank"):
-            # an MLA drafter (deepseek_eagle3.py) on CPU: vLLM picks the drafter's backend apart
-            # from the target's (llm_base_proposer.py:1282-1291), AMX_MLA, which takes no float32;
-            # with CPU_MLA for both, their KV blocks agree (16) and vLLM serves it (measured)
-            spec["attention_backend"] = "CPU_MLA"
+        with open(os.path.join(str(drafter_dir), "config.json")) as f:  # an MLA drafter on CPU:
+            if self._cpu_mla and json.load(f).get("kv_lora_rank"):  # vLLM picks its backend apart
+                spec["attention_backend"] = "CPU_MLA"  # (llm_base_proposer.py:1282-1291): AMX_MLA
         key = ("eagle3", str(drafter_dir), int(k), folder_stamp(drafter_dir))
         llm = self._make(key, speculative_config=spec, disable_log_stats=False)  # counters
         before = self._counters(llm)
