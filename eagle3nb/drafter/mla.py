@@ -104,6 +104,7 @@ class MLAConfig(DrafterConfig):
     qk_rope_head_dim: int = 64
     v_head_dim: int = 128
     rope_scaling: Optional[dict] = field(default=None)
+    reads_norm_before_fc = False  # not a field: no engine's MLA class reads it (no flavour swap)
 
     @classmethod
     def for_target(cls, target_config, draft_vocab_size: int, n_aux: int = 3, **kw) -> "MLAConfig":

@@ -455,8 +455,8 @@ def swap_norm_flavour(sd: dict, c: DrafterConfig) -> tuple[dict, DrafterConfig] 
         ``(state dict, config)`` of the swapped reading, or None when ``c`` sets neither or both
         of the two norms (no other flavour to read it as).
     """
-    if c.fc_norm == c.norm_before_fc:
-        return None
+    if c.fc_norm == c.norm_before_fc or not getattr(c, "reads_norm_before_fc", True):
+        return None  # the second case: the MLA head (drafter/mla.py), no engine reads that norm
     out = {k: v for k, v in sd.items() if not k.startswith(("fc_norm.", "input_norm."))}
     if c.fc_norm:
         ws = [sd[f"fc_norm.{i}.weight"] for i in range(c.n_aux)]  # n_aux x [Ht]

@@ -218,3 +218,12 @@ def test_load_refuses_a_halves_rope_layout(tmp_path):
     (out / "config.json").write_text(json.dumps({**cfg, "rope_interleave": False}))
     with pytest.raises(ValueError, match="rope_interleave=false"):
         load_drafter(out)
+
+
+def test_no_flavour_swap_for_the_mla_head():
+    """An MLA head with fc_norm has no norm_before_fc reading (neither engine's MLA class reads
+    it), so 04's flavour-swapped baseline is skipped rather than built (swap_norm_flavour None)."""
+    from eagle3nb.drafter.model import swap_norm_flavour, swapped_drafter
+
+    d = MLADrafter(_cfg(fc_norm=True, norm_output=True))
+    assert swap_norm_flavour(d.state_dict(), d.config) is None and swapped_drafter(d) is None
