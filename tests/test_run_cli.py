@@ -115,6 +115,7 @@ def test_kernel_filter_drops_only_the_plaintext_tcp_warning():
     assert seen == ["Parent appears to have exited, shutting down."]
 
 
+@pytest.mark.slow  # over 20 s on a 2-core box (2026-12-04)
 def test_main_job_shows_training_live_and_no_kernel_warning(tmp_path):
     # a short job on the smoke params (01 and 03, online: no 02 dataset to extract), run name ours
     run = "cli-live"

@@ -36,6 +36,7 @@ def _planted_drafter(model, prompts, k_max, max_new):
     return planted_draft_chain(greedy, lambda j, k: (j * 7 + 3) % (k_max + 2))
 
 
+@pytest.mark.slow  # over 20 s on a 2-core box (2026-12-04)
 def test_sweep_equals_separate_simulator_runs_planted(target, monkeypatch):
     model, tok, _ = target
     prompts = [tok(t).input_ids for t in PROMPTS]
@@ -56,6 +57,7 @@ def test_sweep_equals_separate_simulator_runs_planted(target, monkeypatch):
     assert sweep[1]["cycles"] != sweep[k]["cycles"]
 
 
+@pytest.mark.slow  # over 20 s on a 2-core box (2026-12-04)
 def test_sweep_tau_at_k_equals_simulator_real_drafter(target):
     model, tok, _ = target
     prompts = [tok(t).input_ids for t in PROMPTS]

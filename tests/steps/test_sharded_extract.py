@@ -40,6 +40,7 @@ def _copy_run(p, name):
     return q
 
 
+@pytest.mark.slow  # over 20 s on a 2-core box (2026-12-04)
 def test_two_workers_equal_one_and_lost_worker_redone(generated, monkeypatch):
     r1 = extract_sglang_step(generated, progress=False)
     one = r1["manifest"]

@@ -92,6 +92,7 @@ def test_online_batch_equals_stored_collate(target, tmp_path):
     assert (wrong["aux"] - a["aux"]).abs().max() > 0.1  # the comparison can fail
 
 
+@pytest.mark.slow  # over 20 s on a 2-core box (2026-12-04)
 def test_run_online_skips_extraction_and_trains(tmp_path):
     """The CLI driver with training_mode online: 01, 03, 04 run, no dataset is written."""
     import json
