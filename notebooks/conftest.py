@@ -12,3 +12,16 @@ def pytest_configure(config):
     """Point nbval at ``nbval_sanitize.cfg`` unless ``--nbval-sanitize-with`` names a file."""
     if getattr(config.option, "nbval_sanitize_with", "") is None:
         config.option.nbval_sanitize_with = str(SANITIZE)
+
+
+def pytest_collection_modifyitems(config, items):
+    """nbval's cells carry the ``engines`` and ``slow`` marks (pyproject.toml): the notebooks
+    re-run the session's smoke run, whose steps start vLLM and SGLang (``-m "not engines"`` and
+    the contributors' fast command leave them out)."""
+    import pytest
+
+    here = Path(__file__).parent
+    for item in items:
+        if Path(str(item.path)).parent == here and str(item.path).endswith(".ipynb"):
+            item.add_marker(pytest.mark.engines)
+            item.add_marker(pytest.mark.slow)
