@@ -356,6 +356,7 @@ def load_drafter(
     plain = {k: v for k, v in cfg.items() if not (is_mla and k in mla.MLA_READ)}
     flags = check_config_flags(plain, f"{path}/config.json", n_aux)
     sd = load_file(str(path / "model.safetensors"))
+    sd = mla.our_names(sd) if is_mla else sd  # SGLang's checkpoints may say layers.0.
     for i, old in enumerate(("aux_norm_low", "aux_norm_mid", "aux_norm_high")[:n_aux]):
         if f"{old}.weight" in sd:  # SGLang's legacy names (llama_eagle3.py:337-343)
             sd[f"fc_norm.{i}.weight"] = sd.pop(f"{old}.weight")

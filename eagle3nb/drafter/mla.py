@@ -65,6 +65,7 @@ __all__ = [
     "check_mla_flags",
     "mla_config_json",
     "mla_config_from_json",
+    "our_names",
 ]
 
 # both engines' class name for it (vLLM registry.py:672, SGLang kimi_k25_eagle3.py EntryClass)
@@ -338,6 +339,13 @@ def mla_config_json(c: MLAConfig) -> dict:
         "fc_norm": c.fc_norm,
         "first_k_dense_replace": 1,  # the layer is dense in both engines anyway
     }
+
+
+def our_names(sd: dict) -> dict:
+    """An MLA checkpoint's tensors under this drafter's names: ``layers.0.*`` (the name
+    SGLang's ``kimi_k25_eagle3.py`` ``load_weights`` maps to its ``midlayer``, as vLLM maps
+    ``midlayer.`` to ``layers.0.``) read as ``midlayer.*``; other names unchanged."""
+    return {("midlayer." + k[9:] if k.startswith("layers.0.") else k): v for k, v in sd.items()}
 
 
 def mla_config_from_json(cfg: dict, base: DrafterConfig) -> MLAConfig:

@@ -227,3 +227,20 @@ def test_no_flavour_swap_for_the_mla_head():
 
     d = MLADrafter(_cfg(fc_norm=True, norm_output=True))
     assert swap_norm_flavour(d.state_dict(), d.config) is None and swapped_drafter(d) is None
+
+
+def test_load_reads_sglang_layers_0_names(tmp_path):
+    """A checkpoint whose layer is named layers.0.* (what SGLang's kimi_k25_eagle3 loader maps to
+    its midlayer) loads as the same drafter."""
+    from safetensors.torch import load_file, save_file
+
+    d = MLADrafter(_cfg()).eval()
+    _randomize(d)
+    _vocab(d, 40)
+    out = export_drafter(d, tmp_path / "x", [2, 6, 9], 12, {"target": {}})
+    sd = load_file(str(out / "model.safetensors"))
+    renamed = {k.replace("midlayer.", "layers.0.", 1): v for k, v in sd.items()}
+    assert any(k.startswith("layers.0.self_attn.kv_b_proj") for k in renamed)
+    save_file(renamed, str(out / "model.safetensors"))
+    back, _ = load_drafter(out, d.embed_tokens.weight.detach())
+    assert all(torch.equal(v, back.state_dict()[k]) for k, v in d.state_dict().items())
