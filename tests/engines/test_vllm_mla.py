@@ -3,7 +3,7 @@ vLLM 0.32.0 on CPU (its own venv): vLLM loads the export as its ``Eagle3Deepseek
 (``model_executor/models/deepseek_eagle3.py``) and serves it beside the twin with CPU_MLA for target
 and drafter (eagle3nb's backend asks it for both); its output equals HF's greedy output and its
 own per-position acceptance counters equal the workbook simulator's, so the engine computes the
-drafter eagle3nb trained. The twin: ``twin:eagle3nb/data/deepseek_v3.config.json`` (12 layers,
+drafter eagle3nb trained; and the drafter's RoPE equals vLLM's own DeepSeek YaRN rotary. The twin: ``twin:eagle3nb/data/deepseek_v3.config.json`` (12 layers,
 hidden 224, MLA ranks 1536/512 + 64, YaRN), the drafter 2 heads, draft vocab 256.
 
 SGLang 0.5.23 cannot serve it on CPU: its ``kimi_k25_eagle3.py:415`` ``set_embed`` calls
@@ -13,16 +13,18 @@ subprocess"), so it is refused by preflight (tests/test_cpu_refusals.py names th
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from testkit import requires_engine
 from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.dataset.write import write_dataset
 from eagle3nb.drafter.acceptance import evaluate_acceptance, greedy_generate
 from eagle3nb.drafter.export import export_drafter, load_drafter
-from eagle3nb.drafter.mla import MLA_ARCH, MLADrafter
+from eagle3nb.drafter.mla import MLA_ARCH, MLAConfig, MLADrafter, mla_rope, rope_inv_freq
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
 from eagle3nb.engines.pool import open_engine
 from eagle3nb.target import models
@@ -101,3 +103,43 @@ def test_vllm_serves_the_mla_drafter_as_the_simulator_computes_it(twin, trained,
     assert got["tau"] == pytest.approx(sim["tau"], abs=1e-9)
     print(f"\nMLA drafter on the DeepSeek-V3 twin: vLLM tau {got['tau']:.4f} "
           f"{got['accepted_per_pos']}/{got['num_drafts']}, simulator tau {sim['tau']:.4f}")  # fmt: skip
+
+
+# vLLM's own rotary embedding for DeepSeek (get_rope with deepseek_yarn, is_neox_style False, as
+# deepseek_v2.py:1115-1127 builds it for the MLA attention both target and drafter use)
+_VLLM_ROPE = """
+import json, sys, torch
+from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.model_executor.layers.rotary_embedding import get_rope
+rp = {"rope_type": "deepseek_yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
+      "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0}
+with set_current_vllm_config(VllmConfig()):
+    r = get_rope(64, max_position=163840, rope_parameters=rp, is_neox_style=False,
+                 dtype=torch.float32)
+q, pos = torch.tensor(json.loads(sys.argv[1])), torch.tensor(json.loads(sys.argv[2]))
+qo, ko = r.forward_native(pos, q.clone(), q[:, :1].clone())
+print(json.dumps({"cls": type(r).__name__, "q": qo.tolist()}))
+"""
+
+
+def test_rope_equals_vllms_deepseek_yarn_rotary():
+    """The drafter's RoPE (interleaved pairs, DeepSeek YaRN: the twin's and DeepSeek-V3's rope
+    parameters) equals vLLM's DeepseekScalingRotaryEmbedding on the same vectors and positions."""
+    yarn = {"rope_type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}  # fmt: skip
+    q = torch.randn(5, 2, 64, generator=torch.Generator().manual_seed(0))  # [T, heads, rope]
+    pos = [0, 3, 100, 5000, 20000]  # past the 4096 original positions too
+    out = subprocess.run(
+        [DEFAULT_ENGINE_PYTHONS["vllm"], "-c", _VLLM_ROPE, json.dumps(q.tolist()), json.dumps(pos)],
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["cls"] == "DeepseekScalingRotaryEmbedding"
+    c = MLAConfig(hidden_size=16, target_hidden_size=16, intermediate_size=16,
+                  num_attention_heads=2, num_key_value_heads=2, head_dim=64, vocab_size=8,
+                  draft_vocab_size=8, qk_rope_head_dim=64, rope_scaling=yarn)  # fmt: skip
+    inv, mul, _ = rope_inv_freq(c)
+    ours = mla_rope(q.transpose(0, 1)[None], torch.tensor([pos]), inv, mul)[0].transpose(0, 1)
+    assert torch.allclose(ours, torch.tensor(got["q"]), atol=1e-5), (
+        (ours - torch.tensor(got["q"])).abs().max()
+    )
