@@ -18,7 +18,8 @@ cd "$(dirname "$0")/.."
 mkdir -p "$OUT/results"
 WORK="${WORK:-/tmp/e3gpu}"
 mkdir -p "$WORK"
-if [ -n "${SITE:-}" ]; then export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"; fi
+REPO=$(pwd)  # the notebooks' kernels start in notebooks/: eagle3nb must be importable there too
+export PYTHONPATH="$REPO${SITE:+:$SITE}${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export EAGLE3NB_TWIN_PROOFS="${EAGLE3NB_TWIN_PROOFS:-$WORK/twin_proofs}"
 PY="${PYTHON:-python3}"
