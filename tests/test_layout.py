@@ -60,6 +60,7 @@ LONG_MODULES: dict[str, str] = {
     "eagle3nb/drafter/model.py": "the drafter in one readable file, every flavour of its head",
     "eagle3nb/training/loop.py": "one training loop, start to end, resume and init included",
     "eagle3nb/steps/train.py": "03's one step: checks, loop, export, card",
+    "eagle3nb/drafter/engine_read.py": "every id key and flag either engine reads, in one place",
     "eagle3nb/drafter/export.py": "export and load back of every head (Llama, MLA) and flavour",
     "eagle3nb/params/schema.py": "every run parameter once: default, range, help, notebooks",
 }

@@ -174,6 +174,27 @@ def _id_rule(cfg: dict, engine: str):
     return get_convention(engine)
 
 
+def _constant_plus1(conv) -> bool:
+    """Whether ``conv`` maps every id to id + 1 (SGLang's Llama/Qwen rule), not a rule whose shift
+    depends on the ids (SGLang DeepSeek's first-id-1, gpt-oss's unless-N)."""
+    kind = getattr(conv, "kind", None)
+    return kind == "plus1" if kind is not None else getattr(conv, "offset", 0) == 1
+
+
+def _served_boundaries(conv, ids: list[int], n_layers: int, engine: str) -> list[int]:
+    """Boundaries ``engine`` feeds a drafter served with ``ids``. SGLang 0.5.23 serves id -1 as
+    boundary 0 where its model file adds 1 to every id (``srt/models/llama.py:929-941``
+    ``[val + 1 for val in layer_ids]``; layer index 0 captures the embeddings); only its
+    capture-only mode refuses negative ids (``arg_groups/validation_hook.py``), so reading a served
+    config, -1 is boundary 0 there. Every other id goes through ``conv`` unchanged."""
+    if engine == "sglang" and ids and min(ids) == -1 and _constant_plus1(conv):
+        rest = [i for i in ids if i != -1]
+        return [0] * (len(ids) - len(rest)) + (
+            conv.ids_to_boundaries(rest, n_layers) if rest else []
+        )
+    return conv.ids_to_boundaries(ids, n_layers)
+
+
 def read_as_engine(cfg: dict, engine: str, target_n_layers: int, rule=None) -> dict:
     """What ``engine`` will use from a drafter ``config.json`` dict. Explicit ids are read by
     ``rule`` when given (an :class:`eagle3nb.target.engine_rules.EngineRule` of the engine's version
@@ -198,7 +219,7 @@ def read_as_engine(cfg: dict, engine: str, target_n_layers: int, rule=None) -> d
     if ids is None:
         b, src = conv.default_boundaries(target_n_layers), "engine default"
     else:
-        b = conv.ids_to_boundaries(ids, target_n_layers)
+        b = _served_boundaries(conv, [int(i) for i in ids], target_n_layers, engine)
     flags = {k: cfg.get(k, ENGINE_ASSUMES.get(k)) for k in sorted(spec["flags"])}
     return {"boundaries": b, "ids_source": src, "flags": flags}
 

@@ -1,6 +1,7 @@
 """eagle3nb.drafter.engine_read: an export read back as SGLang and vLLM read it gives the trained
 boundaries; engine-default ids and flags an engine ignores are reported."""
 
+import pytest
 import json
 
 
@@ -99,3 +100,21 @@ def test_vllm_reads_the_nested_ids_when_the_top_level_key_is_absent(target, tmp_
     assert read_as_engine(cfg, "vllm", 5)["ids_source"] == "engine default"
     cfg["dflash_config"] = {"target_layer_ids": [0, 2]}  # DFlash ids are shifted by +1
     assert read_as_engine(cfg, "vllm", 5)["boundaries"] == [1, 3]
+
+
+def test_sglang_served_id_minus_one_reads_boundary_zero():
+    """SGLang 0.5.23 serves id -1 as boundary 0 on +1-rule classes (llama.py:929-941 adds 1, layer
+    index 0 captures the embeddings; test_sglang_serve serves such an offset copy), so reading a
+    served config must not refuse it; a class whose shift depends on the ids (DeepSeek) still does."""
+    from eagle3nb.drafter.engine_read import read_as_engine
+    from eagle3nb.target.engine_rules import engine_rule
+
+    cfg = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [-1, 0, 2]}}
+    # by hand: each id + 1 -> [0, 1, 3]
+    assert read_as_engine(cfg, "sglang", 5)["boundaries"] == [0, 1, 3]
+    llama = engine_rule("sglang", "0.5.23", "LlamaForCausalLM")
+    assert read_as_engine(cfg, "sglang", 5, llama)["boundaries"] == [0, 1, 3]
+    with pytest.raises(ValueError, match="non-negative layer ids"):
+        read_as_engine(cfg, "sglang", 5, engine_rule("sglang", "0.5.23", "DeepseekV3ForCausalLM"))
+    with pytest.raises(ValueError, match="means boundary -1"):
+        read_as_engine({"eagle_aux_hidden_state_layer_ids": [-1, 0, 2]}, "vllm", 5)
