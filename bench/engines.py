@@ -7,7 +7,7 @@ capture, and aux-state extraction (tokens/s), and the capture overhead ratio.
 Workload: the first ``n_prompts`` train prompts of the default prompts file (completion mode), greedy
 ``max_new_tokens`` each; the samples for prefill and extraction are prompt + generated ids (what
 02a/02b capture), at the default boundaries of the model (+ boundary N). vLLM and SGLang are timed
-by the function 02a and 02b call in a run (:func:`eagle3nb.engines.vllm_helpers.measure_speed`,
+by the function 02a and 02b call in a run (:func:`eagle3nb.engines.speed.measure_speed`,
 with the notebooks' settings: calls of 32, warm engines, vLLM's separate plain and capture engines
 the fastest of 3 passes each, SGLang's two kinds alternating call by call on one engine); HF is the
 median of ``repeats`` one-batch calls after a warm-up. Engine starts are excluded (reported apart).
@@ -42,7 +42,7 @@ from eagle3nb.target.capture import HFCaptureEngine
 from eagle3nb.text.generation import generate_batch
 from eagle3nb.manifest import atomic_write_json
 from eagle3nb.params import RunParams
-from eagle3nb.rundir import resolve_path
+from eagle3nb.repo_paths import resolve_path
 from eagle3nb.text.prompts import load_prompts, split_prompts
 
 
@@ -92,11 +92,11 @@ def bench_hf(model, prompts, samples, ids_hf, eos, max_new, repeats) -> dict:
 
 def bench_client(client, prompts, samples, ids, eos, max_new, interleave: bool) -> dict:
     """An engine client (vLLM, SGLang) measured as 02a / 02b measure it in a run:
-    :func:`eagle3nb.engines.vllm_helpers.measure_speed` with the notebooks' settings (calls of 32;
+    :func:`eagle3nb.engines.speed.measure_speed` with the notebooks' settings (calls of 32;
     vLLM, whose plain and capture engines are separate: the fastest of ``PASS_REPEATS`` passes
     over ``SPEED_SAMPLES // PASS_REPEATS`` samples each; SGLang: plain requests on the running
     capture engine, alternating call by call with the captures over ``SPEED_SAMPLES``)."""
-    from eagle3nb.engines.vllm_helpers import measure_speed, speed_settings
+    from eagle3nb.engines.speed import measure_speed, speed_settings
 
     r = measure_speed(
         client, prompts, samples, max_new, eos, 0, lambda xs: client.capture(xs, ids),
@@ -179,7 +179,7 @@ def main(argv=None) -> dict:
             "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(),
         },
-        "definitions": "hf: tokens/s = tokens / median seconds of one call over the whole workload (--repeats); vllm, sglang: eagle3nb.engines.vllm_helpers.measure_speed as 02a/02b call it (each engine's ratio_is says how); generate: new tokens; prefill and extract: prompt + generated tokens of the samples timed; capture_overhead_ratio = prefill tokens/s without capture / extract tokens/s (same engine, same samples)",
+        "definitions": "hf: tokens/s = tokens / median seconds of one call over the whole workload (--repeats); vllm, sglang: eagle3nb.engines.speed.measure_speed as 02a/02b call it (each engine's ratio_is says how); generate: new tokens; prefill and extract: prompt + generated tokens of the samples timed; capture_overhead_ratio = prefill tokens/s without capture / extract tokens/s (same engine, same samples)",
         "engines": {},
     }
     for eng in a.engines.split(","):

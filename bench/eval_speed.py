@@ -34,7 +34,7 @@ from eagle3nb.drafter.shared_eval import evaluate_shared  # noqa: E402
 from eagle3nb.manifest import atomic_write_json  # noqa: E402
 from eagle3nb.params import load_params  # noqa: E402
 from eagle3nb.rundir import RunDir  # noqa: E402
-from eagle3nb.steps import eval_chat  # noqa: E402
+from eagle3nb.steps.evaluate import chat as eval_chat  # noqa: E402
 from eagle3nb.target import models  # noqa: E402
 
 COUNTERS = ("cycles", "tau", "per_position_acceptance", "emitted_tokens")

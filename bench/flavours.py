@@ -42,9 +42,9 @@ from eagle3nb.drafter.model import flavour_of  # noqa: E402
 from eagle3nb.manifest import atomic_write_json  # noqa: E402
 from eagle3nb.params import load_params  # noqa: E402
 from eagle3nb.rundir import RunDir  # noqa: E402
-from eagle3nb.steps.extract_sglang import extract_sglang_step  # noqa: E402
-from eagle3nb.steps.generate import generate_step  # noqa: E402
-from eagle3nb.steps.train import _train_config  # noqa: E402
+from eagle3nb.steps.extract.from_sglang import extract_sglang_step  # noqa: E402
+from eagle3nb.steps.generate.step import generate_step  # noqa: E402
+from eagle3nb.steps.train.step import _train_config  # noqa: E402
 from eagle3nb.target import models  # noqa: E402
 from eagle3nb.text.generation import read_jsonl  # noqa: E402
 from eagle3nb.training.loop import train_drafter  # noqa: E402

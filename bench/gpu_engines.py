@@ -1,16 +1,16 @@
 """Engine benches on a random-weight target of a real shape, through the functions the notebooks
 call (used by ``bench/gpu_workbook.py``'s ``shape:<name>`` stages; each part returns a dict).
 
-- :func:`vllm_part`: 02a's :func:`eagle3nb.engines.vllm_helpers.measure_speed` (capture
+- :func:`vllm_part`: 02a's :func:`eagle3nb.engines.speed.measure_speed` (capture
   tokens/s through vLLM vs vLLM's plain prefill of the same samples in the same calls, and
   vLLM's generation tokens/s), the engine start times, a kernel table of one capture and one
   plain prefill call (``torch.profiler``, in-process engines only), and
   :func:`eagle3nb.dataset.write.write_dataset` (02a's writer) of the captured samples: tokens/s
   and bytes/s of capture + write, against the disk's own write rate (``env`` stage).
-- :func:`serve_part`: 04's :func:`eagle3nb.steps.eval_served.serve_engine` serving a random
+- :func:`serve_part`: 04's :func:`eagle3nb.steps.evaluate.served.serve_engine` serving a random
   drafter of the target's shape (tau near 1: this is the drafter's cost, not a speedup) and the
   same prompts without it, at each batch size, with CUDA graphs off (``enforce_eager``) and on.
-- :func:`hf_part`: 02b's HF hooks (:func:`eagle3nb.steps.extract.capture_overhead`: plain decoder
+- :func:`hf_part`: 02b's HF hooks (:func:`eagle3nb.steps.extract.sharded.capture_overhead`: plain decoder
   forward vs :class:`eagle3nb.target.capture.HFCaptureEngine`) and 01's HF generation
   (:func:`eagle3nb.text.generation.generate_batch`) on the HF model made from the same config.
 
@@ -65,7 +65,7 @@ def vllm_part(a, model_dir, cfg: dict, ids: list[int], out_dir: Path) -> dict:
     """See the module docstring. ``a``: the bench's arguments (dtype, sizes, vllm options)."""
     from eagle3nb.dataset.write import write_dataset
     from eagle3nb.engines.adapter import EngineCaptureEngine
-    from eagle3nb.engines.vllm_helpers import measure_speed
+    from eagle3nb.engines.speed import measure_speed
 
     V, n = cfg["vocab_size"], cfg["num_hidden_layers"]
     samples = random_ids(a.samples, a.sample_len, V, 1)
@@ -142,7 +142,7 @@ def random_drafter(cfg: dict, bnds: list[int], out: Path, draft_vocab: int, k: i
 
 def serve_part(a, model_dir, cfg: dict, bnds: list[int], out_dir: Path) -> dict:
     """See the module docstring: one engine client per CUDA-graph setting."""
-    from eagle3nb.steps.eval_served import serve_engine
+    from eagle3nb.steps.evaluate.served import serve_engine
 
     drafter = random_drafter(cfg, bnds, out_dir / "drafter", a.draft_vocab, a.k)
     prompts = random_ids(max(a.batch_sizes) * 2, a.prompt_len, cfg["vocab_size"], 3)
@@ -176,7 +176,7 @@ def hf_part(a, cfg: dict, bnds: list[int]) -> dict:
     """See the module docstring; the model is freed before returning."""
     from real_shape import hf_from_config
 
-    from eagle3nb.steps.extract import capture_overhead
+    from eagle3nb.steps.extract.sharded import capture_overhead
     from eagle3nb.target.capture import HFCaptureEngine
     from eagle3nb.text.generation import generate_batch
 

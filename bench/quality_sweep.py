@@ -79,8 +79,8 @@ def _train_eval(a, name: str, d: int, tr: dict, kw: dict) -> dict:
 
     from eagle3nb.params import RunParams, load_params
     from eagle3nb.rundir import RunDir
-    from eagle3nb.steps import train as train_mod
-    from eagle3nb.steps.evaluate import eval_step
+    from eagle3nb.steps.train import step as train_mod
+    from eagle3nb.steps.evaluate.step import eval_step
 
     tc_only = {k: v for k, v in tr.items() if k not in RunParams.model_fields}
     rp = {k: v for k, v in tr.items() if k not in tc_only and k not in DATA_KEYS}
@@ -118,8 +118,8 @@ def sweep(a) -> dict:
     import multiprocessing as mp
 
     from eagle3nb.params import load_params
-    from eagle3nb.steps.extract_sglang import extract_sglang_step
-    from eagle3nb.steps.generate import generate_step
+    from eagle3nb.steps.extract.from_sglang import extract_sglang_step
+    from eagle3nb.steps.generate.step import generate_step
 
     od = Path(a.out_dir)
     od.mkdir(parents=True, exist_ok=True)
@@ -195,7 +195,7 @@ def cpu_step_seconds(a) -> dict:
 
     from eagle3nb.params import load_params
     from eagle3nb.rundir import RunDir
-    from eagle3nb.steps.train import train_step
+    from eagle3nb.steps.train.step import train_step
 
     torch.set_num_threads(2)
     out = {}

@@ -16,11 +16,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eagle3nb.steps.evaluate import eval_step
-from eagle3nb.steps.extract_sglang import extract_sglang_step
-from eagle3nb.steps.extract_vllm import extract_vllm_step
-from eagle3nb.steps.generate import generate_step
-from eagle3nb.steps.train import train_step
+from eagle3nb.steps.evaluate.step import eval_step
+from eagle3nb.steps.extract.from_sglang import extract_sglang_step
+from eagle3nb.steps.extract.from_vllm import extract_vllm_step
+from eagle3nb.steps.generate.step import generate_step
+from eagle3nb.steps.train.step import train_step
 from eagle3nb.rundir import RunDir, update_metrics
 from eagle3nb.params import load_params, resolve_device
 

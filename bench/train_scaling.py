@@ -40,9 +40,9 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
-from eagle3nb.steps.extract_sglang import extract_sglang_step
-from eagle3nb.steps.generate import generate_step
-from eagle3nb.steps.train import train_step
+from eagle3nb.steps.extract.from_sglang import extract_sglang_step
+from eagle3nb.steps.generate.step import generate_step
+from eagle3nb.steps.train.step import train_step
 from eagle3nb.rundir import RunDir, read_metrics
 from eagle3nb.params import load_params
 

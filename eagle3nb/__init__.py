@@ -69,7 +69,8 @@ engines/            real engines (vLLM, SGLang) behind one interface, across a p
     adapter         notebook side: an EngineClient as a CaptureEngine for the dataset writer
     twin_check      notebook side: an engine's id rule measured on a twin, against engine_rules
     twin_cache      notebook side: the twin proof's measurement cached on disk, keyed by all it depends on
-    vllm_helpers    notebook side: vLLM parameters, start, speed, served acceptance
+    vllm_helpers    notebook side: vLLM parameters and start
+    speed           notebook side: an engine's extraction, prefill and generation speed (vLLM, SGLang)
     sglang_helpers  notebook side: 02b's SGLang path, boundary N from HF checked against SGLang
 viz/                figures and interactive views
     plots           Plotly figures, standalone HTML that opens offline
@@ -90,30 +91,37 @@ offline/            an engine for a GPU host with no package index: a bundle of 
     installer       install.sh: check sha256, reassemble, unpack, print the export line
     check           on the host: versions, an engine on a local target vs HF greedy tokens
     __main__        python -m eagle3nb.offline build --python-version --torch | check
-steps/              one module per notebook, called from its cells and from eagle3nb.run
-    common          what the steps share: target info, aux ids, checks, metrics
-    generate        01_generate
-    generate_chat   01_generate on a chat dataset: refusals, split by conversation, regeneration
-    generate_workers  01's regeneration through one engine here, or data parallel over workers
-    extract         02's shared plumbing: disk plan, sharded extraction over N worker processes
-    extract_vllm    02a_extract_vllm
-    extract_sglang  02b_extract_sglang
-    twin_check      02a/02b: the twin proof before extraction (twin_check: enforce, warn, off)
-    drift           02b's drift figure data: the same probe tokens from other engines and dtypes
-    train           03_train, also from the command line and on every torchrun rank
-    heldout         03's held-out slice (01's held-out prompts) for evaluation during training
-    evaluate        04_eval_acceptance: who measures (eval_engines), then the simulator and engines
-    eval_sim        04's simulator over an HF copy of the target; 04's result and metrics assembled
-    eval_served     04's serving engines: each serves the drafter (and its layer offset) per
+steps/              one folder per notebook, called from its cells and from eagle3nb.run
+    shared/         what the steps share
+        checks      run-folder inputs, checks written once (generation, boundaries), metrics helpers
+        recorded    02a/02b/04/05's results recorded in the run folder, read back on a re-run
+    generate/       01_generate
+        step        01's step: the target's continuations of the train prompts
+        chat        01 on a chat dataset: refusals, split by conversation, regeneration
+        workers     01's regeneration through one engine here, or data parallel over workers
+    extract/        02a_extract_vllm and 02b_extract_sglang
+        sharded     02's shared plumbing: samples, disk plan, engine speed, sharded extraction
+        from_vllm   02a's step: aux states through vLLM's own forward
+        from_sglang  02b's step: aux states through SGLang (or HF at SGLang's capture point)
+        twin_gate   02a/02b: the twin proof before extraction (twin_check: enforce, warn, off)
+        engine_drift  02b's drift figure data: the same probe tokens from other engines and dtypes
+    train/          03_train
+        step        03's step, also from the command line and on every torchrun rank
+        heldout_slice  03's held-out slice (01's held-out prompts) for evaluation during training
+    evaluate/       04_eval_acceptance
+        step        04's step: who measures (eval_engines), then the simulator and engines
+        simulator   04's simulator over an HF copy of the target; 04's result and metrics assembled
+        served      04's serving engines: each serves the drafter (and its layer offset) per
                     category, k and batch size, with and without the drafter
-    eval_bench      04's prompt set (held-out, a benchmark turn by turn) and the engine loop
-    eval_chat       04's held-out prompts rendered with its template; acceptance per turn index
-    publish         04's serving files: serve_commands.md and the drafter's model card
-    drift_sources   05's sources (engine, dtype, quantization): capture, drift against float32 HF
-    drift_matrix    05_drift: one drafter per source and seed, the train x serve acceptance matrix
-    drift_report    05's reading of the matrix: noise bars, the diagonal, the recommendation
-    audit           06_audit's prompts: held-out prompts and eval_dataset's turns as 04 renders them
-    recorded        02a/02b/04/05's results recorded in the run folder, read back on a re-run
+        bench       04's prompt set (held-out, a benchmark turn by turn) and the engine loop
+        chat        04's held-out prompts rendered with its template; acceptance per turn index
+        publish     04's serving files: serve_commands.md and the drafter's model card
+    drift/          05_drift
+        step        05's step: one drafter per source and seed, the train x serve acceptance matrix
+        sources     05's sources (engine, dtype, quantization): capture, drift against float32 HF
+        report      05's reading of the matrix: noise bars, the diagonal, the recommendation
+    audit/          06_audit (the audit itself: audit/ above)
+        prompts     06's prompts: held-out prompts and eval_dataset's turns as 04 renders them
 data/               package data: prompts_tinystories.txt (default prompts), chat_stories.*.jsonl
                     (chat dataset, two forms), chat_template_stories.jinja,
                     bench_tinystories_mtbench.jsonl (04's benchmark set, MT-Bench form)
@@ -126,6 +134,7 @@ params/             run parameters: one validated model for params/*.yaml and th
     __main__        python -m eagle3nb.params sync [--check]
 padding             pad_right: variable-length samples -> right-padded batch and mask
 threads             thread budget per process (affinity, cgroup quota): kernel and engine workers
+repo_paths          REPO_ROOT and paths resolved against it (a leaf: standard library only)
 rundir              one run's folder outputs/<run_name>/: artefact paths, metrics.json
 preflight           checks before any notebook runs: parameters vs the target's config, engines
 manifest            what produced an artefact, so a later step can refuse a mismatch

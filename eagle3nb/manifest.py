@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from eagle3nb import __version__
+from eagle3nb.repo_paths import REPO_ROOT
 
 __all__ = [
     "publish_permissions",
@@ -31,8 +32,6 @@ __all__ = [
     "with_template_kwargs",
     "template_fields",
 ]
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def sha256_file(path: str | os.PathLike) -> str:

@@ -31,7 +31,7 @@ def check_against_model(p: RunParams) -> dict:
             :func:`eagle3nb.engines.vllm_helpers.check_vllm_params`), ``sglang_options``
             (:func:`eagle3nb.engines.sglang_helpers.check_sglang_options`); an engine whose layer-id rule
             for the target's class refuses the run (:func:`check_engine_rules`); ``init_from`` for
-            another target or other boundaries (:func:`eagle3nb.steps.train.adoption_for`).
+            another target or other boundaries (:func:`eagle3nb.steps.train.step.adoption_for`).
         FileNotFoundError: also when a step uses vLLM and ``vllm_python`` does not exist.
     """
     from eagle3nb.target import conventions, models
@@ -93,7 +93,7 @@ def check_against_model(p: RunParams) -> dict:
     check_sglang_options(p.sglang_options)
     engines = check_engine_rules(p, models.target_arch(cfg, p.model), n, b, cfg)
     if p.init_from:  # 03's starting drafter: another target's, or other boundaries, refused now
-        from eagle3nb.steps.train import adoption_for
+        from eagle3nb.steps.train.step import adoption_for
 
         adoption_for(p)
     return {
@@ -213,7 +213,7 @@ def check_inputs(p: RunParams) -> dict:
             value and the fix: ``the file is empty``, no prompt or duplicates in the prompts file,
             every record refused, a split with no train or no held-out item.
     """
-    from eagle3nb.rundir import resolve_path
+    from eagle3nb.repo_paths import resolve_path
     from eagle3nb.text import conversations
     from eagle3nb.text.prompts import load_prompts
 

@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from eagle3nb.rundir import resolve_path
+from eagle3nb.repo_paths import resolve_path
 
 __all__ = ["list_runs", "compare_runs", "KEY_METRICS"]
 

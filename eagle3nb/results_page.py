@@ -19,7 +19,7 @@ import datetime as dt
 import json
 from pathlib import Path
 
-from eagle3nb.rundir import REPO_ROOT
+from eagle3nb.repo_paths import REPO_ROOT
 
 __all__ = ["REFERENCE", "PAGE", "reference_from_run", "render", "render_from_files"]
 

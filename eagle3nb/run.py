@@ -20,7 +20,8 @@ from typing import Optional
 import typer
 import yaml
 
-from eagle3nb.rundir import REPO_ROOT, RunDir, update_metrics
+from eagle3nb.rundir import RunDir, update_metrics
+from eagle3nb.repo_paths import REPO_ROOT
 from eagle3nb.preflight import check_against_model, check_inputs
 from eagle3nb.params import NOTEBOOKS, load_params, parse_sets
 from eagle3nb.training.progress import KERNEL_ARGS, LogFollower

@@ -9,17 +9,10 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from eagle3nb.repo_paths import resolve_path
+
 if TYPE_CHECKING:  # a type only: params imports this module
     from eagle3nb.params import RunParams
-
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def resolve_path(p: str | os.PathLike) -> Path:
-    """Relative paths are relative to the repository root (so notebooks and CLI agree)."""
-    p = Path(p).expanduser()
-    return p if p.is_absolute() else REPO_ROOT / p
 
 
 class RunDir:

@@ -116,11 +116,11 @@ def smoke_run():
 
     Made once per session, by the first test that asks: ``tests/test_pipeline.py`` checks its
     artefacts; the JupyterLab browser test then runs the stored notebooks on it, and nbval after
-    it, each re-run reading the steps' recorded results back (:mod:`eagle3nb.steps.recorded`)
+    it, each re-run reading the steps' recorded results back (:mod:`eagle3nb.steps.shared.recorded`)
     instead of starting the engines again. Returns the run folder."""
     import shutil
 
-    from eagle3nb.rundir import REPO_ROOT
+    from eagle3nb.repo_paths import REPO_ROOT
     from eagle3nb.run import run_notebooks
 
     root = REPO_ROOT / "outputs" / "smoke"

@@ -18,7 +18,7 @@ from eagle3nb.target import models
 from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3nb.drafter.export import export_drafter, load_drafter
-from eagle3nb.rundir import REPO_ROOT
+from eagle3nb.repo_paths import REPO_ROOT
 from eagle3nb.params import RunParams, load_params
 from eagle3nb.preflight import check_against_model, check_inputs
 from eagle3nb.drafter.vocab import build_draft_vocab
@@ -312,7 +312,7 @@ def test_split_refusal_names_both_numbers_and_the_fix(tmp_path):
 )
 def test_01_refuses_before_the_target_loads(tmp_path, case):
     # 01 in a notebook (no runner): refused before the run folder is made or the model read
-    from eagle3nb.steps.generate import generate_step
+    from eagle3nb.steps.generate.step import generate_step
 
     p = load_params(
         BAD / "params" / f"{case}.yaml", outputs_dir=str(tmp_path), model="no/such/model"

@@ -8,7 +8,7 @@ from importlib import metadata
 import transformers
 import yaml
 
-from eagle3nb.rundir import REPO_ROOT
+from eagle3nb.repo_paths import REPO_ROOT
 
 CI = REPO_ROOT / ".ci"
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from eagle3nb import results_page
-from eagle3nb.rundir import REPO_ROOT
+from eagle3nb.repo_paths import REPO_ROOT
 
 README = REPO_ROOT / "README.md"
 DOCS = REPO_ROOT / "docs"

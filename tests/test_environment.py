@@ -5,7 +5,7 @@ import tomllib
 
 import yaml
 
-from eagle3nb.rundir import REPO_ROOT
+from eagle3nb.repo_paths import REPO_ROOT
 
 
 def names(reqs):

@@ -59,7 +59,7 @@ LISTED_MODULE_MAX = 600
 LONG_MODULES: dict[str, str] = {
     "eagle3nb/drafter/model.py": "the drafter in one readable file, every flavour of its head",
     "eagle3nb/training/loop.py": "one training loop, start to end, resume and init included",
-    "eagle3nb/steps/train.py": "03's one step: checks, loop, export, card",
+    "eagle3nb/steps/train/step.py": "03's one step: checks, loop, export, card",
     "eagle3nb/drafter/engine_read.py": "every id key and flag either engine reads, in one place",
     "eagle3nb/drafter/export.py": "export and load back of every head (Llama, MLA) and flavour",
     "eagle3nb/params/schema.py": "every run parameter once: default, range, help, notebooks",
@@ -358,20 +358,24 @@ _MAP_LINE = re.compile(r"^(?P<indent> *)(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?P<slas
 
 def _package_map(doc: str) -> dict[str, int]:
     """Dotted names the map in ``doc`` names -> docstring line; indented names are members of the
-    subpackage (``name/``) above them."""
+    subpackage (``name/``) above them, at any depth."""
     named: dict[str, int] = {}
-    current = None
+    parents: list[tuple[int, str]] = []  # (indent, name) of the subpackages enclosing this line
     lines = doc.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith("Package map")), len(lines))
     for i, line in enumerate(lines[start + 1 :], start + 2):
         m = _MAP_LINE.match(line)
         if not m:
             continue
-        if not m["indent"]:
-            current = m["name"] if m["slash"] else None
-            named[f"{PKG}.{m['name']}"] = i
-        elif current is not None:
-            named[f"{PKG}.{current}.{m['name']}"] = i
+        indent = len(m["indent"])
+        while parents and parents[-1][0] >= indent:
+            parents.pop()
+        if indent and not parents:
+            continue  # indented under a top-level module: not a member of anything
+        dotted = ".".join([PKG, *(name for _, name in parents), m["name"]])
+        named[dotted] = i
+        if m["slash"]:
+            parents.append((indent, m["name"]))
     return named
 
 

@@ -19,7 +19,7 @@ import yaml
 from eagle3nb import run
 from eagle3nb.params import sync as params
 from eagle3nb.params import NOTEBOOKS, RUN_LEVEL, RunParams, load_params
-from eagle3nb.rundir import REPO_ROOT
+from eagle3nb.repo_paths import REPO_ROOT
 from eagle3nb.training.loop import TrainConfig
 
 FIX = f"run `{params.SYNC_COMMAND}` (writes the notebooks' parameters cells and docs/parameters.md's table from eagle3nb/params/schema.py RunParams)"
@@ -136,7 +136,9 @@ def test_smoke_yaml_is_the_notebook_defaults():
 
 def test_train_config_defaults_are_runparams_defaults():
     shared = [f for f in dataclasses.fields(TrainConfig) if f.name in RunParams.model_fields]
-    assert len(shared) >= 19  # the training settings steps.train passes from the run's parameters
+    assert (
+        len(shared) >= 19
+    )  # the training settings steps.train.step passes from the run's parameters
     differ = {
         f.name: (f.default, params.default_of(f.name))
         for f in shared

@@ -3,7 +3,7 @@ the fix; the device parameter."""
 
 import pytest
 
-from eagle3nb.rundir import REPO_ROOT
+from eagle3nb.repo_paths import REPO_ROOT
 from eagle3nb.params import load_params
 
 
@@ -61,7 +61,7 @@ def test_smoke_params_are_the_stored_notebooks_defaults():
     RunParams defaults), so the session's headless smoke run and the JupyterLab/nbval runs of the
     stored notebooks are one run (tests/conftest.py ``smoke_run``)."""
     from eagle3nb.params import RunParams, load_params
-    from eagle3nb.rundir import REPO_ROOT
+    from eagle3nb.repo_paths import REPO_ROOT
 
     smoke = load_params(REPO_ROOT / "params" / "smoke.yaml")
     assert smoke.model_dump() == RunParams().model_dump()

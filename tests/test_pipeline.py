@@ -10,7 +10,7 @@ from testkit import requires_engine
 from eagle3nb.drafter.export import load_drafter
 from eagle3nb.params import RunParams, load_params
 from eagle3nb.params.sync import declared_by
-from eagle3nb.rundir import REPO_ROOT
+from eagle3nb.repo_paths import REPO_ROOT
 from eagle3nb.run import NOTEBOOKS as ALL_NOTEBOOKS
 
 # every test here reads the smoke run (``smoke_run``), whose steps start both engines
@@ -153,7 +153,7 @@ def test_mismatched_boundaries_refused_before_training(smoke_run, tmp_path):
 
     from eagle3nb.manifest import ManifestMismatch
     from eagle3nb.params import RunParams
-    from eagle3nb.steps.train import train_step
+    from eagle3nb.steps.train.step import train_step
 
     shutil.copytree(smoke_run / "dataset", tmp_path / "ci-smoke" / "dataset")
     p = RunParams(outputs_dir=str(tmp_path), run_name="ci-smoke", layer_ids=[1, 2, 3])
@@ -177,7 +177,7 @@ def test_dataset_from_other_settings_refused_by_03_unless_overridden(
 
     from eagle3nb.manifest import ManifestMismatch, atomic_write_json
     from eagle3nb.params import RunParams
-    from eagle3nb.steps.train import train_step
+    from eagle3nb.steps.train.step import train_step
 
     d = tmp_path / "ci-smoke" / "dataset"
     shutil.copytree(smoke_run / "dataset", d)
@@ -204,16 +204,16 @@ def test_rerun_reads_the_recorded_results_back_without_engines(smoke_run, monkey
     its step recorded: no engine starts, and what comes back is what the run wrote to
     metrics.json (recorded by the real run, not by this test)."""
     from eagle3nb.engines import sglang_helpers, vllm_helpers
-    from eagle3nb.steps.drift_matrix import drift_matrix_step
-    from eagle3nb.steps.evaluate import eval_step
-    from eagle3nb.steps.extract_sglang import extract_sglang_step
-    from eagle3nb.steps.extract_vllm import extract_vllm_step
+    from eagle3nb.steps.drift.step import drift_matrix_step
+    from eagle3nb.steps.evaluate.step import eval_step
+    from eagle3nb.steps.extract.from_sglang import extract_sglang_step
+    from eagle3nb.steps.extract.from_vllm import extract_vllm_step
 
     def no_engine(*a, **k):
         raise AssertionError("an engine was started for a recorded result")
 
     monkeypatch.setattr(sglang_helpers, "start_sglang", no_engine)
-    for mod in ("extract_vllm", "evaluate", "drift_matrix"):
+    for mod in ("extract.from_vllm", "evaluate.step", "drift.step"):
         monkeypatch.setattr(f"eagle3nb.steps.{mod}.start_vllm", no_engine, raising=False)
     monkeypatch.setattr(vllm_helpers.EngineClient, "__init__", no_engine)
     full = load_params(

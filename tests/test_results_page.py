@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from eagle3nb import results_page
-from eagle3nb.rundir import REPO_ROOT
+from eagle3nb.repo_paths import REPO_ROOT
 
 
 def _fake_run(tmp_path):

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from eagle3nb.rundir import REPO_ROOT
+from eagle3nb.repo_paths import REPO_ROOT
 
 pytest.importorskip("papermill")
 
@@ -37,10 +37,10 @@ def _cli(module: str, *args: str, timeout: int = 300) -> subprocess.CompletedPro
 def test_set_refused_with_the_train_entry_points_message(tmp_path, sets, message):
     out = ["--set", f"outputs_dir={tmp_path}", "--set", "run_name=cli-set"]
     run = _cli("eagle3nb.run", *out, *sets)
-    train = _cli("eagle3nb.steps.train", *out, *sets)
+    train = _cli("eagle3nb.steps.train.step", *out, *sets)
     assert (run.returncode, train.returncode) == (2, 2), (run.stderr, train.stderr)
     assert run.stderr == f"eagle3nb: {message}\n"
-    assert train.stderr == f"eagle3nb.steps.train: {message}\n"  # one parser, one schema
+    assert train.stderr == f"eagle3nb.steps.train.step: {message}\n"  # one parser, one schema
     assert not any(tmp_path.iterdir())
 
 

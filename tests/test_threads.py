@@ -11,7 +11,7 @@ import torch
 
 from eagle3nb import threads
 from eagle3nb.params import RunParams
-from eagle3nb.steps.common import use_thread_budget
+from eagle3nb.steps.shared.checks import use_thread_budget
 
 
 def _tree(tmp_path, proc_lines: str, files: dict[str, str]):

@@ -2,10 +2,10 @@
 
 import pytest
 
-from eagle3nb.rundir import REPO_ROOT
+from eagle3nb.repo_paths import REPO_ROOT
 from eagle3nb.params import RunParams
 from eagle3nb.text.prompts import load_prompts, split_prompts
-from eagle3nb.steps.generate import generate_step
+from eagle3nb.steps.generate.step import generate_step
 
 BAD = REPO_ROOT / "tests" / "bad_inputs" / "prompts"
 

@@ -134,7 +134,7 @@ def train_killed(q, fault: str) -> None:
     torchrun reports it; the variable is removed again whatever happens."""
     import os
 
-    from eagle3nb.steps.train import train_step
+    from eagle3nb.steps.train.step import train_step
     from eagle3nb.training.loop import FAULT_ENV
 
     os.environ[FAULT_ENV] = fault

@@ -36,7 +36,7 @@ def main(
         prompts, target = None, None
         if eval_dataset:  # 12 held-out prompts (run_audit's default) and the benchmark's turns
             from eagle3nb.params import RunParams
-            from eagle3nb.steps.audit import audit_prompts
+            from eagle3nb.steps.audit.prompts import audit_prompts
             from eagle3nb.target import models
 
             p = RunParams(

@@ -85,7 +85,7 @@ def run_audit(
             go (None: measure and report only). engine: ``sglang`` or ``vllm`` to name one engine
             in the summary (both are always read). prompts_ids: held-out prompts (default:
             :func:`heldout_prompt_ids`), or ``{set name: prompts}`` (e.g. ``heldout`` and a
-            benchmark's turns, :func:`eagle3nb.steps.audit.audit_prompts`): the verdict reads all
+            benchmark's turns, :func:`eagle3nb.steps.audit.prompts.audit_prompts`): the verdict reads all
             of them, each row's ``by_set`` says tau per set. radius: candidate boundaries within this of the declared
             ones. versions: ``{engine: version or None}`` (default: the installed venvs).
             target: ``(model, tokenizer, path)`` already loaded (float32).

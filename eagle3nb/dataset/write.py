@@ -190,7 +190,7 @@ def write_dataset(
         aux_storage: ``"dtype"``, or ``"int8"`` (per token and aux slot scales, see
             :mod:`eagle3nb.dataset.layout`; the relative error vs the unquantised states is recorded).
         worker: ``(w, W)``: write only the shards ``i % W == w`` and record them in
-            ``workers/worker-w.json`` (see :mod:`eagle3nb.steps.extract`); :func:`merge_workers` then
+            ``workers/worker-w.json`` (see :mod:`eagle3nb.steps.extract.sharded`); :func:`merge_workers` then
             writes the complete manifest. ``None``: one process, manifest after every shard.
 
     Returns:

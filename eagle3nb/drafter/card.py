@@ -2,7 +2,7 @@
 and vLLM, and a Hub-ready model card (``README.md`` with YAML front matter) for the drafter folder.
 
 Pure text from the exported ``config.json`` and what the caller read from the run (no engine, no
-parameters): :mod:`eagle3nb.steps.publish` writes them into the run folder.
+parameters): :mod:`eagle3nb.steps.evaluate.publish` writes them into the run folder.
 """
 
 from __future__ import annotations

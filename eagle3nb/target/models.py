@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from eagle3nb.repo_paths import REPO_ROOT
+
 __all__ = [
     "as_stop_list",
     "stop_token_ids",
@@ -32,7 +34,6 @@ __all__ = [
     "ARCH_ALIASES",
 ]
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV_VAR = "EAGLE3NB_MODEL_PATH"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # architecture class (config.json ``architectures``) -> the transformers module that defines it.

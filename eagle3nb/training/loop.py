@@ -12,9 +12,9 @@ A checkpoint (model, optimizer, scheduler, RNG, step = data position; per rank) 
 
 Command line (one process, or one per GPU under torchrun)::
 
-    python -m eagle3nb.steps.train outputs/<run>            # the run's params.yaml
-    python -m eagle3nb.steps.train params/default.yaml --set max_steps=200
-    torchrun --nproc_per_node 2 -m eagle3nb.steps.train params/default.yaml
+    python -m eagle3nb.steps.train.step outputs/<run>            # the run's params.yaml
+    python -m eagle3nb.steps.train.step params/default.yaml --set max_steps=200
+    torchrun --nproc_per_node 2 -m eagle3nb.steps.train.step params/default.yaml
 """
 
 from __future__ import annotations

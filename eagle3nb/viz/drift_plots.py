@@ -15,7 +15,7 @@ def drift_summary_figure(drift: Mapping[str, dict], labels: Mapping[str, str]) -
     """Each source against the float32 HF reference on the same tokens, per boundary.
 
     Args:
-        drift: ``{source key: drift_stats dict}`` (:func:`eagle3nb.steps.drift_sources.drift_stats`:
+        drift: ``{source key: drift_stats dict}`` (:func:`eagle3nb.steps.drift.sources.drift_stats`:
             ``boundaries`` {b: relative_error, cosine, top_channels}, ``logits``).
         labels: ``{source key: label}`` (the engine that ran, dtype, quantization).
 
@@ -76,7 +76,7 @@ def acceptance_matrix_figure(m: dict, labels: Mapping[str, str]) -> go.Figure:
     offset), columns = the source it is served on; each cell's text: mean +- half the seed range.
 
     Args:
-        m: ``metrics.json["drift_matrix"]["matrix"]`` (:func:`eagle3nb.steps.drift_report.matrix_block`).
+        m: ``metrics.json["drift_matrix"]["matrix"]`` (:func:`eagle3nb.steps.drift.report.matrix_block`).
         labels: ``{source key: label}``.
     """
     rows = [labels.get(r, r) for r in m["rows"]]

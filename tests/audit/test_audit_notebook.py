@@ -8,7 +8,7 @@ import json
 
 from conftest import TRAINED, write_format
 
-from eagle3nb.rundir import REPO_ROOT
+from eagle3nb.repo_paths import REPO_ROOT
 from eagle3nb.run import run_notebooks
 
 

@@ -11,8 +11,8 @@ import pytest
 from eagle3nb.audit.core import heldout_prompt_ids, run_audit
 from eagle3nb.drafter.acceptance import greedy_generate
 from eagle3nb.params import RunParams
-from eagle3nb.rundir import REPO_ROOT
-from eagle3nb.steps.audit import audit_prompts
+from eagle3nb.repo_paths import REPO_ROOT
+from eagle3nb.steps.audit.prompts import audit_prompts
 from eagle3nb.target import models
 
 BENCH = "builtin:tinystories_mtbench"

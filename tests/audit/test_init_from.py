@@ -154,9 +154,9 @@ def test_03_adopts_fine_tunes_and_records_the_source(trained_export, tmp_path):
     from eagle3nb.params import RunParams
     from eagle3nb.preflight import check_against_model
     from eagle3nb.rundir import RunDir
-    from eagle3nb.steps.extract_sglang import extract_sglang_step
-    from eagle3nb.steps.generate import generate_step
-    from eagle3nb.steps.train import train_step
+    from eagle3nb.steps.extract.from_sglang import extract_sglang_step
+    from eagle3nb.steps.generate.step import generate_step
+    from eagle3nb.steps.train.step import train_step
 
     peer = write_format(trained_export, tmp_path / "peer", "speculators", [1, 2, 4])
     p = RunParams(

@@ -11,8 +11,8 @@ import pytest
 
 from testkit import requires_engine
 from eagle3nb.params import RunParams
-from eagle3nb.steps.drift_matrix import drift_matrix_step
-from eagle3nb.steps.generate import generate_step
+from eagle3nb.steps.drift.step import drift_matrix_step
+from eagle3nb.steps.generate.step import generate_step
 
 pytestmark = requires_engine("vllm")
 REF, W8, W4 = "hf:float32:none", "vllm:bfloat16:w8a8", "vllm:bfloat16:w4a16"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from eagle3nb.engines import vllm_helpers
+from eagle3nb.engines import speed
 
 PLAIN_S, CAPTURE_S, GEN_S = 1e-3, 3e-3, 1e-2  # fake seconds per token
 
@@ -45,12 +45,12 @@ class FakeClient:
 @pytest.mark.parametrize("interleave", [True, False])
 def test_speeds_from_warm_calls_and_order(monkeypatch, interleave):
     clock = FakeClock()
-    monkeypatch.setattr(vllm_helpers.time, "perf_counter", clock)
+    monkeypatch.setattr(speed.time, "perf_counter", clock)
     client = FakeClient(clock)
     samples = [[1] * (10 + i % 5) for i in range(70)]  # 3 calls of 32, 32, 6
     prompts = [[1, 2]] * 200
     kw = {"on_capture_engine": True} if interleave else {}
-    r = vllm_helpers.measure_speed(
+    r = speed.measure_speed(
         client, prompts, samples, 4, [0], 0, client.capture, 2.0, 500, 32, kw, interleave, 128
     )
     assert r["prefill_tokens_per_s_without_capture"] == pytest.approx(1 / PLAIN_S, abs=0.05)
@@ -77,10 +77,10 @@ def test_speed_passes_time_the_first_speed_samples_only(monkeypatch):
     the dataset's size: 70 samples capped at 40 are the calls of 32 and 8, and the tokens/s are
     those of these 40 (their token count by hand)."""
     clock = FakeClock()
-    monkeypatch.setattr(vllm_helpers.time, "perf_counter", clock)
+    monkeypatch.setattr(speed.time, "perf_counter", clock)
     client = FakeClient(clock)
     samples = [[1] * (10 + i % 5) for i in range(70)]
-    r = vllm_helpers.measure_speed(
+    r = speed.measure_speed(
         client, [[1, 2]] * 4, samples, 4, [0], 0, client.capture, 2.0, 500, 32, {}, False,
         speed_samples=40,
     )  # fmt: skip
@@ -96,7 +96,7 @@ def test_separate_passes_keep_the_fastest_of_repeats(monkeypatch):
     the fastest is kept: a neighbour's load that slows one capture pass 2x and one plain pass 3x
     leaves the ratio at the engine's own CAPTURE_S / PLAIN_S; every pass time is reported."""
     clock = FakeClock()
-    monkeypatch.setattr(vllm_helpers.time, "perf_counter", clock)
+    monkeypatch.setattr(speed.time, "perf_counter", clock)
     client = FakeClient(clock)
     slow = {("capture", 1): 2.0, ("plain", 2): 3.0}  # (kind, pass index) -> slowdown
     seen = {"capture": 0, "plain": 0}
@@ -118,7 +118,7 @@ def test_separate_passes_keep_the_fastest_of_repeats(monkeypatch):
 
     client.generate = generate
     samples = [[1] * 10 for _ in range(20)]  # 200 tokens per pass
-    r = vllm_helpers.measure_speed(
+    r = speed.measure_speed(
         client, [[1, 2]] * 4, samples, 4, [0], 0, capture, 2.0, 500, 32, {}, False, repeats=3
     )
     assert r["pass_seconds"]["capture"] == pytest.approx([0.6, 1.2, 0.6])  # 200 x 3e-3 s
@@ -131,4 +131,4 @@ def test_separate_passes_keep_the_fastest_of_repeats(monkeypatch):
 def test_repeats_with_interleave_refused():
     """Alternating calls already pair both kinds under one load; repeats there is refused by name."""
     with pytest.raises(ValueError, match="repeats=3"):
-        vllm_helpers.measure_speed(None, [[1]], [[1]], 1, [0], 0, None, interleave=True, repeats=3)
+        speed.measure_speed(None, [[1]], [[1]], 1, [0], 0, None, interleave=True, repeats=3)

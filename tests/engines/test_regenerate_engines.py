@@ -9,7 +9,7 @@ from testkit import requires_engine, sglang_ctx
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
 from eagle3nb.engines.pool import open_engine
 from eagle3nb.engines.sglang_helpers import start_sglang
-from eagle3nb.rundir import REPO_ROOT
+from eagle3nb.repo_paths import REPO_ROOT
 from eagle3nb.target import models
 from eagle3nb.text.conversations import load_records
 from eagle3nb.text.generation import generate_batch
@@ -97,7 +97,7 @@ def test_01_through_sglang_writes_the_hf_file(tmp_path):
     import json
 
     from eagle3nb.params import RunParams
-    from eagle3nb.steps.generate import generate_step
+    from eagle3nb.steps.generate.step import generate_step
 
     src = (REPO_ROOT / "eagle3nb/data/chat_stories.openai.jsonl").read_text().splitlines()
     data = tmp_path / "d.jsonl"

@@ -28,9 +28,9 @@ from eagle3nb.drafter.acceptance import evaluate_acceptance
 from eagle3nb.drafter.export import load_drafter
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient
 from eagle3nb.rundir import RunDir
-from eagle3nb.steps.extract_sglang import extract_sglang_step
-from eagle3nb.steps.generate import generate_step
-from eagle3nb.steps.train import train_step
+from eagle3nb.steps.extract.from_sglang import extract_sglang_step
+from eagle3nb.steps.generate.step import generate_step
+from eagle3nb.steps.train.step import train_step
 from eagle3nb.target import models
 from eagle3nb.target.twin import twin_config
 from eagle3nb.text.generation import read_jsonl

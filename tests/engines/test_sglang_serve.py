@@ -19,10 +19,10 @@ from eagle3nb.drafter.acceptance import evaluate_acceptance, greedy_generate
 from eagle3nb.drafter.export import load_drafter
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
 from eagle3nb.rundir import RunDir
-from eagle3nb.steps.evaluate import offset_boundaries
-from eagle3nb.steps.extract_sglang import extract_sglang_step
-from eagle3nb.steps.generate import generate_step
-from eagle3nb.steps.train import train_step
+from eagle3nb.steps.evaluate.step import offset_boundaries
+from eagle3nb.steps.extract.from_sglang import extract_sglang_step
+from eagle3nb.steps.generate.step import generate_step
+from eagle3nb.steps.train.step import train_step
 from eagle3nb.target import models
 from eagle3nb.text.generation import read_jsonl
 

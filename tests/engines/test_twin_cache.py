@@ -15,7 +15,7 @@ from eagle3nb.engines.twin_check import twin_proof
 from eagle3nb.manifest import git_commit
 from eagle3nb.params import RunParams
 from eagle3nb.rundir import RunDir, read_metrics
-from eagle3nb.steps.twin_check import run_twin_check
+from eagle3nb.steps.extract.twin_gate import run_twin_check
 from eagle3nb.target import models
 from eagle3nb.target.capture import HFCaptureEngine
 

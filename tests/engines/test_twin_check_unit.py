@@ -1,4 +1,4 @@
-"""The twin proof's logic without a real engine (eagle3nb.engines.twin_check, steps.twin_check):
+"""The twin proof's logic without a real engine (eagle3nb.engines.twin_check, steps.extract.twin_gate):
 a twin of the embedded default target is built from its config.json, captured by HF at a
 convention's capture point standing in for an engine, and its slots are named by the twin's HF
 boundaries. HF at SGLang's capture point reported as SGLang agrees with engine_rules; a fake engine
@@ -13,7 +13,7 @@ import torch
 from eagle3nb.engines.twin_check import twin_proof
 from eagle3nb.params import RunParams
 from eagle3nb.rundir import RunDir, read_metrics
-from eagle3nb.steps.twin_check import run_twin_check
+from eagle3nb.steps.extract.twin_gate import run_twin_check
 from eagle3nb.target import models
 from eagle3nb.target.alignment import reference_states
 from eagle3nb.target.capture import HFCaptureEngine

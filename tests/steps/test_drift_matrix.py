@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from eagle3nb.params import RunParams
-from eagle3nb.steps.drift_matrix import drift_matrix_step
-from eagle3nb.steps.generate import generate_step
+from eagle3nb.steps.drift.step import drift_matrix_step
+from eagle3nb.steps.generate.step import generate_step
 
 REF, BF, W8 = "hf:float32:none", "hf:bfloat16:none", "hf:float32:w8a8"
 

@@ -1,9 +1,9 @@
-"""05's reading of the matrix (eagle3nb.steps.drift_report) on hand-made cells: seed means and
+"""05's reading of the matrix (eagle3nb.steps.drift.report) on hand-made cells: seed means and
 half-ranges, the diagonal check, and the recommendation, each computed here by hand."""
 
 import pytest
 
-from eagle3nb.steps.drift_report import matrix_block, recommend
+from eagle3nb.steps.drift.report import matrix_block, recommend
 
 A, B = "hf:float32:none", "vllm:float32:w4a16"
 

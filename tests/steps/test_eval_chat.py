@@ -8,8 +8,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from eagle3nb.params import RunParams
-from eagle3nb.rundir import REPO_ROOT, RunDir
-from eagle3nb.steps.eval_chat import heldout_prompts, per_turn_acceptance
+from eagle3nb.rundir import RunDir
+from eagle3nb.repo_paths import REPO_ROOT
+from eagle3nb.steps.evaluate.chat import heldout_prompts, per_turn_acceptance
 from eagle3nb.text import chat
 
 STORIES_TEMPLATE = REPO_ROOT / "eagle3nb" / "data" / "chat_template_stories.jinja"

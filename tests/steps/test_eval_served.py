@@ -1,4 +1,4 @@
-"""04's served acceptance (eagle3nb/steps/eval_served.py): counters summed per category and batch
+"""04's served acceptance (eagle3nb/steps/evaluate/served.py): counters summed per category and batch
 size as the definitions say, the offset copy's ids, who measures under [auto], and a 04 that
 loads no target weights when the simulator is off."""
 
@@ -10,9 +10,9 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from testkit import requires_engine
 from eagle3nb.drafter.engine_read import read_as_engine
-from eagle3nb.steps import eval_bench
-from eagle3nb.steps.eval_bench import target_parameters
-from eagle3nb.steps.eval_served import offset_drafter_dir, serve_engine
+from eagle3nb.steps.evaluate import bench as eval_bench
+from eagle3nb.steps.evaluate.bench import target_parameters
+from eagle3nb.steps.evaluate.served import offset_drafter_dir, serve_engine
 
 
 def test_target_parameters_equals_torch_numel(tmp_path):
@@ -148,8 +148,8 @@ def test_04_without_the_simulator_loads_no_target_weights(smoke_run, tmp_path, m
     import transformers
 
     from eagle3nb.params import load_params
-    from eagle3nb.rundir import REPO_ROOT
-    from eagle3nb.steps.evaluate import eval_step
+    from eagle3nb.repo_paths import REPO_ROOT
+    from eagle3nb.steps.evaluate.step import eval_step
     from eagle3nb.target import models
 
     def forbidden(*a, **k):

@@ -13,7 +13,7 @@ from eagle3nb.drafter.engine_read import read_as_engine
 from eagle3nb.drafter.export import export_drafter, load_drafter
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter, swapped_drafter
 from eagle3nb.drafter.vocab import build_draft_vocab
-from eagle3nb.steps.eval_served import FLAVOUR, flavour_swapped_dir
+from eagle3nb.steps.evaluate.served import FLAVOUR, flavour_swapped_dir
 
 
 def _drafter(model, **flags):

@@ -10,7 +10,7 @@ import pytest
 from testkit import requires_engine
 from eagle3nb import params
 from eagle3nb.rundir import RunDir
-from eagle3nb.steps.generate import generate_step
+from eagle3nb.steps.generate.step import generate_step
 from eagle3nb.text.generation import read_jsonl
 
 pytestmark = requires_engine("vllm")

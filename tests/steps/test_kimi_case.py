@@ -17,8 +17,9 @@ from testkit import requires_engine
 
 from eagle3nb.params import load_params
 from eagle3nb.preflight import check_against_model
-from eagle3nb.rundir import REPO_ROOT, RunDir, read_metrics
-from eagle3nb.steps.common import export_rule_check
+from eagle3nb.rundir import RunDir, read_metrics
+from eagle3nb.repo_paths import REPO_ROOT
+from eagle3nb.steps.shared.checks import export_rule_check
 from eagle3nb.target import models
 from eagle3nb.target.alignment import alignment_matrix, reference_states
 from eagle3nb.target.capture import HFCaptureEngine
@@ -97,7 +98,7 @@ def test_alignment_figure_marks_what_03_flags(kimi, tmp_path):
     import papermill as pm
 
     from eagle3nb import params as params_mod
-    from eagle3nb.steps.twin_check import export_readings
+    from eagle3nb.steps.extract.twin_gate import export_readings
 
     p, _ = kimi
     p = p.model_copy(update={"outputs_dir": str(tmp_path)})
@@ -143,10 +144,10 @@ SMALL.update(eval_max_new_tokens=32, interactive=False)
 def kimi_run(kimi):
     """The run on the Kimi twin; its tests carry requires_engine("sglang") (the installed SGLang
     version names the reading)."""
-    from eagle3nb.steps.evaluate import eval_step
-    from eagle3nb.steps.extract_sglang import extract_sglang_step
-    from eagle3nb.steps.generate import generate_step
-    from eagle3nb.steps.train import train_step
+    from eagle3nb.steps.evaluate.step import eval_step
+    from eagle3nb.steps.extract.from_sglang import extract_sglang_step
+    from eagle3nb.steps.generate.step import generate_step
+    from eagle3nb.steps.train.step import train_step
 
     p = kimi[0].model_copy(update=SMALL)
     generate_step(p, progress=False)

@@ -10,12 +10,13 @@ import json
 import pytest
 from testkit import requires_engine
 
-from eagle3nb.steps.evaluate import eval_step
-from eagle3nb.steps.extract_sglang import extract_sglang_step
-from eagle3nb.steps.generate import generate_step
-from eagle3nb.steps.train import train_step
+from eagle3nb.steps.evaluate.step import eval_step
+from eagle3nb.steps.extract.from_sglang import extract_sglang_step
+from eagle3nb.steps.generate.step import generate_step
+from eagle3nb.steps.train.step import train_step
 from eagle3nb.drafter.engine_read import read_as_engine
-from eagle3nb.rundir import REPO_ROOT, RunDir
+from eagle3nb.rundir import RunDir
+from eagle3nb.repo_paths import REPO_ROOT
 from eagle3nb.params import load_params
 
 # 02b extracts through SGLang, 04 serves through vLLM

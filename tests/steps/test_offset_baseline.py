@@ -2,7 +2,7 @@
 checked against the conventions written out by hand (SGLang id L = boundary L+1, vLLM id L =
 boundary L; ``../shared/reference/conventions.md``)."""
 
-from eagle3nb.steps.evaluate import offset_boundaries
+from eagle3nb.steps.evaluate.step import offset_boundaries
 from eagle3nb.target.conventions import get_convention
 
 

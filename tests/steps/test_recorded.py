@@ -1,4 +1,4 @@
-"""A step's recorded result (eagle3nb.steps.recorded): read back only on the same parameters,
+"""A step's recorded result (eagle3nb.steps.shared.recorded): read back only on the same parameters,
 package source and input files; anything else runs the step again. The step here is a counter,
 so each assertion says whether the step really ran."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from eagle3nb.params import RunParams
-from eagle3nb.steps import recorded
+from eagle3nb.steps.shared import recorded
 
 
 @pytest.fixture

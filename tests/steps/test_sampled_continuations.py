@@ -7,7 +7,7 @@ import torch
 
 from eagle3nb import params
 from eagle3nb.rundir import RunDir
-from eagle3nb.steps.generate import generate_step
+from eagle3nb.steps.generate.step import generate_step
 from eagle3nb.target import models
 from eagle3nb.text.generation import read_jsonl
 

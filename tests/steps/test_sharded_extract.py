@@ -9,9 +9,9 @@ import time
 import pytest
 import torch
 
-from eagle3nb.steps import extract
-from eagle3nb.steps.extract_sglang import extract_sglang_step
-from eagle3nb.steps.generate import generate_step
+from eagle3nb.steps.extract import sharded as extract
+from eagle3nb.steps.extract.from_sglang import extract_sglang_step
+from eagle3nb.steps.generate.step import generate_step
 from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.rundir import RunDir
 from eagle3nb.params import RunParams

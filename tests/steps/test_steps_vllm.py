@@ -12,13 +12,13 @@ from eagle3nb.target import conventions
 from eagle3nb import params
 from eagle3nb.preflight import check_against_model
 from eagle3nb.rundir import RunDir
-from eagle3nb.steps.evaluate import eval_step
-from eagle3nb.steps.extract_sglang import extract_sglang_step
-from eagle3nb.steps.extract_vllm import extract_vllm_step
-from eagle3nb.steps.generate import generate_step
-from eagle3nb.steps.train import train_step
+from eagle3nb.steps.evaluate.step import eval_step
+from eagle3nb.steps.extract.from_sglang import extract_sglang_step
+from eagle3nb.steps.extract.from_vllm import extract_vllm_step
+from eagle3nb.steps.generate.step import generate_step
+from eagle3nb.steps.train.step import train_step
 from eagle3nb.dataset.read import AuxDataset
-from eagle3nb.engines import vllm_helpers
+from eagle3nb.engines import speed
 from eagle3nb.text.generation import read_jsonl
 
 pytestmark = requires_engine("vllm")  # 02b on HF here
@@ -95,12 +95,12 @@ def test_engine_speed_metrics(run):
     ):
         assert e[k] > 0
     n_train = sum(1 for r in read_jsonl(RunDir(p).generated) if r["split"] == "train")
-    assert e["generate_prompts"] == min(n_train, vllm_helpers.GENERATE_PROMPTS)
+    assert e["generate_prompts"] == min(n_train, speed.GENERATE_PROMPTS)
     assert e["capture_overhead_ratio"] == pytest.approx(
         e["prefill_tokens_per_s_without_capture"] / e["extract_tokens_per_s"], rel=1e-2
     )
     # vLLM's two kinds run on separate engines: each pass timed PASS_REPEATS times, fastest kept
-    n = vllm_helpers.PASS_REPEATS
+    n = speed.PASS_REPEATS
     passes = e["pass_seconds"]
     assert len(passes["capture"]) == n and len(passes["plain"]) == n
     assert e["extract_tokens_per_s"] == pytest.approx(

@@ -65,7 +65,7 @@ def test_batched_capture_equals_one_by_one(arch):
     "arch", ["Gemma3ForConditionalGeneration", "Kimi_K25ForConditionalGeneration"]
 )
 def test_wrappers_report_their_text_models_widths(arch, monkeypatch, tmp_path):
-    from eagle3nb.steps import common
+    from eagle3nb.steps.shared import checks as common
     from eagle3nb.target import models
 
     model = tiny_model(arch)

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from eagle3nb.rundir import REPO_ROOT
+from eagle3nb.repo_paths import REPO_ROOT
 from eagle3nb.text.benchmarks import (
     DEFAULT_BENCHMARK,
     BenchRecord,

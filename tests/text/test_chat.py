@@ -228,7 +228,7 @@ def test_01_prompts_file_renders_with_the_kwargs_and_records_them(tmp_path):
 
     from eagle3nb.params import RunParams
     from eagle3nb.rundir import RunDir
-    from eagle3nb.steps.generate import generate_step
+    from eagle3nb.steps.generate.step import generate_step
 
     f = tmp_path / "p.txt"
     f.write_text("".join(f"Tom saw cat number {i}.\n" for i in range(12)))

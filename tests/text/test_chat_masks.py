@@ -7,7 +7,7 @@ result."""
 import pytest
 from transformers import AutoTokenizer
 
-from eagle3nb.rundir import REPO_ROOT
+from eagle3nb.repo_paths import REPO_ROOT
 from eagle3nb.text import chat
 
 TEMPLATE = (REPO_ROOT / "eagle3nb" / "data" / "chat_template_stories.jinja").read_text()

@@ -9,8 +9,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from eagle3nb.params import RunParams
-from eagle3nb.rundir import REPO_ROOT
-from eagle3nb.steps.generate_chat import _fit_context, refusal_table
+from eagle3nb.repo_paths import REPO_ROOT
+from eagle3nb.steps.generate.chat import _fit_context, refusal_table
 from eagle3nb.text import chat
 from eagle3nb.text.conversations import detect_format, load_records, looks_like_dataset
 

@@ -15,7 +15,7 @@ import time
 import pytest
 from transformers import AutoTokenizer
 
-from eagle3nb.rundir import REPO_ROOT
+from eagle3nb.repo_paths import REPO_ROOT
 from eagle3nb.text import chat
 from eagle3nb.text.regenerate import parse_reply, regenerate, run_key
 
@@ -246,7 +246,7 @@ interactive: false
 
 STEP = (
     "import sys; from eagle3nb.params import load_params; "
-    "from eagle3nb.steps.generate import generate_step; "
+    "from eagle3nb.steps.generate.step import generate_step; "
     "generate_step(load_params(sys.argv[1]), progress=False)"
 )
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AddedToken, AutoTokenizer
 
-from eagle3nb.steps.evaluate import _eval, check_drafter_matches
+from eagle3nb.steps.evaluate.step import _eval, check_drafter_matches
 from eagle3nb.target.capture import HFCaptureEngine, capture_boundaries
 from eagle3nb.text.chat import (
     generated_sample,

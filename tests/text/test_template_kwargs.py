@@ -16,7 +16,8 @@ import torch
 
 from eagle3nb.manifest import ManifestMismatch
 from eagle3nb.params import RunParams
-from eagle3nb.rundir import REPO_ROOT, RunDir
+from eagle3nb.rundir import RunDir
+from eagle3nb.repo_paths import REPO_ROOT
 from eagle3nb.text import chat
 
 STORIES_TEMPLATE = REPO_ROOT / "eagle3nb" / "data" / "chat_template_stories.jinja"
@@ -37,7 +38,7 @@ def _params(tmp_path, name, kwargs, **kw):
 @pytest.fixture(scope="module")
 def run01(tmp_path_factory):
     """01 on a prompts file in chat mode with enable_thinking false: its params, output, target."""
-    from eagle3nb.steps.generate import generate_step
+    from eagle3nb.steps.generate.step import generate_step
     from eagle3nb.target import models
 
     tmp = tmp_path_factory.mktemp("kw")
@@ -65,7 +66,7 @@ def _hand_ids(tok, prompt, kwargs):
 
 
 def test_03_heldout_measures_01s_rendering_with_the_kwargs(run01):
-    from eagle3nb.steps.heldout import heldout_eval
+    from eagle3nb.steps.train.heldout_slice import heldout_eval
 
     p, out, model, tok, _ = run01
     q = p.model_copy(update={"eval_every": 1, "eval_prompts": 2, "eval_max_new_tokens": 4})
@@ -82,7 +83,7 @@ def test_03_heldout_measures_01s_rendering_with_the_kwargs(run01):
 
 
 def test_03_heldout_refuses_01_output_rendered_with_other_kwargs(run01):
-    from eagle3nb.steps.heldout import heldout_eval
+    from eagle3nb.steps.train.heldout_slice import heldout_eval
 
     p, _, model, tok, _ = run01
     q = p.model_copy(update={"eval_every": 1, "eval_prompts": 2, "chat_template_kwargs": {}})
@@ -105,7 +106,7 @@ def _dataset_manifest(p, rd, model, tok, path, kwargs):
     """A dataset manifest as 02 writes it for this run (target, dtype, convention, template,
     boundaries) with ``kwargs`` (None: an older manifest without the key)."""
     from eagle3nb.manifest import provenance
-    from eagle3nb.steps.common import resolve_aux, target_info, template_of
+    from eagle3nb.steps.shared.checks import resolve_aux, target_info, template_of
     from eagle3nb.target.capture import n_layers_of
 
     ids, bnds = resolve_aux(p, n_layers_of(model))
@@ -125,7 +126,7 @@ def _dataset_manifest(p, rd, model, tok, path, kwargs):
 
 
 def test_03_refuses_a_dataset_made_with_other_kwargs(run01, tmp_path):
-    from eagle3nb.steps.train import _check_dataset
+    from eagle3nb.steps.train.step import _check_dataset
 
     p, _, model, tok, path = run01
     q = p.model_copy(update={"outputs_dir": str(tmp_path)})
@@ -148,9 +149,9 @@ def test_03_refuses_a_dataset_made_with_other_kwargs(run01, tmp_path):
 
 def test_export_records_the_datasets_kwargs_and_04_refuses_others(run01, tmp_path):
     from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
-    from eagle3nb.steps.evaluate import check_drafter_matches
-    from eagle3nb.steps.common import template_of
-    from eagle3nb.steps.train import _export
+    from eagle3nb.steps.evaluate.step import check_drafter_matches
+    from eagle3nb.steps.shared.checks import template_of
+    from eagle3nb.steps.train.step import _export
     from eagle3nb.target import models
     from eagle3nb.training.loop import TrainConfig
 
@@ -189,8 +190,8 @@ def test_export_records_the_datasets_kwargs_and_04_refuses_others(run01, tmp_pat
 def test_04_eval_refuses_other_kwargs_before_any_engine_and_allows_the_override(run01, tmp_path):
     """04's own entry (_eval) runs the check with its chat_template_kwargs; the override goes on to
     the export check (an empty drafter folder is then refused by load_drafter, not by kwargs)."""
-    from eagle3nb.steps.evaluate import _eval
-    from eagle3nb.steps.common import template_of
+    from eagle3nb.steps.evaluate.step import _eval
+    from eagle3nb.steps.shared.checks import template_of
     from eagle3nb.target import models
 
     p, _, model, tok, path = run01

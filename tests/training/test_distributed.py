@@ -20,9 +20,9 @@ from testkit import requires_engine, train_killed
 
 from eagle3nb import params
 from eagle3nb.rundir import RunDir
-from eagle3nb.steps.extract_sglang import extract_sglang_step
-from eagle3nb.steps.generate import generate_step
-from eagle3nb.steps.train import train_step
+from eagle3nb.steps.extract.from_sglang import extract_sglang_step
+from eagle3nb.steps.generate.step import generate_step
+from eagle3nb.steps.train.step import train_step
 
 BASE = dict(
     max_train_prompts=11,
@@ -162,7 +162,7 @@ def test_resume_on_another_number_of_processes_continues_the_run(run, one_and_tw
 
 def test_cli_refuses_bad_input_before_work(tmp_path):
     r = subprocess.run(
-        [sys.executable, "-m", "eagle3nb.steps.train", str(tmp_path / "nope.yaml")],
+        [sys.executable, "-m", "eagle3nb.steps.train.step", str(tmp_path / "nope.yaml")],
         capture_output=True,
         text=True,
         env=dict(os.environ, PYTHONPATH=os.getcwd()),
@@ -171,7 +171,7 @@ def test_cli_refuses_bad_input_before_work(tmp_path):
     f = tmp_path / "p.yaml"
     f.write_text("nproc_per_node: 2\nnode_rank: 1\n")
     r = subprocess.run(
-        [sys.executable, "-m", "eagle3nb.steps.train", str(f)],
+        [sys.executable, "-m", "eagle3nb.steps.train.step", str(f)],
         capture_output=True,
         text=True,
         env=dict(os.environ, PYTHONPATH=os.getcwd()),
@@ -185,7 +185,7 @@ def test_best_and_rotation_under_two_processes(run):
     held-out tau in the history, rotation keeps the newest ``keep_last`` steps plus best, and
     ``export_from: best`` exports that step (its tau re-measured by 04's simulator)."""
     from eagle3nb.drafter.export import load_drafter
-    from eagle3nb.steps.heldout import heldout_eval
+    from eagle3nb.steps.train.heldout_slice import heldout_eval
     from eagle3nb.target import models
     from eagle3nb.training.heldout import isolated_rng
 

@@ -99,7 +99,7 @@ def test_run_online_skips_extraction_and_trains(tmp_path):
 
     from eagle3nb.params import load_params
     from eagle3nb.run import run_notebooks
-    from eagle3nb.rundir import REPO_ROOT
+    from eagle3nb.repo_paths import REPO_ROOT
 
     root = run_notebooks(
         REPO_ROOT / "params" / "smoke.yaml",

@@ -30,8 +30,8 @@ from testkit import ONLINE_TEXTS, train_killed
 
 from eagle3nb import params
 from eagle3nb.rundir import RunDir
-from eagle3nb.steps.generate import generate_step
-from eagle3nb.steps.train import train_step
+from eagle3nb.steps.generate.step import generate_step
+from eagle3nb.steps.train.step import train_step
 from eagle3nb.target import models
 from eagle3nb.training.online import OnlineSource
 from eagle3nb.training.shard_target import (

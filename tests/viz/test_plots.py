@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from eagle3nb.dataset.read import boundary_engines
-from eagle3nb.steps.drift import DRIFT_REFERENCE, split_aux
+from eagle3nb.steps.extract.engine_drift import DRIFT_REFERENCE, split_aux
 from eagle3nb.viz import plots
 
 # as 02b writes it: SGLang captured the aux boundaries, HF boundary N (SGLang cannot return it)

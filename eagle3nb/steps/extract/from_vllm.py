@@ -6,14 +6,15 @@ from __future__ import annotations
 import time
 
 from eagle3nb.dataset.write import write_dataset
-from eagle3nb.engines.vllm_helpers import TimedCapture, start_vllm
+from eagle3nb.engines.speed import TimedCapture
+from eagle3nb.engines.vllm_helpers import start_vllm
 from eagle3nb.manifest import provenance, template_fields
 from eagle3nb.params import RunParams
 from eagle3nb.rundir import RunDir, update_metrics
-from eagle3nb.steps.recorded import run_or_read
-from eagle3nb.steps import extract
-from eagle3nb.steps.twin_check import run_twin_check, twin_summary
-from eagle3nb.steps.common import (
+from eagle3nb.steps.shared.recorded import run_or_read
+from eagle3nb.steps.extract import sharded as extract
+from eagle3nb.steps.extract.twin_gate import run_twin_check, twin_summary
+from eagle3nb.steps.shared.checks import (
     record_engine_threads,
     check_alignment,
     check_engine_boundaries,
@@ -44,7 +45,7 @@ def extract_vllm_step(p: RunParams, progress=True) -> dict:
         FileNotFoundError: the vLLM venv is missing (``vllm_python``).
 
     A re-run on unchanged parameters and inputs reads the recorded result (``reuse_results``,
-    :mod:`eagle3nb.steps.recorded`) and starts no engine.
+    :mod:`eagle3nb.steps.shared.recorded`) and starts no engine.
     """
     inputs = ("data", "dataset_vllm", "twin")
     return run_or_read(p, RunDir(p).root, "02a_extract_vllm", inputs, lambda: _extract(p, progress))

@@ -11,9 +11,9 @@ import torch
 from eagle3nb.manifest import provenance, template_fields
 from eagle3nb.params import RunParams
 from eagle3nb.rundir import RunDir, update_metrics
-from eagle3nb.steps import extract
-from eagle3nb.steps.twin_check import run_twin_check, twin_summary
-from eagle3nb.steps.common import (
+from eagle3nb.steps.extract import sharded as extract
+from eagle3nb.steps.extract.twin_gate import run_twin_check, twin_summary
+from eagle3nb.steps.shared.checks import (
     check_alignment,
     check_engine_boundaries,
     extraction_check_lines,
@@ -24,8 +24,8 @@ from eagle3nb.steps.common import (
     record_checks,
     record_engine_threads,
 )
-from eagle3nb.steps.recorded import run_or_read
-from eagle3nb.steps.drift import (
+from eagle3nb.steps.shared.recorded import run_or_read
+from eagle3nb.steps.extract.engine_drift import (
     DRIFT_REFERENCE,
     drift_summary,
     hf_states,
@@ -74,7 +74,7 @@ def extract_sglang_step(p: RunParams, progress=True) -> dict:
         RuntimeError: an extraction worker was lost (rerun to redo its shards).
 
     A re-run on unchanged parameters and inputs reads the recorded result (``reuse_results``,
-    :mod:`eagle3nb.steps.recorded`) and starts no engine.
+    :mod:`eagle3nb.steps.shared.recorded`) and starts no engine.
     """
     root = RunDir(p).root
     inputs = ("data", "dataset", "dataset_vllm", "twin")  # dataset_vllm: the drift's other engine
@@ -185,7 +185,7 @@ def _sglang_capture(p: RunParams, client, model, n: int, bnds, probes) -> _Captu
     """
     from eagle3nb.engines.adapter import EngineCaptureEngine
     from eagle3nb.engines.sglang_helpers import hf_final, namespace_report
-    from eagle3nb.engines.vllm_helpers import TimedCapture
+    from eagle3nb.engines.speed import TimedCapture
 
     info = client.info()
     engine = EngineCaptureEngine(

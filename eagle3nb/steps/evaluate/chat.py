@@ -8,7 +8,7 @@ from typing import Sequence
 
 from eagle3nb.params import RunParams
 from eagle3nb.rundir import RunDir
-from eagle3nb.steps.common import read_generation_manifest, template_of
+from eagle3nb.steps.shared.checks import read_generation_manifest, template_of
 from eagle3nb.text import chat
 from eagle3nb.text.generation import read_jsonl
 

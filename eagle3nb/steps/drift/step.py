@@ -26,10 +26,11 @@ from eagle3nb.drafter.ksweep import accepted_from_states, sweep_from_positions
 from eagle3nb.manifest import provenance
 from eagle3nb.params import RunParams, resolve_device
 from eagle3nb.rundir import RunDir, update_metrics
-from eagle3nb.steps import eval_chat, extract
-from eagle3nb.steps.common import record_checks, resolve_aux, use_thread_budget
-from eagle3nb.steps.drift_report import matrix_block, recommend
-from eagle3nb.steps.drift_sources import (
+from eagle3nb.steps.evaluate import chat as eval_chat
+from eagle3nb.steps.extract import sharded as extract
+from eagle3nb.steps.shared.checks import record_checks, resolve_aux, use_thread_budget
+from eagle3nb.steps.drift.report import matrix_block, recommend
+from eagle3nb.steps.drift.sources import (
     REFERENCE,
     SourceData,
     capture_hf,
@@ -38,8 +39,8 @@ from eagle3nb.steps.drift_sources import (
     figure_states,
     parse_sources,
 )
-from eagle3nb.steps.evaluate import offset_boundaries
-from eagle3nb.steps.recorded import run_or_read
+from eagle3nb.steps.evaluate.step import offset_boundaries
+from eagle3nb.steps.shared.recorded import run_or_read
 from eagle3nb.target import models
 from eagle3nb.target.capture import final_norm_of, n_layers_of
 from eagle3nb.target.quantize import load_quantized_hf, quantized_path, write_quantized
@@ -122,7 +123,7 @@ def drift_matrix_step(p: RunParams, progress=True) -> dict:
             prompt.
 
     A re-run on unchanged parameters and inputs reads the recorded result (``reuse_results``,
-    :mod:`eagle3nb.steps.recorded`) and starts no engine.
+    :mod:`eagle3nb.steps.shared.recorded`) and starts no engine.
     """
     parse_sources(p.drift_sources)  # bad input fails here, before a record is looked for
     inputs = ("data", "drift", "quantized")
@@ -241,7 +242,7 @@ def _train_source(c: _Ctx, data: SourceData) -> None:
 def _export(c: _Ctx, key: str) -> str:
     """The first seed's drafter of source ``key`` exported for vLLM (``<run>/drift/drafters``)."""
     from eagle3nb.drafter.export import export_drafter
-    from eagle3nb.steps.common import target_info
+    from eagle3nb.steps.shared.checks import target_info
 
     d = c.drafters[key][0]
     folder = c.out / "drafters" / key.replace(":", "-")

@@ -2,7 +2,7 @@
 ``generate_workers`` processes (data parallel by conversation chunk: worker w takes the chunks
 ``k % W == w``, each with its own resume file; on a GPU box worker w sees GPU ``w % n_gpus``).
 
-``python -m eagle3nb.steps.generate_workers PLAN w W`` runs one worker."""
+``python -m eagle3nb.steps.generate.workers PLAN w W`` runs one worker."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from eagle3nb.engines.vllm_helpers import start_vllm
 from eagle3nb.manifest import atomic_write_json, read_json
 from eagle3nb.params import RunParams, resolve_device
 from eagle3nb.rundir import RunDir
-from eagle3nb.steps.common import progress_bar
+from eagle3nb.steps.shared.checks import progress_bar
 from eagle3nb.target import models
 from eagle3nb.text.generation import generate_batch
 from eagle3nb.text.regenerate import regenerate
@@ -120,7 +120,14 @@ def run_workers(p: RunParams, rd: RunDir, tok, job: dict) -> tuple[dict, float, 
         if n_gpu > 1:
             env["CUDA_VISIBLE_DEVICES"] = str(w % n_gpu)
         logs.append(rd.generated.with_name(f"generate-worker-{w}.log"))
-        cmd = [sys.executable, "-m", "eagle3nb.steps.generate_workers", str(plan), str(w), str(W)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "eagle3nb.steps.generate.workers",
+            str(plan),
+            str(w),
+            str(W),
+        ]
         with open(logs[-1], "w") as log:
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
     codes = [pr.wait() for pr in procs]
@@ -163,7 +170,7 @@ def clean_partials(rd: RunDir) -> None:
 
 
 def worker_main(argv: Sequence[str]) -> int:
-    """Entry of one regeneration worker: ``python -m eagle3nb.steps.generate_workers PLAN w W``."""
+    """Entry of one regeneration worker: ``python -m eagle3nb.steps.generate.workers PLAN w W``."""
     import torch
 
     plan_file, w, W = Path(argv[0]), int(argv[1]), int(argv[2])

@@ -3,7 +3,7 @@ each reporting its own counters, over the held-out prompts and a benchmark set p
 every k and batch size, with tokens/s and latency with and without the drafter in the same engine
 and run.
 
-Who measures is ``eval_engines`` (:func:`eagle3nb.steps.eval_bench.resolve_eval_engines`); without
+Who measures is ``eval_engines`` (:func:`eagle3nb.steps.evaluate.bench.resolve_eval_engines`); without
 the simulator no target weights are loaded in 04's process: the engines load the target themselves.
 """
 
@@ -79,7 +79,7 @@ def offset_boundaries(convention: str, bnds: list[int], n: int) -> list[int] | N
 
 def offset_drafter_dir(drafter_dir, out_dir, moved: list[int], n: int, arch: str | None) -> dict:
     """A copy of the exported drafter whose ids make each engine capture ``moved`` (the layer
-    offset of :func:`eagle3nb.steps.evaluate.offset_boundaries`): the same weights read one layer
+    offset of :func:`eagle3nb.steps.evaluate.step.offset_boundaries`): the same weights read one layer
     off, the served form of the simulator's offset baseline.
 
     Ids by each engine version's rule for ``arch`` (:func:`eagle3nb.drafter.export_ids.engine_ids`);

@@ -15,7 +15,8 @@ import torch
 from eagle3nb import threads
 from eagle3nb.manifest import check_compatible, read_json
 from eagle3nb.params import RunParams, resolve_device
-from eagle3nb.rundir import RunDir, read_metrics, resolve_path, update_metrics
+from eagle3nb.rundir import RunDir, read_metrics, update_metrics
+from eagle3nb.repo_paths import resolve_path
 from eagle3nb.target import conventions, models
 from eagle3nb.target.alignment import (
     alignment_matrix,

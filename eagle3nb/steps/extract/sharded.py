@@ -183,14 +183,14 @@ def engine_speed(
     interleave: bool = False,
 ) -> dict:
     """An engine server's tokens/s in this run (see
-    :func:`eagle3nb.engines.vllm_helpers.measure_speed`, which gets ``generate_kw`` and
+    :func:`eagle3nb.engines.speed.measure_speed`, which gets ``generate_kw`` and
     ``interleave``): generation of 01's train prompts, prefill without capture and extraction of
     the dataset's samples in calls of ``batch_size``, both on warm engines; the dataset pass
     ``timed`` (a ``TimedCapture``; no calls when the dataset was complete already) is reported
     apart. Without ``interleave`` (separate engines per kind) each pass runs
-    :data:`~eagle3nb.engines.vllm_helpers.PASS_REPEATS` times over a third of the samples and the
+    :data:`~eagle3nb.engines.speed.PASS_REPEATS` times over a third of the samples and the
     fastest is kept: the same calls in all, less sensitive to a neighbour's load."""
-    from eagle3nb.engines.vllm_helpers import measure_speed, speed_settings
+    from eagle3nb.engines.speed import measure_speed, speed_settings
 
     recs = [r for r in read_jsonl(RunDir(p).generated) if r["split"] == "train"]
     return measure_speed(
@@ -245,12 +245,13 @@ def write(
 
 
 def launch_workers(plan_file: str | os.PathLike, workers: int) -> list[subprocess.Popen]:
-    """Start ``workers`` processes ``python -m eagle3nb.steps.extract PLAN w W`` (their output
-    goes to ``workers/worker-w.log``)."""
+    """Start ``workers`` processes ``python -m eagle3nb.steps.extract.sharded PLAN w W`` (their
+    output goes to ``workers/worker-w.log``)."""
     plan_file = Path(plan_file)
     procs = []
     for w in range(workers):
-        cmd = [sys.executable, "-m", "eagle3nb.steps.extract", str(plan_file), str(w), str(workers)]
+        mod = "eagle3nb.steps.extract.sharded"
+        cmd = [sys.executable, "-m", mod, str(plan_file), str(w), str(workers)]
         # the child keeps its own copy of the log's descriptor; ours closes after the start
         with open(plan_file.parent / f"worker-{w:05d}.log", "w") as log:
             procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
@@ -356,7 +357,7 @@ def capture_overhead(
 
 
 def worker_main(argv: Sequence[str]) -> int:
-    """Entry of one extraction worker: ``python -m eagle3nb.steps.extract PLAN w W``."""
+    """Entry of one extraction worker: ``python -m eagle3nb.steps.extract.sharded PLAN w W``."""
     import torch
 
     from eagle3nb.target.capture import HFCaptureEngine

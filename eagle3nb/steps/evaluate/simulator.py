@@ -15,10 +15,10 @@ from eagle3nb.drafter.shared_eval import evaluate_shared
 from eagle3nb.manifest import read_json
 from eagle3nb.params import RunParams
 from eagle3nb.rundir import RunDir, update_metrics
-from eagle3nb.steps import eval_chat
-from eagle3nb.steps.common import merge_engine_metrics, progress_bar, record_checks
-from eagle3nb.steps.eval_bench import HELDOUT, bench_prompts
-from eagle3nb.steps.eval_served import (
+from eagle3nb.steps.evaluate import chat as eval_chat
+from eagle3nb.steps.shared.checks import merge_engine_metrics, progress_bar, record_checks
+from eagle3nb.steps.evaluate.bench import HELDOUT, bench_prompts
+from eagle3nb.steps.evaluate.served import (
     ENGINE_NAMES,
     FLAVOUR,
     LATENCY_NOTE,
@@ -27,7 +27,7 @@ from eagle3nb.steps.eval_served import (
     offset_boundaries,
     served_block,
 )
-from eagle3nb.steps.publish import write_serving_files
+from eagle3nb.steps.evaluate.publish import write_serving_files
 from eagle3nb.target import models
 from eagle3nb.training.loop import init_head_from_target
 from eagle3nb.viz.served import served_table
@@ -104,7 +104,7 @@ def _runs(p: RunParams, model, drafter, dman: dict, bnds, n: int, served: dict) 
     """``{label: (drafter, boundaries)}`` to evaluate: the trained drafter, as served where an
     engine reads other boundaries from the exported ids, and with ``baselines`` an untrained
     drafter, the trained one at the other engine's reading of the same ids
-    (:func:`eagle3nb.steps.eval_served.offset_boundaries`) and, for an EAGLE-3.1 flavour, the
+    (:func:`eagle3nb.steps.evaluate.served.offset_boundaries`) and, for an EAGLE-3.1 flavour, the
     trained one read as the other flavour (:func:`eagle3nb.drafter.model.swapped_drafter`)."""
     runs = {"trained": (drafter, bnds)}
     for sb in served.values():

@@ -7,9 +7,10 @@ import time
 from eagle3nb.manifest import atomic_write_json, provenance, sha256_file
 from eagle3nb.params import RunParams, resolve_device
 from eagle3nb.preflight import split_checked
-from eagle3nb.rundir import RunDir, resolve_path, update_metrics
-from eagle3nb.steps.generate_workers import start_engine
-from eagle3nb.steps.common import (
+from eagle3nb.rundir import RunDir, update_metrics
+from eagle3nb.repo_paths import resolve_path
+from eagle3nb.steps.generate.workers import start_engine
+from eagle3nb.steps.shared.checks import (
     merge_engine_metrics,
     progress_bar,
     record_checks,
@@ -36,7 +37,7 @@ def generate_step(p: RunParams, progress=True) -> dict:
         metrics.json["generate"]}``.
 
     With ``dataset`` set, the chat dataset is regenerated turn by turn instead
-    (:func:`eagle3nb.steps.generate_chat.generate_chat_step`).
+    (:func:`eagle3nb.steps.generate.chat.generate_chat_step`).
 
     Raises:
         ValueError: no prompt, duplicates, or a split with no train or no held-out prompt
@@ -44,7 +45,7 @@ def generate_step(p: RunParams, progress=True) -> dict:
             ``max_new_tokens`` exceeds the target's context.
     """
     if p.dataset is not None:
-        from eagle3nb.steps.generate_chat import generate_chat_step
+        from eagle3nb.steps.generate.chat import generate_chat_step
 
         return generate_chat_step(p, progress)
     prompts = load_prompts(resolve_path(p.prompts_file))

@@ -1,8 +1,8 @@
 """04_eval_acceptance: acceptance of the exported drafter measured by who ``eval_engines`` lists:
-eagle3nb's simulator over an HF float32 copy of the target (:mod:`eagle3nb.steps.eval_sim`), and the
+eagle3nb's simulator over an HF float32 copy of the target (:mod:`eagle3nb.steps.evaluate.simulator`), and the
 serving engines vLLM and SGLang, each serving the drafter itself and reporting its own counters
-(:mod:`eagle3nb.steps.eval_served`), over 01's held-out prompts and a benchmark per category
-(``eval_dataset``, :mod:`eagle3nb.steps.eval_bench`)."""
+(:mod:`eagle3nb.steps.evaluate.served`), over 01's held-out prompts and a benchmark per category
+(``eval_dataset``, :mod:`eagle3nb.steps.evaluate.bench`)."""
 
 from __future__ import annotations
 
@@ -13,24 +13,25 @@ from eagle3nb.drafter.export import load_drafter
 from eagle3nb.manifest import check_compatible, read_json, rendered_kwargs, with_template_kwargs
 from eagle3nb.params import RunParams, resolve_device
 from eagle3nb.rundir import RunDir
-from eagle3nb.steps import eval_chat, eval_sim
-from eagle3nb.steps.common import template_of, use_thread_budget
-from eagle3nb.steps.eval_bench import (
+from eagle3nb.steps.evaluate import chat as eval_chat
+from eagle3nb.steps.evaluate import simulator as eval_sim
+from eagle3nb.steps.shared.checks import template_of, use_thread_budget
+from eagle3nb.steps.evaluate.bench import (
     HELDOUT,
     read_eval_dataset,
     resolve_eval_engines,
     serve_engines,
 )
-from eagle3nb.steps.eval_served import (  # noqa: F401  (OFFSET, offset_boundaries: re-exported)
+from eagle3nb.steps.evaluate.served import (  # noqa: F401  (OFFSET, offset_boundaries: re-exported)
     FLAVOUR,
     OFFSET,
     flavour_swapped_dir,
     offset_boundaries,
     offset_drafter_dir,
 )
-from eagle3nb.steps.eval_sim import SIMULATOR, SIMULATOR_METHOD  # noqa: F401  (re-exported)
-from eagle3nb.steps.publish import write_serving_files
-from eagle3nb.steps.recorded import run_or_read
+from eagle3nb.steps.evaluate.simulator import SIMULATOR, SIMULATOR_METHOD  # noqa: F401  (re-exported)
+from eagle3nb.steps.evaluate.publish import write_serving_files
+from eagle3nb.steps.shared.recorded import run_or_read
 from eagle3nb.target import models
 from eagle3nb.text import chat
 
@@ -55,7 +56,7 @@ def eval_step(p: RunParams, progress=True) -> dict:
         ValueError: no held-out prompt.
 
     A re-run on unchanged parameters and inputs reads the recorded result (``reuse_results``,
-    :mod:`eagle3nb.steps.recorded`; the tokenizer is loaded again) and starts no engine.
+    :mod:`eagle3nb.steps.shared.recorded`; the tokenizer is loaded again) and starts no engine.
     """
     live = {
         "tokenizer": lambda out: models.load_tokenizer(models.resolve_model(p.model)),
@@ -210,7 +211,7 @@ def _served(p: RunParams, cfg: dict, n: int, arch: str | None) -> dict:
     """``{engine: boundaries}`` each engine captures from the exported config, read by the
     installed version's rule for ``arch`` (:mod:`eagle3nb.target.engine_rules`) where the table
     holds it, else by the engine's generic convention; an engine the export refused is left out."""
-    from eagle3nb.steps.common import engine_versions
+    from eagle3nb.steps.shared.checks import engine_versions
     from eagle3nb.target.engine_rules import engine_rule
 
     versions = engine_versions(p) if arch else {}

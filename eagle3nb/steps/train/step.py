@@ -2,9 +2,9 @@
 
 Command line (one process, or one per GPU under torchrun)::
 
-    python -m eagle3nb.steps.train outputs/<run>            # the run's params.yaml
-    python -m eagle3nb.steps.train params/default.yaml --set max_steps=200
-    torchrun --nproc_per_node 2 -m eagle3nb.steps.train params/default.yaml
+    python -m eagle3nb.steps.train.step outputs/<run>            # the run's params.yaml
+    python -m eagle3nb.steps.train.step params/default.yaml --set max_steps=200
+    torchrun --nproc_per_node 2 -m eagle3nb.steps.train.step params/default.yaml
 
 The training loop itself is :func:`eagle3nb.training.loop.train_drafter`; what 03 does around it
 (dataset checks, vocab, export) is :func:`train_step` below.
@@ -27,10 +27,11 @@ from eagle3nb.drafter.export import export_drafter, load_drafter
 from eagle3nb.manifest import atomic_write_json, check_compatible, provenance, read_json
 from eagle3nb.manifest import rendered_kwargs, template_fields, with_template_kwargs
 from eagle3nb.params import RunParams, load_run_params, resolve_device
-from eagle3nb.rundir import REPO_ROOT, RunDir, read_metrics, update_metrics
-from eagle3nb.steps import extract
-from eagle3nb.steps.heldout import heldout_eval, heldout_stats
-from eagle3nb.steps.common import (
+from eagle3nb.rundir import RunDir, read_metrics, update_metrics
+from eagle3nb.repo_paths import REPO_ROOT
+from eagle3nb.steps.extract import sharded as extract
+from eagle3nb.steps.train.heldout_slice import heldout_eval, heldout_stats
+from eagle3nb.steps.shared.checks import (
     check_alignment,
     checked_generation,
     engine_versions,
@@ -126,7 +127,7 @@ def adoption_for(p: RunParams) -> dict:
     Raises:
         FileNotFoundError, ValueError: as adoption_plan (the field or the boundaries named).
     """
-    from eagle3nb.rundir import resolve_path
+    from eagle3nb.repo_paths import resolve_path
     from eagle3nb.training.init_from import adoption_plan
 
     path = models.resolve_model(p.model)
@@ -170,7 +171,7 @@ def _load_target(p: RunParams, device: str, ctx):
 
 
 def _train_with_torchrun(p: RunParams, rd: RunDir) -> dict:
-    """03 with several processes: run ``python -m eagle3nb.steps.train`` under torchrun (this node's
+    """03 with several processes: run ``python -m eagle3nb.steps.train.step`` under torchrun (this node's
     share when ``nnodes`` > 1), stream its output, then read what rank 0 wrote."""
     import yaml
 
@@ -185,7 +186,11 @@ def _train_with_torchrun(p: RunParams, rd: RunDir) -> dict:
     pf = rd.train / "launch_params.yaml"
     pf.write_text(yaml.safe_dump(dict(p.model_dump(), interactive=False), sort_keys=False))
     cmd = distributed.torchrun_command(
-        ["eagle3nb.steps.train", str(pf)], p.nproc_per_node, p.nnodes, p.node_rank, p.rdzv_endpoint
+        ["eagle3nb.steps.train.step", str(pf)],
+        p.nproc_per_node,
+        p.nnodes,
+        p.node_rank,
+        p.rdzv_endpoint,
     )
     # the ranks import eagle3nb from this checkout, installed or not
     paths = [x for x in os.environ.get("PYTHONPATH", "").split(os.pathsep) if x]
@@ -411,7 +416,7 @@ def main(
         p = load_run_params(run, set_)
         out = train_step(p.model_copy(update={"interactive": False}), progress=p.interactive)
     except (ValueError, FileNotFoundError) as e:  # bad input: the message says what and how to fix
-        typer.echo(f"eagle3nb.steps.train: {e}", err=True)
+        typer.echo(f"eagle3nb.steps.train.step: {e}", err=True)
         raise typer.Exit(2) from None
     finally:
         if torch.distributed.is_available() and torch.distributed.is_initialized():

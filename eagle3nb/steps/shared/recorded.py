@@ -73,7 +73,7 @@ def source_hash() -> str:
 def _params_key(p, root: Path) -> str:
     from eagle3nb.target import models
 
-    from eagle3nb.rundir import resolve_path
+    from eagle3nb.repo_paths import resolve_path
 
     d = p.model_dump(mode="json", exclude={"interactive", "reuse_results"})
     d["outputs_dir"] = str(resolve_path(p.outputs_dir))  # "outputs" = /repo/outputs

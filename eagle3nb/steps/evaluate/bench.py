@@ -1,6 +1,6 @@
 """Who measures in 04 (``eval_engines``), 04's prompt set for the serving engines (the held-out prompts, then a benchmark's records turn by
 turn with the target's own earlier answers in the history) and the loop that starts each engine
-and serves the drafters through it (:mod:`eagle3nb.steps.eval_served`)."""
+and serves the drafters through it (:mod:`eagle3nb.steps.evaluate.served`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from pathlib import Path
 from eagle3nb.params import RunParams
 from eagle3nb.params.paths import eval_dataset_path
 from eagle3nb.rundir import RunDir
-from eagle3nb.steps.common import record_engine_threads, template_of
+from eagle3nb.steps.shared.checks import record_engine_threads, template_of
 from eagle3nb.drafter import engine_read, mla
-from eagle3nb.steps.eval_served import serve_engine
+from eagle3nb.steps.evaluate.served import serve_engine
 from eagle3nb.text import benchmarks, chat
 
 __all__ = [

@@ -105,10 +105,10 @@ def export_readings(p: RunParams, manifest: dict) -> dict:
     target's class reads from the ids the export will write for this dataset's boundaries
     (:func:`eagle3nb.drafter.engine_read.rule_readings`), as ``{"<engine> <version> reads exported
     ids [..] as boundaries [..]": [boundaries]}`` (the wording of 03's flag,
-    :func:`eagle3nb.steps.common.export_rule_check`); engines whose ids cannot be written or read
+    :func:`eagle3nb.steps.shared.checks.export_rule_check`); engines whose ids cannot be written or read
     are left out. The ids follow ``p.export_layer_ids``, which 02a/02b declare for this."""
     from eagle3nb.drafter.engine_read import rule_readings
-    from eagle3nb.steps.common import engine_versions
+    from eagle3nb.steps.shared.checks import engine_versions
 
     t, b = manifest["target"], list(manifest["aux_boundaries"])
     by_rule = p.export_layer_ids != "convention"

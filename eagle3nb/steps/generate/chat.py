@@ -8,9 +8,10 @@ from collections import Counter
 from eagle3nb.manifest import atomic_write_json, provenance, sha256_file
 from eagle3nb.params import RunParams, resolve_device
 from eagle3nb.preflight import check_records_left, split_checked
-from eagle3nb.rundir import RunDir, resolve_path, update_metrics
-from eagle3nb.steps import generate_workers
-from eagle3nb.steps.common import (
+from eagle3nb.rundir import RunDir, update_metrics
+from eagle3nb.repo_paths import resolve_path
+from eagle3nb.steps.generate import workers as generate_workers
+from eagle3nb.steps.shared.checks import (
     merge_engine_metrics,
     record_checks,
     speed_entry,

@@ -1,0 +1,1 @@
+"""06_audit: the prompts the audit measures on (the audit itself: :mod:`eagle3nb.audit`)."""

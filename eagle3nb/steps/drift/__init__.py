@@ -1,0 +1,1 @@
+"""05_drift: one drafter per (engine, dtype, quantization) source, the train x serve matrix."""
