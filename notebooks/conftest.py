@@ -1,5 +1,5 @@
-"""nbval, for the notebooks: numbers that vary with the machine in the cells marked
-``# NBVAL_CHECK_OUTPUT`` (tau, printed at its real precision) are masked before outputs are
+"""nbval, for the notebooks: numbers that vary with the machine in the cells tagged
+``nbval-check-output`` (tau, printed at its real precision) are masked before outputs are
 compared, by the regexes of ``nbval_sanitize.cfg`` next to this file. Set here so that the test command
 of README.md needs no ``--nbval-sanitize-with`` (one given on the command line wins)."""
 

@@ -1,5 +1,5 @@
 """Execute the stored notebooks with their own defaults (as nbval does), keep the outputs of the
-cells marked `# NBVAL_CHECK_OUTPUT` only, and strip everything else (plots, timings, widget state).
+cells tagged `nbval-check-output` only, and strip everything else (plots, timings, widget state).
 Run it after changing what such a cell prints (docs/development.md#changing-a-notebook):
 
     .venv/bin/python notebooks/store_checked_outputs.py          # refresh the outputs nbval compares
@@ -19,6 +19,8 @@ from eagle3nb.params import RunParams
 from eagle3nb.rundir import RunDir
 
 NB = Path(__file__).resolve().parent
+# the cell tag nbval (0.11, plugin.py metadata_tags) reads as the # NBVAL_CHECK_OUTPUT comment
+CHECKED = "nbval-check-output"
 
 
 def strip(nb, executed=None):
@@ -26,7 +28,7 @@ def strip(nb, executed=None):
     for i, c in enumerate(nb.cells):
         if c.cell_type != "code":
             continue
-        keep = c.source.lstrip().startswith("# NBVAL_CHECK_OUTPUT")
+        keep = CHECKED in c.metadata.get("tags", [])
         c.outputs = (
             executed.cells[i].outputs
             if (keep and executed is not None)

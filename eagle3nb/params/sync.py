@@ -37,13 +37,33 @@ def default_of(name: str):
     return RunParams.model_fields[name].get_default(call_default_factory=True)
 
 
+# each field's group (cells list them in this order) and, where its schema help is long, a short
+# one: a code cell does not wrap, so a cell line's comment keeps to about 80 characters
+CELLS = json.loads((Path(__file__).parents[1] / "data" / "parameter_cells.json").read_text())
+GROUPS: list[str] = CELLS["groups"]
+MAX_CELL_HELP = 80
+
+
+def group_of(name: str) -> str:
+    """Field ``name``'s group in the parameters cells (one of :data:`GROUPS`).
+
+    Raises:
+        KeyError: ``name`` has no entry in eagle3nb/data/parameter_cells.json (add one).
+    """
+    return CELLS["fields"][name]["group"]
+
+
 def help_of(name: str, notebook: str | None = None) -> str:
-    """Field ``name``'s help; in ``notebook``, that notebook's own wording where it has one."""
-    return (
-        _extra(name)
-        .get("notebook_help", {})
-        .get(notebook, RunParams.model_fields[name].description)
-    )
+    """Field ``name``'s full help (the schema's, as docs/parameters.md shows it); with ``notebook``,
+    the comment of its line in that notebook's parameters cell: the notebook's own wording where it
+    has one, cut to the short help of eagle3nb/data/parameter_cells.json where it runs long."""
+    if notebook is None:
+        return RunParams.model_fields[name].description
+    entry = CELLS["fields"][name]
+    own = _extra(name).get("notebook_help", {}).get(notebook)
+    if own is not None:
+        return own if len(own) <= MAX_CELL_HELP else entry["short_in"][notebook]
+    return entry.get("short", RunParams.model_fields[name].description)
 
 
 def literal(value) -> str:
@@ -52,8 +72,9 @@ def literal(value) -> str:
 
 
 def parameters_cell(notebook: str) -> str:
-    """The source of ``notebook``'s ``parameters`` cell: one ``name = literal  # help`` line per
-    field it declares, in RunParams order.
+    """The source of ``notebook``'s ``parameters`` cell: one ``name = literal  # short help`` line
+    per field it declares, under a ``# --- group ---`` line per group (:data:`GROUPS` order, what to
+    set first on top, scale-out knobs last), in RunParams order within a group.
 
     Raises:
         ValueError: ``notebook`` is not one of :data:`NOTEBOOKS`.
@@ -61,7 +82,13 @@ def parameters_cell(notebook: str) -> str:
     if notebook not in NOTEBOOKS:
         raise ValueError(f"notebook={notebook!r} is unknown; use one of {NOTEBOOKS}")
     names = [n for n in RunParams.model_fields if notebook in declared_by(n)]
-    return "\n".join(f"{n} = {literal(default_of(n))}  # {help_of(n, notebook)}" for n in names)
+    lines = []
+    for group in GROUPS:
+        mine = [n for n in names if group_of(n) == group]
+        if mine:
+            lines.append(f"# --- {group} ---")
+            lines += [f"{n} = {literal(default_of(n))}  # {help_of(n, notebook)}" for n in mine]
+    return "\n".join(lines)
 
 
 def params_table() -> str:
