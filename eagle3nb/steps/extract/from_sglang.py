@@ -159,7 +159,7 @@ def _checked_samples(p: RunParams, rd: RunDir) -> list[tuple[int, list[int], lis
         raise ValueError(
             f"extract_workers={p.extract_workers} with extract_engine='sglang': sharded "
             "extraction starts one HF engine per worker; use extract_workers: 1 with SGLang (it "
-            "batches inside its own engine), or engine: hf"
+            "batches inside its own engine), or extract_engine: hf"
         )
     return samples
 
