@@ -66,7 +66,7 @@ def pytest_runtest_protocol(item, nextitem):
     """A test without the ``engines`` mark runs (setup, fixtures of any scope it first asks for,
     call, teardown) with engine starts refused in this process, so one that starts an engine
     unmarked fails naming the mark, and the contributors' fast command (``-m "not engines ..."``,
-    README "Tests") starts none. Why at run time: a grep cannot see an engine started three calls
+    docs/development.md#tests) starts none. Why at run time: a grep cannot see an engine started three calls
     down inside a step. (A papermill kernel or torchrun child is not watched: the tests that run
     notebooks on the engines carry the mark.)"""
     refuse = item.get_closest_marker("engines") is None

@@ -1,4 +1,4 @@
-"""The test marks (pyproject.toml ``markers``; README "Tests"): one ``requires_engine`` for the
+"""The test marks (pyproject.toml ``markers``; docs/development.md#tests): one ``requires_engine`` for the
 engine venvs instead of a skip per file, and engine starts refused in every test without the
 ``engines`` mark (tests/conftest.py refuses their EngineClient starts), so the contributors' fast command
 ``-m "not engines and not browser and not slow"`` never starts an engine."""

@@ -24,7 +24,7 @@ def requires_engine(engine: str, version: str | None = None) -> pytest.MarkDecor
     ``pytest.param(..., marks=...)``. ``tests/conftest.py`` skips the test with
     :func:`engine_skip_reason` where the venv is absent (or holds another version), and refuses
     an engine start (``EngineClient`` on a venv's python) in every test without the mark.
-    ``-m "not engines"`` deselects them all (the contributors' fast command, README "Tests").
+    ``-m "not engines"`` deselects them all (the contributors' fast command, docs/development.md#tests).
 
     Args:
         engine: ``"vllm"`` or ``"sglang"`` (a key of ``DEFAULT_ENGINE_PYTHONS``).
