@@ -20,6 +20,7 @@ import zipfile
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from eagle3nb.manifest import sha256_file
 from eagle3nb.offline.installer import render_install_sh
 from eagle3nb.offline.sets import (
     EAGLE3NB_HEADLESS,
@@ -141,12 +142,7 @@ def wheel_torch_pin(wheel: Path) -> tuple[Optional[str], Optional[str]]:
     return (pin.group(1) if pin else None), (rp.group(1).strip() if rp else None)
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+sha256 = sha256_file  # a wheel's hash in the manifest: the project's one file hash
 
 
 def _size(p: Path) -> int:

@@ -33,6 +33,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from eagle3nb.manifest import sha256_file
+
 __all__ = ["DERIVED", "cache_dir", "moe_copy_config", "moe_copy_weights", "write_moe_copy"]
 
 # derived model name -> (source model name, num_experts, top_k, router seed)
@@ -46,16 +48,6 @@ def cache_dir() -> Path:
     """Folder derived models are written to: ``$EAGLE3NB_CACHE/models`` (default
     ``~/.cache/eagle3nb/models``)."""
     return Path(os.environ.get("EAGLE3NB_CACHE", "~/.cache/eagle3nb")).expanduser() / "models"
-
-
-def _sha256(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def moe_copy_config(cfg: dict, num_experts: int, top_k: int) -> dict:
@@ -168,7 +160,7 @@ def write_moe_copy(
         for name in _COPIED:
             if (src / name).is_file():
                 shutil.copyfile(src / name, tmp / name)
-        info = {"source": str(src), "source_weights_sha256": _sha256(src / "model.safetensors"),
+        info = {"source": str(src), "source_weights_sha256": sha256_file(src / "model.safetensors"),
                 "num_experts": num_experts, "top_k": top_k, "router_seed": seed,
                 "made_by": "eagle3nb.target.moe_copy"}  # fmt: skip
         (tmp / "moe_copy.json").write_text(json.dumps(info, indent=2) + "\n")

@@ -24,7 +24,6 @@ in the record's ``kept_from_drafter``.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import tempfile
 from dataclasses import replace
@@ -37,6 +36,7 @@ from eagle3nb.audit.formats import check_belongs, loadable_copy, read_drafter_fo
 from eagle3nb.drafter.export import load_drafter
 from eagle3nb.drafter.model import Eagle3Drafter
 from eagle3nb.drafter.vocab import count_loss_tokens, coverage
+from eagle3nb.manifest import sha256_file
 
 __all__ = ["INIT_BOUNDARIES", "INPUT_SIDE", "weights_sha256", "adoption_plan", "adopt_drafter"]
 
@@ -47,12 +47,8 @@ _FLAGS = ("norm_before_fc", "norm_output", "fc_norm")
 
 
 def weights_sha256(folder: str | os.PathLike) -> str:
-    """sha256 hex of ``folder``/model.safetensors (read in 1 MiB chunks)."""
-    h = hashlib.sha256()
-    with open(Path(folder) / "model.safetensors", "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    """sha256 hex of ``folder``/model.safetensors (:func:`eagle3nb.manifest.sha256_file`)."""
+    return sha256_file(Path(folder) / "model.safetensors")
 
 
 def _check_vocab_maps(folder) -> None:
