@@ -145,11 +145,18 @@ def serve_part(a, model_dir, cfg: dict, bnds: list[int], out_dir: Path) -> dict:
     from eagle3nb.steps.evaluate.served import serve_engine
 
     drafter = random_drafter(cfg, bnds, out_dir / "drafter", a.draft_vocab, a.k)
-    prompts = random_ids(max(a.batch_sizes) * 2, a.prompt_len, cfg["vocab_size"], 3)
+    # one full batch at the largest size (every size serves all prompts: batch size 1 serves them
+    # one by one, the longest part)
+    prompts = random_ids(max(a.batch_sizes), a.prompt_len, cfg["vocab_size"], 3)
     cats = ["random"] * len(prompts)
-    res: dict = {"drafter": "random weights (tau near 1)", "k": a.k, "prompts": len(prompts)}
+    res: dict = {"drafter": "random weights (tau near 1)", "k": a.k, "prompts": len(prompts),
+        "max_new_tokens": a.serve_tokens, "prompt_len": a.prompt_len}  # fmt: skip
     for graphs in a.graphs:
         key = "cuda_graphs" if graphs else "eager"
+        if a.left() < SERVE_ESTIMATE_S:
+            res[key] = {"skipped": f"time budget: {a.left():.0f} s left, estimate "
+                f"{SERVE_ESTIMATE_S} s"}  # fmt: skip
+            continue
         client = _client(model_dir, a.dtype, a.vllm_options(eager=not graphs), a.vllm_python)
         try:
             t0 = time.perf_counter()
@@ -167,6 +174,8 @@ def serve_part(a, model_dir, cfg: dict, bnds: list[int], out_dir: Path) -> dict:
             client.close()
     return res
 
+
+SERVE_ESTIMATE_S = 200  # one CUDA-graph setting on the 8B shape: two engine starts + 3 sizes
 
 RUN_KEYS = ("batch_size", "tau", "tokens_per_s", "plain_tokens_per_s", "speedup", "latency_s",
     "plain_latency_s", "greedy_mismatches", "cycles")  # fmt: skip

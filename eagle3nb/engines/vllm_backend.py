@@ -53,7 +53,6 @@ for _k, _v in _ENV.items():
 
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
-
 from eagle3nb.engines.worker import OtherModelCapture, folder_stamp  # noqa: E402
 
 __all__ = ["Backend", "ENGINE_NAME", "CONVENTION"]
@@ -90,9 +89,8 @@ class Backend(OtherModelCapture):
         self._cpu_mla = cfg.get("kv_lora_rank") is not None and not torch.cuda.is_available()
         self.attention_backend = None  # asked of the last engine built (None: vLLM's pick)
         self.hidden_size = int(cfg["hidden_size"])
-        self.max_model_len = int(
-            self.options.get("max_model_len") or cfg.get("max_position_embeddings") or 2048
-        )
+        mml = self.options.get("max_model_len") or cfg.get("max_position_embeddings") or 2048
+        self.max_model_len = int(mml)
         self._llm = None
         self._key = None
         self._transport = None  # how the last capture's states came: "memory" or "file"
@@ -316,6 +314,8 @@ class Backend(OtherModelCapture):
             if d is None:  # written by a rank in another process, or in-memory switched off
                 d = load_file(p)
                 os.remove(p)
+            elif "ready" in d:  # CUDA: the pinned copy's event (vllm_connector)
+                d.pop("ready").synchronize()
             hs, tok = d["hidden_states"], d["token_ids"].tolist()
             if tok != list(map(int, s)) or hs.shape[0] != len(s) or hs.shape[1] != len(want):
                 raise ValueError(
