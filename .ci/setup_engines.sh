@@ -41,17 +41,19 @@ if [ ! -f "$SGL/.ready" ]; then
   touch "$SGL/.ready"
 fi
 # vLLM 0.26.0's model sources (the GPU host's engine, not installed here): the layer-id rules cite
-# their lines (eagle3nb/target/engine_rules_vllm.py); tests/target/test_engine_rules.py reads them.
+# their lines (eagle3nb/target/engine_rules_vllm.py, eagle3nb/engines/vllm_eager.py); the tests
+# tests/target/test_engine_rules.py and tests/engines/test_vllm_eager.py read them.
 # The PyPI sdist (38 MB), pinned by sha256; its files equal the x86_64 wheel's.
 SRC=$ROOT/vllm-src-0.26.0
-if [ ! -f "$SRC/.ready" ]; then
+if [ ! -f "$SRC/.ready" ] || [ ! -f "$SRC/vllm/model_executor/layers/layernorm.py" ]; then
   echo "eagle3nb: fetching vllm-0.26.0.tar.gz (38 MB) for its model sources into $SRC"
   rm -rf "$SRC"; mkdir -p "$SRC"
   curl -sSfL -o "$SRC/vllm-0.26.0.tar.gz" \
     https://files.pythonhosted.org/packages/cd/72/fa30f8459d11ae206f1a20bd0ac7ed1b9e390b695fa3dfc9ef6056de0cfe/vllm-0.26.0.tar.gz
   echo "23e9fa19d7e20ce7dcc1c074d41503e2116d23f19e688f5d5ea91b741f958502  $SRC/vllm-0.26.0.tar.gz" | sha256sum -c --quiet
   tar -xzf "$SRC/vllm-0.26.0.tar.gz" -C "$SRC" --strip-components=1 --wildcards \
-    'vllm-0.26.0/vllm/model_executor/models/*.py' 'vllm-0.26.0/vllm/v1/worker/gpu_model_runner.py'
+    'vllm-0.26.0/vllm/model_executor/models/*.py' 'vllm-0.26.0/vllm/v1/worker/gpu_model_runner.py' \
+    'vllm-0.26.0/vllm/model_executor/layers/layernorm.py'
   rm "$SRC/vllm-0.26.0.tar.gz"
   touch "$SRC/.ready"
 fi

@@ -57,6 +57,7 @@ engines/            real engines (vLLM, SGLang) behind one interface, across a p
     worker          engine side: JSON-line worker in the engine's venv; the backend contract
     vllm_backend    engine side: vLLM generation, capture (extract_hidden_states), EAGLE-3 serving
     vllm_connector  engine side: synchronous hidden-states connector that vLLM loads
+    vllm_eager      engine side: vLLM on CUDA with graphs off captures boundary N at id 0
     sglang_backend  engine side: SGLang generation and aux capture through sglang.Engine
     sglang_transport  engine side: SGLang's scheduler hands captured states over as tensors
     sglang_forkserver  engine side: SGLang's scheduler and detokenizer forked from one preloaded server

@@ -43,6 +43,7 @@ ENGINE_SIDE = (
     "sglang_spec_attn",
     "sglang_serve",
     "vllm_connector",
+    "vllm_eager",
 )
 ENGINE_SIDE_THIRD_PARTY = {
     "torch",
@@ -63,6 +64,7 @@ LONG_MODULES: dict[str, str] = {
     "eagle3nb/drafter/engine_read.py": "every id key and flag either engine reads, in one place",
     "eagle3nb/drafter/export.py": "export and load back of every head (Llama, MLA) and flavour",
     "eagle3nb/params/schema.py": "every run parameter once: default, range, help, notebooks",
+    "eagle3nb/engines/vllm_backend.py": "the vLLM backend: its three engines and their checks",
 }
 MAX_STEP_FUNCTION_LINES = 80
 

@@ -53,6 +53,7 @@ for _k, _v in _ENV.items():
 
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
+from eagle3nb.engines import vllm_eager  # noqa: E402
 from eagle3nb.engines.worker import OtherModelCapture, folder_stamp  # noqa: E402
 
 __all__ = ["Backend", "ENGINE_NAME", "CONVENTION"]
@@ -94,6 +95,7 @@ class Backend(OtherModelCapture):
         self._llm = None
         self._key = None
         self._transport = None  # how the last capture's states came: "memory" or "file"
+        self._eager = bool(self.options.get("enforce_eager", True))  # no CUDA graphs
 
     # ---- engine lifecycle -------------------------------------------------------------------
     def _make(self, key: tuple, **extra):
@@ -109,7 +111,7 @@ class Backend(OtherModelCapture):
             dtype=self.dtype,
             seed=0,
             max_model_len=self.max_model_len,
-            enforce_eager=bool(self.options.get("enforce_eager", True)),
+            enforce_eager=self._eager,
             enable_prefix_caching=False,
         )
         if self.options.get("max_num_seqs"):
@@ -231,6 +233,7 @@ class Backend(OtherModelCapture):
             raise ValueError(
                 "options['workdir'] is not set: the vLLM capture connector needs a folder for its files (the client sets one under the run directory)"
             )
+        vllm_eager.refuse_id0(ids, torch.cuda.is_available(), self._eager, "capture")
         path = os.path.join(wd, "vllm_hidden_states")
         os.makedirs(path, exist_ok=True)
         spec = {
@@ -365,9 +368,12 @@ class Backend(OtherModelCapture):
         """
         self._check_prompts(prompts, max_new_tokens)
         spec = {"method": "eagle3", "model": str(drafter_dir), "num_speculative_tokens": int(k)}
-        with open(os.path.join(str(drafter_dir), "config.json")) as f:  # an MLA drafter on CPU:
-            if self._cpu_mla and json.load(f).get("kv_lora_rank"):  # vLLM picks its backend apart
-                spec["attention_backend"] = "CPU_MLA"  # (llm_base_proposer.py:1282-1291): AMX_MLA
+        with open(os.path.join(str(drafter_dir), "config.json")) as f:
+            dcfg = json.load(f)
+        ids = dcfg.get("eagle_aux_hidden_state_layer_ids") or []
+        vllm_eager.refuse_id0(ids, torch.cuda.is_available(), self._eager, str(drafter_dir))
+        if self._cpu_mla and dcfg.get("kv_lora_rank"):  # an MLA drafter on CPU: vLLM picks its
+            spec["attention_backend"] = "CPU_MLA"  # backend apart (llm_base_proposer.py:1282-1291)
         key = ("eagle3", str(drafter_dir), int(k), folder_stamp(drafter_dir))
         llm = self._make(key, speculative_config=spec, disable_log_stats=False)  # counters
         before = self._counters(llm)
