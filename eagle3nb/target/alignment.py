@@ -23,6 +23,9 @@ TOLERANCE = {"float32": 1e-4, "float16": 1e-2, "bfloat16": 5e-2}
 # vLLM 0.26.0 on an H200 matched HF float32 to 1.3e-3 at every boundary, adjacent boundaries
 # >= 0.45 apart (../shared/reference/gpu_engines_h200.md); bfloat16 there 2.1e-2
 TOLERANCE_CUDA = {"float32": 1e-2, "float16": 2e-2, "bfloat16": 5e-2}
+# half precision above the tolerance: still the nearest boundary when this many times nearer than
+# any other (adjacent boundaries of a deep target lie ~0.2 apart), up to this error
+DRIFT_SEPARATION, DRIFT_MAX = 3.0, 0.25
 
 
 def tolerance(dtype: str, device: str = "cpu") -> float:
@@ -83,24 +86,39 @@ def alignment_verdict(
     """Best boundary per slot and a verdict against the declared boundaries (tolerance
     :func:`tolerance` of ``dtype`` on the capturing engine's ``device``).
 
+    In bfloat16/float16 a slot above the tolerance still names its nearest boundary when that
+    boundary is at least :data:`DRIFT_SEPARATION` times nearer than any other and the error is at
+    most :data:`DRIFT_MAX`: verdict ``matches (drift)`` / ``off by ...``, ``"drift": True``. Deep
+    targets need this: half-precision kernels of two engines drift apart with depth (a random
+    Llama-3.1-8B-shaped target in bf16 on an H200 exceeded 5e-2 at boundary 29 of 32 while
+    boundaries 2 and 16 matched, bench/h200_2026-12-04/workbook_llama-3.1-8b.json), and naming
+    the boundary, not the drift, is what this check is for (05_drift measures the drift). Float32
+    keeps the plain tolerance: there a slot that far off means another computation.
+
     Returns:
         ``{"measured": [...], "declared": [...], "slots": [{"declared", "measured", "error",
-        "verdict"}], "ok": bool, "tolerance": float}``.
+        "next_error", "drift", "verdict"}], "ok": bool, "tolerance": float}``.
     """
     tol = tolerance(dtype, device)
     slots, measured = [], []
     for i, d in enumerate(declared):
-        j = int(err[i].argmin())
-        e = float(err[i, j])
-        m = boundaries[j] if e <= tol else None
+        row = err[i]
+        j = int(row.argmin())
+        e = float(row[j])
+        nxt = float(row[torch.arange(len(row)) != j].min()) if len(row) > 1 else float("inf")
+        drift = e > tol and dtype in ("bfloat16", "float16") and e <= DRIFT_MAX
+        drift = drift and e * DRIFT_SEPARATION <= nxt
+        m = boundaries[j] if e <= tol or drift else None
         measured.append(m)
         verdict = "no match" if m is None else ("matches" if m == d else f"off by {m - d:+d}")
-        slots.append({"declared": int(d), "measured": m, "error": e, "verdict": verdict})
+        verdict += " (drift)" if drift else ""
+        slots.append({"declared": int(d), "measured": m, "error": e, "next_error": nxt,
+            "drift": drift, "verdict": verdict})  # fmt: skip
     return {
         "declared": list(declared),
         "measured": measured,
         "slots": slots,
-        "ok": all(s["verdict"] == "matches" for s in slots),
+        "ok": all(s["measured"] == s["declared"] for s in slots),
         "tolerance": tol,
     }
 

@@ -45,3 +45,30 @@ def test_noise_beyond_tolerance_is_no_match_and_bf16_within(target):
         "no match",
         "no match",
     ]
+
+
+def test_half_precision_drift_names_the_nearest_boundary_only_when_far_nearer():
+    """Above the tolerance, bf16 still names a boundary 3x nearer than any other (deep targets
+    drift with depth); a slot halfway between two boundaries, or any float32 slot, does not."""
+    bnds = [0, 1, 2, 3]
+    err = torch.tensor(
+        [
+            [0.9, 0.01, 0.4, 0.6],  # within tolerance
+            [0.7, 0.5, 0.07, 0.22],  # drift: 0.07 > 0.05, next 0.22 >= 3 * 0.07
+            [0.8, 0.6, 0.09, 0.12],  # not separated: 0.12 < 3 * 0.09
+        ],
+        dtype=torch.float64,
+    )
+    v = alignment_verdict(err, bnds, [1, 2, 2], "bfloat16")
+    assert [s["measured"] for s in v["slots"]] == [1, 2, None]
+    assert [s["verdict"] for s in v["slots"]] == ["matches", "matches (drift)", "no match"]
+    assert [s["drift"] for s in v["slots"]] == [False, True, False]
+    assert v["slots"][1]["next_error"] == 0.22 and not v["ok"]
+    assert alignment_verdict(err[:2], bnds, [1, 2], "bfloat16")["ok"]
+    # drift off by one is still off by one, and float32 has no drift allowance
+    assert alignment_verdict(err[1:2], bnds, [3], "bfloat16")["slots"][0]["verdict"] == (
+        "off by -1 (drift)"
+    )
+    assert alignment_verdict(err[1:2], bnds, [2], "float32")["measured"] == [None]
+    too_far = torch.tensor([[0.9, 0.9, 0.3, 0.95]], dtype=torch.float64)  # above DRIFT_MAX
+    assert alignment_verdict(too_far, bnds, [2], "bfloat16")["measured"] == [None]

@@ -233,10 +233,14 @@ def check_alignment(
     err, ref_b = alignment_matrix(captured.float(), reference_states(model, probe), len(bnds))
     align = alignment_verdict(err, ref_b, bnds, p.dtype, device)
     if not align["ok"] and not p.allow_boundary_mismatch:
-        verdicts = [s["verdict"] for s in align["slots"]]
+        verdicts = [
+            f"{s['verdict']}: error {s['error']:.3g}, next boundary {s['next_error']:.3g}"
+            for s in align["slots"]
+        ]
         raise ValueError(
             f"{name} captured boundaries {align['measured']} for {convention} ids "
-            f"{list(engine_ids)}, declared {bnds} ({verdicts}); fix convention/layer_ids, or set "
+            f"{list(engine_ids)}, declared {bnds} ({verdicts}; tolerance {align['tolerance']:g} "
+            f"in {p.dtype} on {device}); fix convention/layer_ids, or set "
             "allow_boundary_mismatch=True to continue"
         )
     return align, err, ref_b
