@@ -87,3 +87,30 @@ def test_the_h200_measurement_shows_what_the_module_says():
     assert id0_hazard(eager["vllm_ids"], True, True) and not id0_hazard(
         graphs["vllm_ids"], True, False
     )
+
+
+def test_04_leaves_out_vllm_rows_read_from_id0_on_cuda_eager():
+    """04's drafters: the offset copy (vLLM reads [0, 1, 3]) loses vLLM on CUDA with graphs off,
+    with the reason; the trained drafter, SGLang, CPU and graphs-on runs keep theirs."""
+    from eagle3nb.steps.evaluate.served import OFFSET, drop_vllm_id0
+
+    def drafters():
+        return {
+            "trained": (
+                "d",
+                [5],
+                [1],
+                {"vllm", "sglang"},
+                {"vllm": [1, 2, 4], "sglang": [1, 2, 4]},
+            ),
+            OFFSET: ("o", [5], [1], {"vllm", "sglang"}, {"vllm": [0, 1, 3], "sglang": [0, 1, 3]}),
+        }
+
+    d = drafters()
+    out = drop_vllm_id0(d, "cuda", {"enforce_eager": True})
+    assert list(out) == [f"vllm: {OFFSET}"] and "enforce_eager: false" in out[f"vllm: {OFFSET}"]
+    assert d[OFFSET][3] == {"sglang"} and d["trained"][3] == {"vllm", "sglang"}
+    assert drop_vllm_id0(drafters(), "cuda", None)  # the backend's default is eager
+    for device, opts in (("cpu", {"enforce_eager": True}), ("cuda:0", {"enforce_eager": False})):
+        d = drafters()
+        assert drop_vllm_id0(d, device, opts) == {} and d[OFFSET][3] == {"vllm", "sglang"}

@@ -18,6 +18,7 @@ from pathlib import Path
 from eagle3nb.drafter import engine_read
 from eagle3nb.drafter.export_ids import engine_ids
 from eagle3nb.drafter.model import flavour_of, swap_norm_flavour
+from eagle3nb.engines.vllm_eager import id0_hazard
 
 __all__ = [
     "SPEED_NOTE",
@@ -26,6 +27,7 @@ __all__ = [
     "LATENCY_NOTE",
     "ENGINE_NAMES",
     "offset_drafter_dir",
+    "drop_vllm_id0",
     "FLAVOUR",
     "flavour_swapped_dir",
     "serve_engine",
@@ -127,6 +129,28 @@ def offset_drafter_dir(drafter_dir, out_dir, moved: list[int], n: int, arch: str
         if got == list(moved):
             reads[engine] = got
     return reads
+
+
+def drop_vllm_id0(drafters: dict, device: str, vllm_options: dict | None) -> dict:
+    """Take vLLM off each drafter it would serve from aux id 0 on CUDA with CUDA graphs off (it
+    reads boundary N there, :mod:`eagle3nb.engines.vllm_eager`) rather than end 04 or serve wrong.
+
+    Args:
+        drafters: 04's ``{label: (folder, ks, batch sizes, engines serving it (a set, changed in
+            place), {engine: boundaries it reads})}``; device: 04's device (vLLM's);
+        vllm_options: the run's (``enforce_eager``, default True).
+
+    Returns:
+        ``{"vllm: <label>": reason}`` for each drafter left out.
+    """
+    eager = bool((vllm_options or {}).get("enforce_eager", True))
+    out = {}
+    for label, d in drafters.items():
+        why = id0_hazard(d[4].get("vllm", []), str(device).startswith("cuda"), eager)
+        if "vllm" in d[3] and why:
+            d[3].discard("vllm")
+            out[f"vllm: {label}"] = why
+    return out
 
 
 # label of the flavour-swapped baseline: the trained weights read as the other EAGLE-3.1 flavour

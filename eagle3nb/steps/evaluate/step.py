@@ -22,8 +22,8 @@ from eagle3nb.steps.evaluate.bench import (
     resolve_eval_engines,
     serve_engines,
 )
-from eagle3nb.engines.vllm_eager import id0_hazard
-from eagle3nb.steps.evaluate.served import (  # noqa: F401  (OFFSET, offset_boundaries: re-exported)
+from eagle3nb.steps.evaluate.served import (
+    drop_vllm_id0,  # noqa: F401  (OFFSET, offset_boundaries: re-exported)
     FLAVOUR,
     OFFSET,
     flavour_swapped_dir,
@@ -114,12 +114,7 @@ def _eval(p: RunParams, progress: bool) -> dict:
             left_out[e] = "the export refused it (metrics.json['export'])"
     serving = [e for e in serving if e in served]
     drafters = _served_drafters(p, rd, dman, bnds, n, served, serving)
-    eager = bool((p.vllm_options or {}).get("enforce_eager", True))
-    for label, d in drafters.items():  # vLLM on CUDA, graphs off: id 0 is boundary N there
-        why = id0_hazard(d[4].get("vllm", []), str(device).startswith("cuda"), eager)
-        if "vllm" in d[3] and why:
-            d[3].discard("vllm")
-            left_out[f"vllm: {label}"] = why
+    left_out.update(drop_vllm_id0(drafters, device, p.vllm_options))
     runs, outs, prompt_set = serve_engines(
         p,
         rd,
