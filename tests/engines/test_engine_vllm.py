@@ -155,7 +155,8 @@ def trained_run(tmp_path_factory):
 
 def test_vllm_served_acceptance_matches_simulator(vllm, target, trained_run):
     """Same drafter, same held-out prompts, greedy: vLLM's own counters vs the workbook simulator,
-    per position within binomial noise; vLLM's speculative output == its plain greedy output."""
+    per position within binomial noise and, in float32 on CPU, the same cycles and tau; vLLM's
+    speculative output == its plain greedy output."""
     model, tok, _ = target
     p = trained_run
     rd = RunDir(p)
@@ -186,7 +187,10 @@ def test_vllm_served_acceptance_matches_simulator(vllm, target, trained_run):
         assert abs(a - b) <= noise, (
             f"a_{i + 1}: vLLM {a:.3f} vs simulator {b:.3f} (noise {noise:.3f})"
         )
-    assert abs(got["tau"] - sim["tau"]) <= 0.15 * sim["tau"]
+    # float32 on CPU: the same greedy tokens, so the same cycles (the per-position noise bound
+    # above is what holds where kernels differ; measured equal here, as in the audit's served test)
+    assert got["num_drafts"] == sim["cycles"], (got["num_drafts"], sim["cycles"])
+    assert got["tau"] == pytest.approx(sim["tau"], rel=1e-9)
 
 
 def test_worker_listens_on_loopback_only(vllm):
