@@ -85,7 +85,24 @@ def versions() -> dict:
         out["dirty"] = bool(dirty)
     except OSError:
         out["commit"] = None
+    out["code_sha256"] = code_sha256()
     return out
+
+
+def code_sha256() -> str:
+    """sha256 over the code this bench runs (eagle3nb/**/*.py, bench/*.py, bench/*.sh,
+    params/*.yaml: relative path and bytes, sorted), so a JSON names its code where the git
+    metadata beside the files is not the tree's (the device tool's copy carries the session's first
+    commit): ``python -c "import sys; sys.path.insert(0, 'bench'); import gpu_workbook;
+    print(gpu_workbook.code_sha256())"`` in a checkout gives the same digest for the same files."""
+    import hashlib
+
+    h = hashlib.sha256()
+    files = [*ROOT.glob("eagle3nb/**/*.py"), *ROOT.glob("bench/*.py"), *ROOT.glob("bench/*.sh"),
+        *ROOT.glob("params/*.yaml")]  # fmt: skip
+    for f in sorted(files):
+        h.update(str(f.relative_to(ROOT)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def device_info(dev: str) -> dict:

@@ -113,3 +113,24 @@ def test_gpu_stages_need_cuda_and_say_so(tmp_path):
     env = json.loads((tmp_path / "env.json").read_text())
     assert env["device"]["device"] == "cpu" and env["versions"]["torch"] == torch.__version__
     assert env["disk_write"]["bytes_per_s"] > 0 and "copy_gb_per_s" not in env
+
+
+def test_code_hash_covers_the_code_and_nothing_else(tmp_path, monkeypatch):
+    """The bench JSONs' code_sha256: path + bytes of eagle3nb/**/*.py, bench/*.py|sh, params/*.yaml
+    in sorted order (recomputed here by hand on a two-file tree); other files do not count."""
+    import hashlib
+
+    import gpu_workbook as gw
+
+    (tmp_path / "eagle3nb" / "x").mkdir(parents=True)
+    (tmp_path / "params").mkdir()
+    (tmp_path / "eagle3nb" / "x" / "a.py").write_text("A = 1\n")
+    (tmp_path / "params" / "p.yaml").write_text("k: 1\n")
+    (tmp_path / "README.md").write_text("not code\n")
+    monkeypatch.setattr(gw, "ROOT", tmp_path)
+    want = hashlib.sha256(b"eagle3nb/x/a.py\0A = 1\n\0params/p.yaml\0k: 1\n\0").hexdigest()
+    assert gw.code_sha256() == want
+    (tmp_path / "README.md").write_text("changed\n")
+    assert gw.code_sha256() == want
+    (tmp_path / "params" / "p.yaml").write_text("k: 2\n")
+    assert gw.code_sha256() != want
