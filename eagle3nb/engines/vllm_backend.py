@@ -53,6 +53,7 @@ for _k, _v in _ENV.items():
 
 import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
+
 from eagle3nb.engines import vllm_eager  # noqa: E402
 from eagle3nb.engines.worker import OtherModelCapture, folder_stamp  # noqa: E402
 

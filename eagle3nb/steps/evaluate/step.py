@@ -22,10 +22,10 @@ from eagle3nb.steps.evaluate.bench import (
     resolve_eval_engines,
     serve_engines,
 )
-from eagle3nb.steps.evaluate.served import (
-    drop_vllm_id0,  # noqa: F401  (OFFSET, offset_boundaries: re-exported)
+from eagle3nb.steps.evaluate.served import (  # noqa: F401  (OFFSET, offset_boundaries: re-exported)
     FLAVOUR,
     OFFSET,
+    drop_vllm_id0,
     flavour_swapped_dir,
     offset_boundaries,
     offset_drafter_dir,
