@@ -318,7 +318,7 @@ class Backend(OtherModelCapture):
             if d is None:  # written by a rank in another process, or in-memory switched off
                 d = load_file(p)
                 os.remove(p)
-            elif "ready" in d:  # CUDA: the pinned copy's event (vllm_connector)
+            else:  # the copy's event (vllm_connector; on CPU already complete)
                 d.pop("ready").synchronize()
             hs, tok = d["hidden_states"], d["token_ids"].tolist()
             if tok != list(map(int, s)) or hs.shape[0] != len(s) or hs.shape[1] != len(want):

@@ -18,7 +18,8 @@ with ranks in other processes (tensor parallel) the file is written as before.
 On a CUDA KV cache the copy is vLLM's own (the parent's ``_submit_async_write``, 0.26.0 and 0.32):
 the slots are gathered on a side stream and copied into pinned host memory without blocking, and
 the request counts as done (its blocks freed) once that copy's CUDA event has completed. The
-hand-over entry carries the event under ``"ready"``; the reader synchronises on it. A synchronous
+hand-over entry carries the event under ``"ready"`` (on CPU an already-completed stand-in); the
+reader synchronises on it. A synchronous
 copy into pageable memory, as on CPU, took 47 % of the GPU time of a capture pass on the
 Llama-3.1-8B shape on an H200 (bench/h200_2026-12-04/shape_llama-3.1-8b.json, kernel table).
 
@@ -57,31 +58,32 @@ class _Done:
 
 
 class SyncHiddenStatesConnector(ExampleHiddenStatesConnector):
-    """``ExampleHiddenStatesConnector`` with a synchronous gather + clone + atomic write."""
+    """``ExampleHiddenStatesConnector`` with an in-memory hand-over or an atomic write; on CPU a
+    synchronous gather + clone, on CUDA the parent's pinned copy on a side stream."""
 
     def _submit_async_write(self, pending: PendingSave) -> None:  # noqa: D401 (vLLM's hook name)
         if not self._is_tp_rank_zero:
             return
         assert self._kv_cache is not None
-        if self._kv_cache.is_cuda:
-            return self._submit_cuda(pending)
         blocks = torch.tensor(pending.block_ids, dtype=torch.long)
         offs = torch.arange(self._block_size, dtype=torch.long)
         slots = (
             offs[None, :] + blocks[:, None] * self._block_size
         ).flatten()  # same order as vLLM's
         n = pending.token_ids.shape[0]
-        # clone: the KV cache is reused by the next request as soon as the blocks are freed
-        hs = (
-            extract_from_kv_cache(self._kv_cache, slots.to(self._kv_cache.device), n)
-            .to("cpu")
-            .clone()
-        )
-        states = {"hidden_states": hs.contiguous(), "token_ids": pending.token_ids.clone()}
+        if self._kv_cache.is_cuda:
+            hs, done = self._copy_cuda(slots, n)
+        else:
+            # clone: the KV cache is reused by the next request as soon as the blocks are freed
+            hs = extract_from_kv_cache(self._kv_cache, slots, n).clone().contiguous()
+            done = _Done()
+        states = {"hidden_states": hs, "token_ids": pending.token_ids.clone()}
         cfg = self._kv_transfer_config
         if cfg.get_from_extra_config("handover_pid", None) == os.getpid():
-            HANDOVER[pending.filename] = states  # the reader is in this process: no file
+            # the reader is in this process: no file; it synchronises on "ready" before reading
+            HANDOVER[pending.filename] = {**states, "ready": done}
         else:
+            done.synchronize()
             os.makedirs(os.path.dirname(pending.filename) or ".", exist_ok=True)
             tmp = pending.filename + ".tmp"
             save_file(states, tmp)
@@ -89,16 +91,14 @@ class SyncHiddenStatesConnector(ExampleHiddenStatesConnector):
         fd = self._lock_fds.pop(pending.req_id, None)
         if fd is not None:
             os.close(fd)  # releases the LOCK_EX vLLM took in wait_for_save
-        self._req_copy_events[pending.req_id] = _Done()
+        # vLLM frees the request's blocks once this event has completed (get_finished polls it)
+        self._req_copy_events[pending.req_id] = done
 
-    def _submit_cuda(self, pending: PendingSave) -> None:
-        """The CUDA path: gather + copy into pinned memory on a side stream, as the parent does
-        (``example_hidden_states_connector.py`` ``_submit_async_write``), then hand over in memory
-        with the copy's event, or (another process reads) wait for it and write the file."""
-        blocks = torch.tensor(pending.block_ids, dtype=torch.long)
-        offs = torch.arange(self._block_size, dtype=torch.long)
-        slots = (offs[None, :] + blocks[:, None] * self._block_size).flatten()
-        n = pending.token_ids.shape[0]
+    def _copy_cuda(self, slots: torch.Tensor, n: int):
+        """Gather the ``n`` states at ``slots`` and copy them into pinned host memory on a side
+        stream, as the parent does (``example_hidden_states_connector.py``
+        ``_submit_async_write``). Returns ``(hidden_states [T, n_ids, H] pinned, the copy's
+        CUDA event)``: the tensor holds the states once the event has completed."""
         stream = self._get_copy_stream()
         ready = torch.cuda.Event()
         ready.record()  # the forward that wrote these slots, on the default stream
@@ -111,18 +111,4 @@ class SyncHiddenStatesConnector(ExampleHiddenStatesConnector):
             hs.copy_(gpu, non_blocking=True)
         done = torch.cuda.Event()
         done.record(stream)
-        states = {"hidden_states": hs, "token_ids": pending.token_ids.clone()}
-        cfg = self._kv_transfer_config
-        if cfg.get_from_extra_config("handover_pid", None) == os.getpid():
-            HANDOVER[pending.filename] = {**states, "ready": done}
-        else:
-            done.synchronize()
-            os.makedirs(os.path.dirname(pending.filename) or ".", exist_ok=True)
-            tmp = pending.filename + ".tmp"
-            save_file(states, tmp)
-            os.replace(tmp, pending.filename)
-        fd = self._lock_fds.pop(pending.req_id, None)
-        if fd is not None:
-            os.close(fd)
-        # vLLM frees the request's blocks once this event has completed (get_finished polls it)
-        self._req_copy_events[pending.req_id] = done
+        return hs, done
