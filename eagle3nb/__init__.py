@@ -24,7 +24,9 @@ text/               the text side: prompts, chat samples and loss masks, the tar
     benchmarks      benchmark sets (MT-Bench, GSM8K, HumanEval, MATH, chat) per record; bad ones refused
 dataset/            the offline aux-state dataset: safetensors shards plus a manifest
     layout          shard layout, exact byte counts, optional int8 storage of aux states
-    write           write shards from a capture engine (atomic, resumable, per-shard sha256)
+    write           write shards from a capture engine (atomic, resumable, per-shard sha256),
+                    one shard written on a thread while the next is captured
+    shard_file      one safetensors file written from tensor memory and hashed on the way
     read            AuxDataset: open and verify a dataset, in memory or memory-mapped
 training/           training the drafter with training-time test (TTT)
     batches         deterministic global batch plan over the shards, rank slices

@@ -19,6 +19,7 @@ quantise activations per token): ``scale = max|x| / 127``, ``q = round(x / scale
 from __future__ import annotations
 
 import json
+import struct
 from typing import Sequence
 
 import torch
@@ -27,6 +28,8 @@ __all__ = [
     "AUX_STORAGE",
     "shard_layout",
     "header_bytes",
+    "quantization_error",
+    "safetensors_header",
     "shard_file_bytes",
     "estimate_dataset_bytes",
     "quantize_aux",
@@ -88,11 +91,17 @@ def shard_layout(
     return out
 
 
-def header_bytes(layout: dict, metadata: dict | None = METADATA) -> int:
-    """Bytes of the safetensors header (8-byte length + JSON padded to 8) for ``layout``, built as
-    the safetensors serializer builds it (compact JSON, tensors sorted by dtype tag then name)."""
+def safetensors_header(layout: dict, metadata: dict | None = METADATA) -> tuple[bytes, list[str]]:
+    """``(header, names)``: the safetensors header for ``layout`` (8-byte little-endian length +
+    compact JSON padded with spaces to a multiple of 8) and the tensor names in file order, built
+    as the safetensors serializer builds them (tensors sorted by dtype tag, descending, then name;
+    ``__metadata__`` first, its keys sorted where the library's hash map order varies).
+
+    Raises:
+        KeyError: a dtype outside :data:`ST_DTYPES`.
+    """
     names = sorted(layout, key=lambda k: (-_ST_ORDER.index(ST_DTYPES[layout[k][0]]), k))
-    head: dict = {"__metadata__": metadata} if metadata else {}
+    head: dict = {"__metadata__": dict(sorted(metadata.items()))} if metadata else {}
     off = 0
     for k in names:
         dt, shape = layout[k]
@@ -101,8 +110,14 @@ def header_bytes(layout: dict, metadata: dict | None = METADATA) -> int:
             n *= s
         head[k] = {"dtype": ST_DTYPES[dt], "shape": list(shape), "data_offsets": [off, off + n]}
         off += n
-    js = len(json.dumps(head, separators=(",", ":")).encode())
-    return 8 + js + (-js) % 8
+    js = json.dumps(head, separators=(",", ":")).encode()
+    js += b" " * (-len(js) % 8)
+    return struct.pack("<Q", len(js)) + js, names
+
+
+def header_bytes(layout: dict, metadata: dict | None = METADATA) -> int:
+    """Bytes of the safetensors header (8-byte length + JSON padded to 8) for ``layout``."""
+    return len(safetensors_header(layout, metadata)[0])
 
 
 def shard_file_bytes(layout: dict, metadata: dict | None = METADATA) -> int:
@@ -189,3 +204,17 @@ def relative_error(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
     """``(sum (x-y)^2, sum x^2)`` in float64, to accumulate a dataset-wide ``||x-y|| / ||x||``."""
     d = x.double() - y.double()
     return float((d * d).sum()), float((x.double() ** 2).sum())
+
+
+def quantization_error(
+    ref: torch.Tensor, q: torch.Tensor, scale: torch.Tensor
+) -> tuple[list[float], list[float]]:
+    """``(squared error, squared norm)`` per aux slot of :func:`quantize_aux`'s ``(q, scale)``
+    against the unquantised ``ref [N, n_aux*H]`` (float64 sums over tokens and H): the shard's
+    ``aux_sq_error`` / ``aux_sq_norm``, from which the manifest's relative error is computed."""
+    n_aux = scale.shape[1]
+    if not len(ref):
+        return [0.0] * n_aux, [0.0] * n_aux
+    err2 = ((ref - dequantize_aux(q, scale)).double() ** 2).reshape(len(ref), n_aux, -1)
+    ref2 = (ref.double() ** 2).reshape(len(ref), n_aux, -1)
+    return err2.sum(dim=(0, 2)).tolist(), ref2.sum(dim=(0, 2)).tolist()

@@ -2,7 +2,9 @@
 
 The shard format is :mod:`eagle3nb.dataset.layout`'s. Shards are written to a temp file and
 renamed; the manifest (provenance, per-shard sha256) is rewritten after every shard, so an
-interrupted extraction loses nothing finished and a rerun skips finished shards.
+interrupted extraction loses nothing finished and a rerun skips finished shards. A shard is written
+(:mod:`eagle3nb.dataset.shard_file`: from tensor memory, hashed on the way) on a writer thread while
+the engine captures the next, so two shards are in memory at a time.
 """
 
 from __future__ import annotations
@@ -11,11 +13,11 @@ import errno
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
-from safetensors.torch import save_file
 
 from eagle3nb.manifest import (
     ManifestMismatch,
@@ -25,10 +27,11 @@ from eagle3nb.manifest import (
     sha256_file,
 )
 from eagle3nb.dataset.read import DATASET_KIND, FORMAT_VERSION
+from eagle3nb.dataset.shard_file import all_finite, write_safetensors
 from eagle3nb.dataset.layout import (
     AUX_STORAGE,
     METADATA,
-    dequantize_aux,
+    quantization_error,
     quantize_aux,
     shard_layout,
 )
@@ -48,17 +51,17 @@ class DiskFullError(OSError):
     """No space left while writing a shard; earlier shards and the manifest are intact."""
 
 
-def _save_atomic(tensors: dict, path: Path, metadata: dict) -> None:
-    """safetensors to a temp file in the same folder, fsync, then rename: a reader never sees a
-    half-written shard (a crash leaves only ``*.tmp``, removed by the next run)."""
+def _save_atomic(tensors: dict, path: Path, metadata: dict) -> str:
+    """Write the shard to a temp file in the same folder (fsynced), then rename; returns its
+    sha256. A reader never sees a half-written shard (a crash leaves only ``*.tmp``, removed by
+    the next run)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     os.close(fd)
     try:
-        save_file(tensors, tmp, metadata=metadata)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
+        sha = write_safetensors(tensors, tmp, metadata)
         publish_permissions(tmp)
         os.replace(tmp, path)
+        return sha
     except OSError as e:
         if os.path.exists(tmp):
             os.unlink(tmp)
@@ -223,103 +226,116 @@ def write_dataset(
         for stale in out.glob("*.tmp"):  # left by a killed run; never listed in the manifest
             stale.unlink()
     wpath = out / WORKERS_DIR / f"worker-{worker[0]:05d}.json" if worker else None
-    n_aux = len(man["aux_boundaries"])
-    shards = []
-    it = progress(mine) if progress else mine
-    for name, chunk in it:
-        if name in done:
-            shards.append(done[name])
-            continue
-        keep = [s for s in chunk if any(s[2])]
-        skipped = {"nonfinite": [], "empty_loss_mask": [int(s[0]) for s in chunk if not any(s[2])]}
-        caps = capture([s[1] for s in keep]) if keep else []
-        rows = []
-        for s, c in zip(keep, caps):
-            if len(s[1]) != c.aux.shape[0]:
-                raise RuntimeError(
-                    f"engine returned {c.aux.shape[0]} rows for sample {s[0]} of {len(s[1])} tokens"
-                )
-            if c.aux.shape[1] != n_aux * c.final.shape[1]:
-                raise RuntimeError(
-                    f"engine returned aux states {c.aux.shape[1]} wide for {n_aux} aux boundaries x H={c.final.shape[1]}"
-                )
-            if not (torch.isfinite(c.aux).all() and torch.isfinite(c.final).all()):
-                skipped["nonfinite"].append(int(s[0]))
-                continue
-            rows.append((s, c))
-        if len(caps) != len(keep):
-            raise RuntimeError(f"engine returned {len(caps)} captures for {len(keep)} samples")
-        lens = [len(s[1]) for s, _ in rows]
-        H = (
-            rows[0][1].final.shape[1]
-            if rows
-            else int(man.get("target", {}).get("hidden_size") or 0)
-        )
-        layout = shard_layout(lens, n_aux, H, dtype, aux_storage)
-        aux = torch.cat([c.aux for _, c in rows]) if rows else torch.zeros(layout["aux"][1])
-        t = {
-            "input_ids": torch.tensor([x for s, _ in rows for x in s[1]], dtype=torch.long),
-            "loss_mask": torch.tensor([x for s, _ in rows for x in s[2]], dtype=torch.uint8),
-            "aux": aux.to(dtype),
-            "final": torch.cat([c.final for _, c in rows]).to(dtype)
-            if rows
-            else torch.zeros(layout["final"][1], dtype=dtype),
-            "offsets": torch.tensor(
-                [0] + list(torch.tensor(lens).cumsum(0).tolist() if lens else []), dtype=torch.long
-            ),
-            "sample_ids": torch.tensor([int(s[0]) for s, _ in rows], dtype=torch.long),
-        }
-        entry = {"file": name}
-        if aux_storage == "int8":
-            ref = t["aux"].float()  # the unquantised states as they would be stored
-            t["aux"], t["aux_scale"] = quantize_aux(ref, n_aux)
-            deq = dequantize_aux(t["aux"], t["aux_scale"])
-            err2 = (
-                ((ref - deq).double() ** 2).reshape(len(ref), n_aux, -1).sum(dim=(0, 2))
-                if len(ref)
-                else torch.zeros(n_aux, dtype=torch.float64)
-            )
-            ref2 = (
-                (ref.double() ** 2).reshape(len(ref), n_aux, -1).sum(dim=(0, 2))
-                if len(ref)
-                else torch.zeros(n_aux, dtype=torch.float64)
-            )
-            entry["aux_sq_error"], entry["aux_sq_norm"] = err2.tolist(), ref2.tolist()
-        got = {k: (v.dtype, tuple(v.shape)) for k, v in t.items()}
-        if got != layout:  # the disk estimate counts exactly this layout
-            raise RuntimeError(
-                f"shard {name}: tensors {got} differ from the planned layout {layout}"
-            )
-        _save_atomic({k: v.contiguous() for k, v in t.items()}, out / name, METADATA)
-        entry.update(
-            n_samples=len(rows),
-            n_tokens=int(sum(lens)),
-            sha256=sha256_file(out / name),
-            skipped=skipped,
-        )
+    shards: list[dict] = []
+
+    def record(entry: dict) -> None:  # in plan order, once the shard's file is in place
         shards.append(entry)
         if worker is None:
             atomic_write_json(mpath, dict(man, shards=shards, complete=False))
         else:
-            atomic_write_json(
-                wpath,
-                {
-                    "worker": worker[0],
-                    "workers": worker[1],
-                    "settings": _settings_key(man),
-                    "shards": shards,
-                },
-            )
+            atomic_write_json(wpath, _progress(worker, man, shards))
+
+    # One shard is written (serialised, fsynced, hashed) on a writer thread while the engine
+    # captures the next: on an H200 the capture alone ran 3.3x faster than capture + write in turn.
+    pending: list = []  # [(future of the sha256, entry)]: the shard being written
+
+    def settle() -> None:
+        if pending:
+            fut, entry = pending.pop()
+            entry["sha256"] = fut.result()  # re-raises the writer's error (DiskFullError)
+            record(entry)
+
+    it = progress(mine) if progress else mine
+    with ThreadPoolExecutor(1, thread_name_prefix="eagle3nb-shard-writer") as pool:
+        try:
+            for name, chunk in it:
+                if name in done:
+                    settle()
+                    shards.append(done[name])
+                    continue
+                t, entry = _build_shard(name, chunk, capture, man, dtype, aux_storage)
+                settle()
+                pending.append((pool.submit(_save_atomic, t, out / name, METADATA), entry))
+            settle()
+        except BaseException:
+            if pending:  # keep the shard already on its way to disk; the first error wins
+                try:
+                    settle()
+                except Exception:
+                    pass
+            raise
     if worker is not None:
-        rec = {
-            "worker": worker[0],
-            "workers": worker[1],
-            "settings": _settings_key(man),
-            "shards": shards,
-        }
+        rec = _progress(worker, man, shards)
         atomic_write_json(wpath, rec)
         return rec
     return _complete(out, man, shards)
+
+
+def _build_shard(
+    name: str, chunk: Sequence, capture: Callable, man: dict, dtype, aux_storage: str
+) -> tuple[dict, dict]:
+    """Capture ``chunk``'s samples and lay them out as shard ``name``: ``(tensors, entry)``, the
+    tensors in :func:`eagle3nb.dataset.layout.shard_layout`'s layout and the shard's manifest
+    entry (its ``sha256`` filled in once written). Samples with an empty loss mask are not
+    captured, samples with non-finite states not stored; both are listed in ``skipped``."""
+    n_aux = len(man["aux_boundaries"])
+    keep = [s for s in chunk if any(s[2])]
+    skipped = {"nonfinite": [], "empty_loss_mask": [int(s[0]) for s in chunk if not any(s[2])]}
+    caps = capture([s[1] for s in keep]) if keep else []
+    if len(caps) != len(keep):
+        raise RuntimeError(f"engine returned {len(caps)} captures for {len(keep)} samples")
+    rows = []
+    for s, c in zip(keep, caps):
+        if len(s[1]) != c.aux.shape[0]:
+            raise RuntimeError(
+                f"engine returned {c.aux.shape[0]} rows for sample {s[0]} of {len(s[1])} tokens"
+            )
+        if c.aux.shape[1] != n_aux * c.final.shape[1]:
+            raise RuntimeError(
+                f"engine returned aux states {c.aux.shape[1]} wide for {n_aux} aux boundaries x H={c.final.shape[1]}"
+            )
+        if not (all_finite(c.aux) and all_finite(c.final)):
+            skipped["nonfinite"].append(int(s[0]))
+            continue
+        rows.append((s, c))
+    lens = [len(s[1]) for s, _ in rows]
+    H = rows[0][1].final.shape[1] if rows else int(man.get("target", {}).get("hidden_size") or 0)
+    layout = shard_layout(lens, n_aux, H, dtype, aux_storage)
+    aux = torch.cat([c.aux for _, c in rows]) if rows else torch.zeros(layout["aux"][1])
+    t = {
+        "input_ids": torch.tensor([x for s, _ in rows for x in s[1]], dtype=torch.long),
+        "loss_mask": torch.tensor([x for s, _ in rows for x in s[2]], dtype=torch.uint8),
+        "aux": aux.to(dtype),
+        "final": torch.cat([c.final for _, c in rows]).to(dtype)
+        if rows
+        else torch.zeros(layout["final"][1], dtype=dtype),
+        "offsets": torch.tensor(
+            [0] + list(torch.tensor(lens).cumsum(0).tolist() if lens else []), dtype=torch.long
+        ),
+        "sample_ids": torch.tensor([int(s[0]) for s, _ in rows], dtype=torch.long),
+    }
+    entry: dict = {"file": name}
+    if aux_storage == "int8":
+        ref = t["aux"].float()  # the unquantised states as they would be stored
+        t["aux"], t["aux_scale"] = quantize_aux(ref, n_aux)
+        entry["aux_sq_error"], entry["aux_sq_norm"] = quantization_error(
+            ref, t["aux"], t["aux_scale"]
+        )
+    got = {k: (v.dtype, tuple(v.shape)) for k, v in t.items()}
+    if got != layout:  # the disk estimate counts exactly this layout
+        raise RuntimeError(f"shard {name}: tensors {got} differ from the planned layout {layout}")
+    entry.update(n_samples=len(rows), n_tokens=int(sum(lens)), sha256=None, skipped=skipped)
+    return {k: v.contiguous() for k, v in t.items()}, entry
+
+
+def _progress(worker: tuple[int, int], man: dict, shards: list[dict]) -> dict:
+    """A sharded extraction worker's progress record (``workers/worker-w.json``)."""
+    return {
+        "worker": worker[0],
+        "workers": worker[1],
+        "settings": _settings_key(man),
+        "shards": shards,
+    }
 
 
 def _complete(out: Path, man: dict, shards: list[dict]) -> dict:

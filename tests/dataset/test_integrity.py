@@ -86,18 +86,18 @@ def test_kill_9_mid_extraction_loses_nothing_and_rerun_has_no_duplicates(tmp_pat
 
 
 def test_disk_full_gives_clear_error_and_keeps_earlier_shards(tmp_path, monkeypatch):
-    real = dsmod.save_file
+    real = dsmod.write_safetensors
     n = {"calls": 0}
 
-    def save_file_then_disk_full(tensors, path, metadata=None):
+    def write_then_disk_full(tensors, path, metadata=None):
         n["calls"] += 1
         if n["calls"] == 3:
             with open(path, "wb") as f:
                 f.write(b"partial")  # what a full disk leaves behind
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real(tensors, path, metadata=metadata)
+        return real(tensors, path, metadata)
 
-    monkeypatch.setattr(dsmod, "save_file", save_file_then_disk_full)
+    monkeypatch.setattr(dsmod, "write_safetensors", write_then_disk_full)
     out = tmp_path / "ds"
     with pytest.raises(DiskFullError, match="disk full while writing shard-00002.safetensors"):
         write_dataset(out, SAMPLES, fake_engine_capture, MAN, shard_size=2)
@@ -107,7 +107,7 @@ def test_disk_full_gives_clear_error_and_keeps_earlier_shards(tmp_path, monkeypa
         "shard-00001.safetensors",
     ] and not m["complete"]
     assert not (out / "shard-00002.safetensors").exists() and not list(out.glob("*.tmp"))
-    monkeypatch.setattr(dsmod, "save_file", real)
+    monkeypatch.setattr(dsmod, "write_safetensors", real)
     write_dataset(out, SAMPLES, fake_engine_capture, MAN, shard_size=2)  # space freed: resume
     assert len(AuxDataset(out)) == 12
 
