@@ -121,6 +121,7 @@ def main() -> None:
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
         "commit": git_commit(),
+        "date": time.strftime("%Y-%m-%d"),
     }
     atomic_write_json(a.out, res)
     print(f"writer {w / 1e6:.0f} MB/s, disk {d / 1e6:.0f} MB/s: ratio {w / d:.3f} -> {a.out}")

@@ -296,7 +296,19 @@ def _merged_sweep(d):
     return [f"Merged into `reference_quality_sweep.json` ({len(d.get('sweeps', []))} sweeps)."]
 
 
+def _writer(d):
+    sh = d["shape"]
+    return [
+        f"write_dataset {_fmt(d['writer_bytes_per_s'] / 1e6)} MB/s against the disk's "
+        f"{_fmt(d['disk_bytes_per_s'] / 1e6)} MB/s ({_fmt(d['writer_over_disk'])} of it), "
+        f"H {sh['hidden']}, {sh['n_aux']} aux slots, {sh['samples']} x {sh['sample_len']} tokens, "
+        f"shards of {sh['shard_size']}, {d['dtype']}, {d['machine']['cpus']} CPUs."
+        + (f" Before: {d['note']}." if d.get("note") else "")
+    ]
+
+
 RENDERERS = {
+    "reference_writer.json": _writer,
     "reference_h200_train.json": _h200_train,
     "reference_h200_online.json": _h200_online,
     "reference_h200.json": _h200_mfu,

@@ -4,7 +4,7 @@ vLLM 0.32's ``ExampleHiddenStatesConnector`` (``vllm/distributed/kv_transfer/kv_
 example_hidden_states_connector.py``) copies each finished request's cached states with a CUDA
 stream into pinned memory and writes them from a thread pool; on CPU that fails
 (``pin_memory=True requires a CUDA or other accelerator backend``). This subclass gathers the slots
-and clones them synchronously, then writes the same safetensors file (``hidden_states [T, n_ids, H]``
+synchronously (the gather is a copy), then writes the same safetensors file (``hidden_states [T, n_ids, H]``
 in the model dtype, ``token_ids [T]``) atomically (temp file + rename), so a reader never sees a
 half-written file and no lock file is needed. Everything else (which slots, when a request is
 finished, the file name in ``kv_transfer_params["hidden_states_path"]``) is vLLM's own code.
@@ -67,15 +67,16 @@ class SyncHiddenStatesConnector(ExampleHiddenStatesConnector):
         assert self._kv_cache is not None
         blocks = torch.tensor(pending.block_ids, dtype=torch.long)
         offs = torch.arange(self._block_size, dtype=torch.long)
-        slots = (
-            offs[None, :] + blocks[:, None] * self._block_size
-        ).flatten()  # same order as vLLM's
         n = pending.token_ids.shape[0]
+        # vLLM's slot order, cut to the request's n tokens before the gather (vLLM cuts after it):
+        # the gather then moves only those rows
+        slots = (offs[None, :] + blocks[:, None] * self._block_size).flatten()[:n]
         if self._kv_cache.is_cuda:
             hs, done = self._copy_cuda(slots, n)
         else:
-            # clone: the KV cache is reused by the next request as soon as the blocks are freed
-            hs = extract_from_kv_cache(self._kv_cache, slots, n).clone().contiguous()
+            # the gather (advanced indexing) copies out of the KV cache, which the next request
+            # reuses once the blocks are freed: [n, n_ids, H], contiguous, no clone needed
+            hs = extract_from_kv_cache(self._kv_cache, slots, n)
             done = _Done()
         states = {"hidden_states": hs, "token_ids": pending.token_ids.clone()}
         cfg = self._kv_transfer_config

@@ -205,6 +205,7 @@ def _engine_results(p, runs, served, bnds, results, engines_of, blocks, sim, hel
 
 
 def assemble(
+    *,
     p,
     rd,
     dman,
@@ -223,7 +224,9 @@ def assemble(
     tok,
 ) -> dict:
     """04's result and metrics.json["eval"] from the simulator (``sim`` or None) and the engines'
-    served ``runs``; writes metrics, checks and the serving files (model card with the table)."""
+    served ``runs``; writes metrics, checks and the serving files (model card with the table).
+    Keyword-only: sixteen inputs, several of the same type (dicts, lists), are too easy to swap
+    by position."""
     held_n = len(eval_chat_held(prompt_set))
     results = dict(sim["results"]) if sim else {}
     engines_of = {label: SIMULATOR for label in results}
