@@ -35,8 +35,10 @@ def random_ids(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     return torch.randint(256, vocab, (n, length), generator=g).tolist()
 
 
-def kernel_table(fn, rows: int = 15) -> str:
-    """``torch.profiler`` table (CUDA time, top ``rows``) of one call of ``fn`` in this process."""
+def kernel_table(fn, rows: int = 15, sort: str | None = None) -> str:
+    """``torch.profiler`` table of one call of ``fn`` in this process, top ``rows`` by ``sort``
+    (default: CUDA time where there is a GPU, else CPU time; ``"self_cpu_time_total"`` shows the
+    host's own work per op)."""
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
@@ -44,8 +46,27 @@ def kernel_table(fn, rows: int = 15) -> str:
         fn()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
-    key = "cuda_time_total" if torch.cuda.is_available() else "cpu_time_total"
+    key = sort or ("cuda_time_total" if torch.cuda.is_available() else "cpu_time_total")
     return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60)
+
+
+def python_profile(fn, rows: int = 25) -> str:
+    """``cProfile`` of one call of ``fn``: the top ``rows`` Python functions by their own time
+    (where host time goes that no torch op names: the engine's scheduler, the connector, copies
+    made from Python)."""
+    import cProfile
+    import io
+    import pstats
+
+    pr = cProfile.Profile()
+    pr.enable()
+    fn()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    pr.disable()
+    buf = io.StringIO()
+    pstats.Stats(pr, stream=buf).sort_stats("tottime").print_stats(rows)
+    return buf.getvalue()
 
 
 def _client(model_dir, dtype, options, python):
@@ -91,6 +112,14 @@ def vllm_part(a, model_dir, cfg: dict, ids: list[int], out_dir: Path) -> dict:
                 client, lambda: client.capture([samples[0]], ids)
             )
             res["kernels_capture"] = kernel_table(lambda: client.capture(batch, ids))
+            # the host side of a capture call (7.8x plain on the 8-layer MoE shape, 2026-12-04)
+            res["host_ops_capture"] = kernel_table(
+                lambda: client.capture(batch, ids), 20, "self_cpu_time_total"
+            )
+            res["host_ops_plain_prefill"] = kernel_table(
+                lambda: client.generate(batch, 1, [], 0.0), 20, "self_cpu_time_total"
+            )
+            res["python_capture"] = python_profile(lambda: client.capture(batch, ids))
         engine = EngineCaptureEngine(client, n, a.capture_batch)
         ds = out_dir / "dataset"
         shutil.rmtree(ds, ignore_errors=True)

@@ -134,3 +134,27 @@ def test_code_hash_covers_the_code_and_nothing_else(tmp_path, monkeypatch):
     assert gw.code_sha256() == want
     (tmp_path / "params" / "p.yaml").write_text("k: 2\n")
     assert gw.code_sha256() != want
+
+
+def test_host_profiles_name_where_host_time_goes():
+    """bench/gpu_engines.py's host tables (the next GPU run's diagnosis of the MoE capture's host
+    time) on CPU: a call that spends its time in one Python function and one torch op must show
+    both at the top."""
+    import time as _time
+
+    import gpu_engines as ge
+
+    x = torch.randn(512, 512)
+
+    def slow_python_part():
+        _time.sleep(0.05)
+
+    def call():
+        slow_python_part()
+        for _ in range(5):
+            x @ x
+
+    py = ge.python_profile(call, rows=5)
+    assert "slow_python_part" in py or "sleep" in py
+    ops = ge.kernel_table(call, 5, "self_cpu_time_total")
+    assert "aten::mm" in ops.split("\n", 4)[3]  # the first row under the header
