@@ -19,6 +19,7 @@ quantise activations per token): ``scale = max|x| / 127``, ``q = round(x / scale
 from __future__ import annotations
 
 import json
+import os
 import struct
 from typing import Sequence
 
@@ -28,6 +29,8 @@ __all__ = [
     "AUX_STORAGE",
     "shard_layout",
     "header_bytes",
+    "check_writer_memory",
+    "available_memory_bytes",
     "quantization_error",
     "safetensors_header",
     "shard_file_bytes",
@@ -145,13 +148,15 @@ def estimate_dataset_bytes(
             empty loss mask are skipped by the writer, so leave them out).
 
     Returns:
-        ``{"shard_bytes": exact size of all shard files, "per_token_bytes": payload per token,
+        ``{"shard_bytes": exact size of all shard files, "largest_shard_bytes": of one file,
+        "per_token_bytes": payload per token,
         "formula": text, "n_tokens", "n_samples", "n_shards"}``. Samples later found non-finite
         are dropped by the writer, so the real size can only be smaller.
     """
-    total = sum(
+    sizes = [
         shard_file_bytes(shard_layout(ls, n_aux, hidden, dtype, aux_storage)) for ls in shard_lens
-    )
+    ]
+    total = sum(sizes)
     b = _nbytes(dtype)
     per_tok = (
         (n_aux * hidden + n_aux * 4 if aux_storage == "int8" else n_aux * hidden * b)
@@ -165,6 +170,7 @@ def estimate_dataset_bytes(
     ) + " + samples x 16 + shards x (8 + header)"
     return {
         "shard_bytes": int(total),
+        "largest_shard_bytes": int(max(sizes, default=0)),
         "per_token_bytes": int(per_tok),
         "formula": formula,
         "n_tokens": int(sum(sum(x) for x in shard_lens)),
@@ -218,3 +224,53 @@ def quantization_error(
     err2 = ((ref - dequantize_aux(q, scale)).double() ** 2).reshape(len(ref), n_aux, -1)
     ref2 = (ref.double() ** 2).reshape(len(ref), n_aux, -1)
     return err2.sum(dim=(0, 2)).tolist(), ref2.sum(dim=(0, 2)).tolist()
+
+
+# what 02a's writer holds at once, in shards: the shard on its way to disk (writer thread), the next
+# shard's captured states, and their concatenation (eagle3nb.dataset.write.write_dataset)
+WRITER_SHARDS_IN_MEMORY = 3
+
+
+def available_memory_bytes() -> int:
+    """The host's ``MemAvailable`` (``/proc/meminfo``), else free physical pages."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def check_writer_memory(
+    largest_shard_bytes: int, shard_size: int, available: int | None = None, workers: int = 1
+) -> None:
+    """Refuse an extraction whose shards cannot be held in memory, before any capture.
+
+    Args:
+        largest_shard_bytes: the largest shard file (:func:`estimate_dataset_bytes`).
+        shard_size: the ``shard_size`` parameter that made it (samples per shard).
+        available: host memory in bytes (default :func:`available_memory_bytes`).
+        workers: writer processes on this host (``extract_workers``), each holding its shards.
+
+    Raises:
+        ValueError: ``workers`` x :data:`WRITER_SHARDS_IN_MEMORY` x the largest shard exceeds
+            ``available``; the message names ``shard_size``, the sizes and a ``shard_size`` that
+            fits.
+    """
+    avail = available_memory_bytes() if available is None else int(available)
+    need = workers * WRITER_SHARDS_IN_MEMORY * int(largest_shard_bytes)
+    if need > avail:
+        fits = int(shard_size * 0.9 * avail // need)  # 10 % headroom: headers, longer samples
+        who = "02a's writer holds" if workers == 1 else f"each of the {workers} writers holds"
+        raise ValueError(
+            f"shard_size={shard_size}: the largest shard is {largest_shard_bytes / 1e9:.2f} GB and "
+            f"{who} up to {WRITER_SHARDS_IN_MEMORY} at once ({need / 1e9:.2f} GB in all), but "
+            f"this host has {avail / 1e9:.2f} GB available: "
+            + (
+                f"set shard_size: {fits} or less"
+                if fits >= 1
+                else "shorten the samples (max_new_tokens) or free memory"
+            )
+        )

@@ -10,6 +10,8 @@ from eagle3nb.target.capture import HFCaptureEngine
 from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.dataset.write import shard_plan, write_dataset
 from eagle3nb.dataset.layout import (
+    WRITER_SHARDS_IN_MEMORY,
+    check_writer_memory,
     dequantize_aux,
     estimate_dataset_bytes,
     quantize_aux,
@@ -67,6 +69,7 @@ def test_estimate_equals_bytes_written(target, tmp_path, dtype, aux_storage):
     )
     sizes = [(tmp_path / "ds" / sh["file"]).stat().st_size for sh in man["shards"]]
     assert est["shard_bytes"] == sum(sizes)  # exact, headers included
+    assert est["largest_shard_bytes"] == max(sizes)
     for sh, ls, size in zip(man["shards"], lens, sizes):
         assert shard_file_bytes(shard_layout(ls, n_aux, H, dtype, aux_storage)) == size, sh["file"]
     # the formula of the docs, by hand: payload per token, plus ids/offsets per sample, plus headers
@@ -156,3 +159,22 @@ def test_int8_dataset_error_recorded_and_loader_dequantises(target, tmp_path):
     for a, b in zip(ds, mm, strict=True):
         assert a["sample_id"] == b["sample_id"]
         assert all(torch.equal(a[k], b[k]) for k in ("input_ids", "loss_mask", "aux", "final"))
+
+
+def test_writer_memory_refusal_names_shard_size_and_a_size_that_fits():
+    # 8 samples of 100 tokens per shard, H 64, 3 aux slots, float32: one shard's file by hand
+    lens = [[100] * 8]
+    one = estimate_dataset_bytes(lens, 3, 64, torch.float32)["largest_shard_bytes"]
+    assert one == shard_file_bytes(shard_layout(lens[0], 3, 64, torch.float32))
+    need = WRITER_SHARDS_IN_MEMORY * one
+    check_writer_memory(one, 8, available=need)  # exactly enough: accepted
+    avail = need * 3 // 8
+    # suggested: floor(8 x 0.9 x 3/8) = floor(2.7) = 2 samples per shard
+    with pytest.raises(ValueError, match=r"shard_size=8: .* set shard_size: 2 or less"):
+        check_writer_memory(one, 8, available=avail)
+    two = estimate_dataset_bytes([[100] * 2], 3, 64, torch.float32)["largest_shard_bytes"]
+    check_writer_memory(two, 2, available=avail)  # the suggestion fits
+    with pytest.raises(ValueError, match="each of the 2 writers"):
+        check_writer_memory(one, 8, available=need, workers=2)
+    with pytest.raises(ValueError, match="shorten the samples"):
+        check_writer_memory(one, 1, available=one)

@@ -88,7 +88,8 @@ def _extract(p: RunParams, progress: bool) -> dict:
     n = tinfo["n_layers"]
     samples = _checked_samples(p, rd)
     disk = extract.disk_plan(p, samples, len(bnds), tinfo["hidden_size"])
-    extract.check_disk(disk)  # exact shard bytes vs free space, before any capture
+    # exact shard bytes vs free space, and shards vs memory, before any capture
+    extract.check_disk(disk, workers=p.extract_workers)
     probe_n = max(1, min(p.drift_samples, len(samples)))
     probes = [s[1] for s in samples[:probe_n]]
     client = None

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from eagle3nb import threads
 from eagle3nb.dataset.layout import (
+    check_writer_memory,
     estimate_dataset_bytes,
     shard_file_bytes,
     shard_layout,
@@ -149,17 +150,20 @@ def disk_plan(
         aux_storage=storage,
         dtype=p.dtype,
         path=str(out),
+        shard_size=p.shard_size,
     )
 
 
-def check_disk(plan: dict, int8_hint: bool = True) -> None:
-    """Refuse to start an extraction that cannot fit (``int8_hint``: whether ``aux_storage: int8``
-    would apply to this dataset, so the message may suggest it).
+def check_disk(plan: dict, int8_hint: bool = True, workers: int = 1) -> None:
+    """Refuse to start an extraction that cannot fit on disk, or whose shards cannot fit in memory
+    (``int8_hint``: whether ``aux_storage: int8`` would apply, so the message may suggest it; ``workers``: writer processes).
 
     Raises:
         OSError: the remaining shards and metadata need more than the free space; the message
-            gives both numbers and the fixes.
+            gives both numbers and the fixes. ValueError: ``shard_size`` too large for the host's
+            memory (:func:`eagle3nb.dataset.layout.check_writer_memory`).
     """
+    check_writer_memory(plan["largest_shard_bytes"], plan["shard_size"], workers=workers)
     if not plan["fits"]:
         hint = "" if plan["aux_storage"] == "int8" or not int8_hint else ", or aux_storage: int8"
         raise OSError(
