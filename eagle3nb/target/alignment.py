@@ -67,7 +67,7 @@ def alignment_matrix(
         raise ValueError(
             f"captured shape {tuple(captured.shape)} != (T, n_slots*H) = ({T}, {n_slots * H}): the engine returned other rows or widths than the reference"
         )
-    c = captured.double().view(T, n_slots, H)
+    c = captured.double().reshape(T, n_slots, H)  # captured may be a view (vLLM backend)
     err = torch.zeros(n_slots, len(bnds), dtype=torch.float64)
     for j, b in enumerate(bnds):
         r = reference[b].double()
