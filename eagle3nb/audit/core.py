@@ -58,8 +58,9 @@ def check_drafter(drafter: str | os.PathLike, model: str | os.PathLike):
     from eagle3nb.target import models
 
     path = models.resolve_model(model)
-    tcfg = models.text_config(models.read_model_config(path))
-    folder = read_drafter_folder(drafter, int(tcfg["num_hidden_layers"]))
+    cfg = models.read_model_config(path)
+    tcfg = models.text_config(cfg)
+    folder = read_drafter_folder(drafter, int(tcfg["num_hidden_layers"]), models.target_arch(cfg))
     check_belongs(folder, tcfg, len(models.load_tokenizer(path)))
     return folder
 
@@ -108,7 +109,7 @@ def run_audit(
     tcfg = models.text_config(models.read_model_config(path))
     arch = models.target_arch(models.read_model_config(path))
     n = int(tcfg["num_hidden_layers"])
-    folder = read_drafter_folder(drafter, n)
+    folder = read_drafter_folder(drafter, n, arch)  # SGLang's ids by its rule for this class
     tok = target[1] if target is not None else models.load_tokenizer(path)
     check_belongs(folder, tcfg, len(tok))
     readings = engine_readings(folder.config, n, arch, versions or installed_versions())

@@ -1,13 +1,16 @@
 """03 starting from a drafter someone else trained (``init_from``): read it in any format peers
 publish (:mod:`eagle3nb.audit.formats`: eagle3nb's export, SpecForge/SGLang ``eagle_config``,
-speculators' ``speculators_config``, vLLM's top-level ids, no ids), refuse it for another target,
-decide its boundaries, and hand the loop its weights.
+speculators' ``speculators_config``, vLLM's top-level ids, no ids; either head: Llama (GQA) or
+the MLA drafter of DeepSeek-V3 / Kimi-K2 targets, :mod:`eagle3nb.drafter.mla`, also with SGLang's
+``layers.0.*`` weight names), refuse it for another target, decide its boundaries, and hand the
+loop its weights.
 
 Boundaries (``init_boundaries``):
 
 - ``keep`` (default): the boundaries the folder declares, read as the audit reads them
   (:func:`eagle3nb.audit.formats.read_drafter_folder`: eagle3nb's recorded ``aux_boundaries``, the
-  top-level ids as vLLM reads them, SGLang's nested ids + 1). The run must capture and export those
+  top-level ids as vLLM reads them, SGLang's nested ids by its rule for the target's class: + 1 on
+  Llama, unshifted on DeepSeek unless the first id is 1). The run must capture and export those
   same boundaries; anything else is refused before any work, since fine-tuning it on other tensors
   than it was trained on silently turns it into another drafter. A folder without ids declares
   nothing: the audit measures which set it was trained on, and its corrected copy declares it.
@@ -15,11 +18,11 @@ Boundaries (``init_boundaries``):
   declared) the drafter is *moved*: the input side that reads the target's states (``fc``, and
   ``input_norm`` / ``fc_norm`` where the drafter has them) starts fresh as in a new drafter of the
   run's seed and is re-trained on the new boundaries; the decoder layer, norms, ``lm_head`` and
-  vocabulary maps are kept.
+  vocabulary maps are kept (an MLA drafter's fresh input side is that of a new MLA drafter).
 
-The drafter's own draft vocabulary (``d2t``/``t2d``, ``lm_head`` rows), widths and flags are kept
-either way; run parameters that say otherwise (``draft_vocab_size``, the norm flags) are listed
-in the record's ``kept_from_drafter``.
+The drafter's own draft vocabulary (``d2t``/``t2d``, ``lm_head`` rows), widths, flags and head are
+kept either way; run parameters that say otherwise (``draft_vocab_size``, the norm flags,
+``drafter_head``) are listed in the record's ``kept_from_drafter``.
 """
 
 from __future__ import annotations
@@ -34,9 +37,11 @@ import torch
 
 from eagle3nb.audit.formats import check_belongs, loadable_copy, read_drafter_folder
 from eagle3nb.drafter.export import load_drafter
+from eagle3nb.drafter.mla import MLAConfig, make_drafter
 from eagle3nb.drafter.model import Eagle3Drafter
 from eagle3nb.drafter.vocab import count_loss_tokens, coverage
 from eagle3nb.manifest import sha256_file
+from eagle3nb.target.models import ARCH_ALIASES
 
 __all__ = ["INIT_BOUNDARIES", "INPUT_SIDE", "weights_sha256", "adoption_plan", "adopt_drafter"]
 
@@ -95,13 +100,15 @@ def adoption_plan(
         FileNotFoundError: no folder, config.json or model.safetensors.
         ValueError: ``init_boundaries`` unknown; a drafter for another target, naming the field
             (``hidden_size``/``target_hidden_size``, ``vocab_size``, ``draft_vocab_size`` vs
-            ``d2t``, ``eagle3nb.target_num_hidden_layers``, flags; before any weight is read);
+            ``d2t``, ``eagle3nb.target_num_hidden_layers``, flags; an MLA drafter's ranks such as
+            ``kv_lora_rank`` or a target without MLA; before any weight is read);
             with ``keep``: no declared boundaries, or declared ones other than the run's.
     """
     if init_boundaries not in INIT_BOUNDARIES:
         raise ValueError(f"init_boundaries={init_boundaries!r}: use keep or params")
     n = int(target_cfg["num_hidden_layers"])
-    folder = read_drafter_folder(path, n)
+    arch = (target_cfg.get("architectures") or [None])[0]  # SGLang's ids by its rule for it
+    folder = read_drafter_folder(path, n, ARCH_ALIASES.get(arch, arch))
     check_belongs(folder, target_cfg, tokenizer_size)
     _check_vocab_maps(folder)
     run, dec = [int(b) for b in run_boundaries], folder.declared
@@ -168,7 +175,7 @@ def adopt_drafter(plan: dict, source, target, cfg) -> tuple[Eagle3Drafter, dict]
     run_aux = getattr(source, "n_aux", None) or len(source.manifest["aux_boundaries"])
     if plan["moved"]:
         torch.manual_seed(cfg.seed)  # the fresh input side a new drafter of this seed would get
-        fresh = Eagle3Drafter(replace(d.config, n_aux=run_aux), emb)
+        fresh = make_drafter(replace(d.config, n_aux=run_aux), emb)  # the same head (MLA too)
         keep = {k: v for k, v in d.state_dict().items() if not k.startswith(INPUT_SIDE)}
         missing, unexpected = fresh.load_state_dict(keep, strict=False)
         assert not unexpected and all(k.startswith(INPUT_SIDE) for k in missing), missing
@@ -185,6 +192,9 @@ def adopt_drafter(plan: dict, source, target, cfg) -> tuple[Eagle3Drafter, dict]
         for f in ("draft_vocab_size",) + _FLAGS
         if hasattr(cfg, f) and getattr(cfg, f) != getattr(d.config, f, False)
     }
+    head = "mla" if isinstance(d.config, MLAConfig) else "llama"
+    if getattr(cfg, "drafter_head", head) != head:  # the drafter's attention is kept
+        kept["drafter_head"] = {"params": cfg.drafter_head, "drafter": head}
     return d, {
         "distinct_loss_tokens": int((counts > 0).sum()),
         "coverage": coverage(counts, d.t2d),
