@@ -21,8 +21,8 @@ Each format may hold either head (``DrafterFolder.head``, told by ``architecture
 targets (:data:`eagle3nb.drafter.mla.MLA_ARCH`, both engines' ``Eagle3DeepseekV2ForCausalLM``;
 :mod:`eagle3nb.drafter.mla`): its keys (``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``,
 ``qk_rope_head_dim``, ``v_head_dim``, ``rope_scaling``, ``rope_interleave``) are kept, its
-``layers.0.*`` weights (SGLang's checkpoint names) read as ``midlayer.*``, and its ranks compared
-with the target's. speculators has no MLA form (its Eagle-3 layers are Llama and Qwen3 only,
+``layers.0.*`` weights (SGLang's checkpoint names) read as ``midlayer.*``; its ranks may differ
+from the target's (the engines size the drafter from its own config). speculators has no MLA form (its Eagle-3 layers are Llama and Qwen3 only,
 ``src/speculators/models/eagle3/model_definitions.py``; vLLM 0.32's speculators reader refuses
 other model types, ``transformers_utils/configs/speculators/algos.py:39-45``): such a folder is
 refused by name.
@@ -246,8 +246,8 @@ def check_belongs(folder: DrafterFolder, target_cfg: dict, tokenizer_size: int) 
             ``eagle3nb.target_num_hidden_layers`` unlike the target's layer count; a flag eagle3nb
             does not implement (:func:`eagle3nb.drafter.engine_read.check_config_flags`). An MLA
             drafter (``folder.head == "mla"``) also: a target without ``kv_lora_rank``; an MLA
-            key missing, or unlike the target's where the target has it (``q_lora_rank``,
-            ``kv_lora_rank``, ``qk_nope_head_dim``, ``qk_rope_head_dim``, ``v_head_dim``); what
+            key missing (``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``,
+            ``qk_rope_head_dim``, ``v_head_dim``); what
             :mod:`eagle3nb.drafter.mla` refuses to load (``rope_interleave`` false, a rope scaling
             other than YaRN, ``norm_before_fc`` / ``norm_before_residual``).
     """
@@ -316,14 +316,8 @@ def _check_mla(c: dict, where: str, target_cfg: dict, flags: dict, n_aux: int) -
             f"size its attention; take them from the target ({have or 'its config.json'}) if it "
             "was trained with the target's ranks, as eagle3nb's MLA export writes them"
         )
-    for k in mla.MLA_KEYS:
-        t = target_cfg.get(k)
-        if t and int(c[k]) != int(t):
-            raise ValueError(
-                f"{where}: {k}={c[k]} but the target's {k} is {t}: an MLA drafter made for "
-                "another model (eagle3nb's MLA head takes its ranks from the target, "
-                "MLAConfig.for_target); audit it against the target it was trained for"
-            )
+    # ranks unlike the target's are not refused: both engines and load_drafter size the drafter's
+    # attention from its own config.json (a drafter may be trained narrower than its target)
     h, v = int(c["hidden_size"]), int(c["vocab_size"])
     base = DrafterConfig(  # the Llama fields load_drafter reads, for mla.mla_config_from_json
         hidden_size=h,

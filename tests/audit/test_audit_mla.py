@@ -162,13 +162,13 @@ def test_refusals_name_the_field(mla_export, ds_target, tmp_path):
     got = read_drafter_folder(folder, N, ARCH)
     tcfg = _tcfg(tpath)
     for key, value, match in [
-        ("kv_lora_rank", 64, r"kv_lora_rank=32 but the target's kv_lora_rank is 64"),
-        ("qk_rope_head_dim", 16, r"qk_rope_head_dim=8 but the target's qk_rope_head_dim is 16"),
         ("hidden_size", 128, r"hidden_size is 128"),
         ("vocab_size", 1024, r"vocab_size=512 but the target's vocab_size is 1024"),
     ]:
         with pytest.raises(ValueError, match=match):
             check_belongs(got, {**tcfg, key: value}, len(tok))
+    # other ranks than the target's: accepted (the engines size the drafter from its own config)
+    check_belongs(got, {**tcfg, "kv_lora_rank": 64, "qk_rope_head_dim": 16}, len(tok))
     llama = {k: v for k, v in tcfg.items() if k not in ("kv_lora_rank", "q_lora_rank")}
     llama["architectures"] = ["LlamaForCausalLM"]
     with pytest.raises(ValueError, match=rf"{MLA_ARCH}.*\(LlamaForCausalLM\) has no kv_lora_rank"):
