@@ -187,6 +187,14 @@ def _head(cfg: dict, fmt: str, p: Path) -> str:
                 f"in SGLang's form: architectures [{mla.MLA_ARCH!r}], the transformer_layer_config"
                 " keys at the top level, no speculators_* keys (eagle3nb's MLA export)"
             )
+        if mt == "qwen3":  # vLLM builds Eagle3Qwen3ForCausalLM: q/k RMSNorm per head
+            raise ValueError(
+                f"{p}/config.json: a speculators folder with a Qwen3 layer (transformer_layer_config"
+                ".model_type='qwen3'): vLLM 0.32 serves it as Eagle3Qwen3ForCausalLM (transformers_"
+                "utils/configs/speculators/algos.py eagle3_arch_map), whose attention normalises q "
+                "and k per head; eagle3nb reads Llama and MLA heads only, so it cannot measure this "
+                "drafter as served; audit a Llama-layer drafter (model_type 'llama') instead"
+            )
         return "llama"
     if mla.MLA_ARCH in archs:
         return "mla"

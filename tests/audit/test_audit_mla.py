@@ -197,6 +197,11 @@ def test_a_speculators_mla_folder_is_refused_by_name(mla_export, tmp_path):
     shutil.copy2(mla_export[0] / "model.safetensors", folder / "model.safetensors")
     with pytest.raises(ValueError, match=r"transformer_layer_config.model_type='deepseek_v2'"):
         read_drafter_folder(folder, N, ARCH)
+    # a Qwen3 layer (vLLM's Eagle3Qwen3ForCausalLM, q/k norms) is refused by name too
+    qwen3 = {"model_type": "qwen3", "hidden_size": cfg["hidden_size"]}
+    (folder / "config.json").write_text(json.dumps({**spec, "transformer_layer_config": qwen3}))
+    with pytest.raises(ValueError, match=r"model_type='qwen3'.*Eagle3Qwen3ForCausalLM"):
+        read_drafter_folder(folder, N, ARCH)
 
 
 def _loss(drafter, model, batch, cfg) -> float:
