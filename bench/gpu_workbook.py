@@ -138,16 +138,10 @@ def stage_env(a) -> dict:
         )
         del x, y, m
         torch.cuda.empty_cache()
-    f = Path(a.work) / "disk_probe.bin"
-    buf = os.urandom(64 * 2**20)
-    t0 = time.perf_counter()
-    with open(f, "wb") as fh:
-        for _ in range(16):
-            fh.write(buf)
-        fh.flush()
-        os.fsync(fh.fileno())
-    secs = time.perf_counter() - t0
-    f.unlink()
+    from writer import disk_write_seconds  # bench/writer.py: the writer bench's disk baseline
+
+    Path(a.work).mkdir(parents=True, exist_ok=True)
+    secs = disk_write_seconds(Path(a.work), 1, 2**30)
     res["disk_write"] = {"path": str(Path(a.work)), "bytes": 2**30, "seconds": round(secs, 3),
         "bytes_per_s": round(2**30 / secs, 1), "how": "16 x 64 MiB random, fsync"}  # fmt: skip
     return res

@@ -33,8 +33,9 @@ from eagle3nb.manifest import atomic_write_json, git_commit  # noqa: E402
 from eagle3nb.target.capture import Captured  # noqa: E402
 
 
-def _disk(folder: Path, n_files: int, file_bytes: int) -> float:
-    """Seconds to write ``n_files`` files of ``file_bytes`` from a ready buffer, each fsynced."""
+def disk_write_seconds(folder: Path, n_files: int, file_bytes: int) -> float:
+    """Seconds to write ``n_files`` files of ``file_bytes`` from a ready random buffer of up to
+    64 MiB, each fsynced, then removed (also gpu_workbook.py's env stage's disk probe)."""
     buf = os.urandom(min(file_bytes, 64 << 20))
     t0 = time.perf_counter()
     for i in range(n_files):
@@ -99,7 +100,7 @@ def main() -> None:
         files = [ds / s["file"] for s in m["shards"]]
         nbytes = sum(f.stat().st_size for f in files)
         shutil.rmtree(ds)
-        d_s = _disk(folder, len(files), nbytes // len(files))
+        d_s = disk_write_seconds(folder, len(files), nbytes // len(files))
         runs.append({"writer_s": round(w_s, 3), "disk_s": round(d_s, 3), "bytes": nbytes})
         print(f"repeat {r}: writer {nbytes / w_s / 1e6:.0f} MB/s, disk {nbytes / d_s / 1e6:.0f} MB/s", flush=True)  # fmt: skip
     shutil.rmtree(folder, ignore_errors=True)

@@ -3,8 +3,8 @@
 The shard format is :mod:`eagle3nb.dataset.layout`'s. Shards are written to a temp file and
 renamed; the manifest (provenance, per-shard sha256) is rewritten after every shard, so an
 interrupted extraction loses nothing finished and a rerun skips finished shards. A shard is written
-(:mod:`eagle3nb.dataset.shard_file`: from tensor memory, hashed on the way) on a writer thread while
-the engine captures the next, so two shards are in memory at a time.
+(:mod:`eagle3nb.dataset.shard_file`) on a writer thread while the engine captures the next: up to
+``layout.WRITER_SHARDS_IN_MEMORY`` shards' worth is in memory at a time.
 """
 
 from __future__ import annotations

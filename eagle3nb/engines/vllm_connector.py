@@ -59,7 +59,7 @@ class _Done:
 
 class SyncHiddenStatesConnector(ExampleHiddenStatesConnector):
     """``ExampleHiddenStatesConnector`` with an in-memory hand-over or an atomic write; on CPU a
-    synchronous gather + clone, on CUDA the parent's pinned copy on a side stream."""
+    synchronous gather, on CUDA the parent's pinned copy on a side stream."""
 
     def _submit_async_write(self, pending: PendingSave) -> None:  # noqa: D401 (vLLM's hook name)
         if not self._is_tp_rank_zero:

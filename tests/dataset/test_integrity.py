@@ -1,6 +1,7 @@
 """Data integrity: kill -9 during extraction, disk full, corrupted bytes (see also test_dataset)."""
 
 import errno
+import hashlib
 import json
 import os
 import signal
@@ -122,3 +123,39 @@ def test_wrong_row_count_from_engine_is_an_error(tmp_path):
 
     with pytest.raises(RuntimeError, match="rows for sample"):
         write_dataset(tmp_path / "ds", SAMPLES, fake_engine_dropping_rows, MAN, shard_size=4)
+
+
+def test_engine_error_while_a_shard_is_written_keeps_that_shard(tmp_path, monkeypatch):
+    """The third capture fails while shard 1 is on the writer thread: shard 1 must still be
+    recorded in the manifest (it is complete on disk), and a rerun captures only shards 2..5."""
+    real, calls = dsmod.write_safetensors, []
+
+    def slow_write(tensors, path, metadata=None):  # the write still running when capture fails
+        time.sleep(0.3)
+        return real(tensors, path, metadata)
+
+    def fake_engine_failing_third(xs):
+        calls.append(len(calls))
+        if len(calls) == 3:
+            raise RuntimeError("engine died")
+        return fake_engine_capture(xs)
+
+    monkeypatch.setattr(dsmod, "write_safetensors", slow_write)
+    out = tmp_path / "ds"
+    with pytest.raises(RuntimeError, match="engine died"):
+        write_dataset(out, SAMPLES, fake_engine_failing_third, MAN, shard_size=2)
+    m = json.loads((out / "manifest.json").read_text())
+    assert [s["file"] for s in m["shards"]] == [
+        "shard-00000.safetensors",
+        "shard-00001.safetensors",
+    ]
+    for s in m["shards"]:
+        assert s["sha256"] == hashlib.sha256((out / s["file"]).read_bytes()).hexdigest()
+    again = []
+    write_dataset(out, SAMPLES, lambda xs: again.append(1) or fake_engine_capture(xs), MAN, 2)
+    assert len(again) == 4  # only shards 2..5 of 6
+    ds = AuxDataset(out)
+    ref = fake_engine_capture([s[1] for s in SAMPLES])
+    assert sorted(x["sample_id"] for x in ds) == list(range(12))
+    for x in ds:
+        assert torch.equal(x["aux"], ref[x["sample_id"]].aux)

@@ -1,6 +1,6 @@
 """eagle3nb.dataset.shard_file: the shard writer against safetensors' own serializer (the same
-bytes), its sha256 against hashlib over the file, all_finite against torch.isfinite, and 02a's
-writer thread: an engine error while a shard is being written keeps that shard."""
+bytes), its sha256 against hashlib over the file, all_finite against torch.isfinite. The writer
+thread's integrity is tested in test_integrity.py."""
 
 import hashlib
 import json
@@ -11,9 +11,6 @@ from safetensors.torch import load_file, save
 
 import eagle3nb.dataset.shard_file as sf
 from eagle3nb.dataset.layout import ST_DTYPES
-from eagle3nb.dataset.read import AuxDataset
-from eagle3nb.dataset.write import write_dataset
-from eagle3nb.target.capture import Captured
 
 
 def _tensors():
@@ -95,66 +92,3 @@ def test_all_finite_matches_isfinite(dtype):
         assert sf.all_finite(y) == bool(torch.isfinite(y).all()), name
     assert sf.all_finite(cases["finite, sum overflows"])  # a sum that overflowed is re-checked
     assert sf.all_finite(torch.arange(5))
-
-
-SAMPLES = [(i, list(range(1, 5 + i)), [0] + [1] * (3 + i)) for i in range(6)]
-MAN = {
-    "target": {"name": "fake"},
-    "engine": {"name": "fake-engine-for-tests"},
-    "convention": "hf",
-    "layer_ids": [1],
-    "aux_boundaries": [1],
-    "dtype": "float32",
-    "template": {"mode": "completion"},
-}
-
-
-def fake_engine_capture(xs):
-    """A fake engine (tests only): states are a function of the token ids."""
-    return [
-        Captured(
-            aux=torch.tensor(x, dtype=torch.float32)[:, None].repeat(1, 2),
-            final=-torch.tensor(x, dtype=torch.float32)[:, None].repeat(1, 2),
-        )
-        for x in xs
-    ]
-
-
-def test_engine_error_while_a_shard_is_written_keeps_that_shard(tmp_path, monkeypatch):
-    """The third capture fails while shard 1 is on the writer thread: shard 1 must still be
-    recorded in the manifest (it is complete on disk), and a rerun captures only shards 2..."""
-    import eagle3nb.dataset.write as dsmod
-
-    real, calls = dsmod.write_safetensors, []
-
-    def slow_write(tensors, path, metadata=None):  # the write still running when capture fails
-        import time
-
-        time.sleep(0.3)
-        return real(tensors, path, metadata)
-
-    def fake_engine_failing_third(xs):
-        calls.append(len(calls))
-        if len(calls) == 3:
-            raise RuntimeError("engine died")
-        return fake_engine_capture(xs)
-
-    monkeypatch.setattr(dsmod, "write_safetensors", slow_write)
-    out = tmp_path / "ds"
-    with pytest.raises(RuntimeError, match="engine died"):
-        write_dataset(out, SAMPLES, fake_engine_failing_third, MAN, shard_size=2)
-    m = json.loads((out / "manifest.json").read_text())
-    assert [s["file"] for s in m["shards"]] == [
-        "shard-00000.safetensors",
-        "shard-00001.safetensors",
-    ]
-    for s in m["shards"]:
-        assert s["sha256"] == hashlib.sha256((out / s["file"]).read_bytes()).hexdigest()
-    again = []
-    write_dataset(out, SAMPLES, lambda xs: again.append(1) or fake_engine_capture(xs), MAN, 2)
-    assert len(again) == 1  # only the third shard
-    ds = AuxDataset(out)
-    ref = fake_engine_capture([s[1] for s in SAMPLES])
-    assert sorted(x["sample_id"] for x in ds) == list(range(6))
-    for x in ds:
-        assert torch.equal(x["aux"], ref[x["sample_id"]].aux)

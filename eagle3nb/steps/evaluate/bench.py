@@ -5,7 +5,6 @@ and serves the drafters through it (:mod:`eagle3nb.steps.evaluate.served`)."""
 from __future__ import annotations
 
 import json
-import os
 import struct
 from pathlib import Path
 
@@ -58,11 +57,9 @@ def _free_bytes(device: str) -> int:
         import torch
 
         return int(torch.cuda.mem_get_info(torch.device(device))[0])
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    from eagle3nb.dataset.layout import available_memory_bytes
+
+    return available_memory_bytes()
 
 
 def _engine_reason(p, engine: str, path, cfg: dict, drafter_cfg: dict) -> str | None:

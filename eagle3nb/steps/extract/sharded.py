@@ -156,7 +156,7 @@ def disk_plan(
 
 def check_disk(plan: dict, int8_hint: bool = True, workers: int = 1) -> None:
     """Refuse to start an extraction that cannot fit on disk, or whose shards cannot fit in memory
-    (``int8_hint``: whether ``aux_storage: int8`` would apply, so the message may suggest it; ``workers``: writer processes).
+    (``int8_hint``: whether ``aux_storage: int8`` would apply; ``workers``: writer processes).
 
     Raises:
         OSError: the remaining shards and metadata need more than the free space; the message
