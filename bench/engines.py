@@ -37,7 +37,8 @@ sys.path.insert(0, str(REPO))
 import torch  # noqa: E402
 
 from eagle3nb.text import chat
-from eagle3nb.target import conventions, models
+from eagle3nb.boundaries import conventions
+from eagle3nb.target import models
 from eagle3nb.target.capture import HFCaptureEngine
 from eagle3nb.text.generation import generate_batch
 from eagle3nb.manifest import atomic_write_json

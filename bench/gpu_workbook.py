@@ -150,7 +150,8 @@ def stage_env(a) -> dict:
 def stage_boundaries(a) -> dict:
     from eagle3nb.engines.client import EngineClient
     from eagle3nb.target import models
-    from eagle3nb.target.alignment import alignment_matrix, reference_states, tolerance
+    from eagle3nb.boundaries.alignment import alignment_matrix, tolerance
+    from eagle3nb.target.capture import reference_states
 
     path = models.resolve_model("stories260K-hd32")
     probe = [1] + list(range(20, 60))  # 41 tokens
@@ -311,7 +312,7 @@ def stage_shape(a, name: str) -> dict:
     import gpu_engines
     from real_shape import SHAPES, llama31_8b_config, write_target
 
-    from eagle3nb.target import conventions
+    from eagle3nb.boundaries import conventions
 
     name, _, which = name.partition("/")
     which = which.split("+") if which else ["vllm", "serve", "hf"]

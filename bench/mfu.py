@@ -244,7 +244,7 @@ def train_bench(args) -> dict:
     target = None
     if args.mode == "online":
         from eagle3nb.target.capture import capture_boundaries
-        from eagle3nb.target.conventions import aux_ids_and_boundaries
+        from eagle3nb.boundaries.conventions import aux_ids_and_boundaries
 
         target = build_target()
         L = LLAMA_31_8B["num_hidden_layers"]

@@ -2,17 +2,22 @@
 
 Package map (one line per subpackage and module; tests/test_layout.py checks it is complete):
 
-target/             the target model: model folders, layer-id conventions, HF capture, alignment
-    models          find (explicit path, $EAGLE3NB_MODEL_PATH, ../shared/models), load, hash
+boundaries/         the ground floor: boundary b and each engine's layer ids (imports no other folder)
     conventions     each engine's and trainer's layer ids <-> physical boundaries
-    engine_rules    the id rule per (engine, engine version, architecture class), refusals
-    engine_rules_vllm  vLLM 0.26.0's rows of that table, with the source lines they were read at
+    rules           the id rule per (engine, engine version, architecture class), refusals
+    vllm_0_26_0     vLLM 0.26.0's rows of that table, with the source lines they were read at
     cpu_limits      classes and configs each engine version is measured not to run on CPU
+    export_ids      the ids written per engine: its rule for the target class, or its convention
+    engine_read     read an exported config as each serving engine does; what it ignores
+    flavours        which engine version reads which variant flag (EAGLE-3.1 flavours)
+    alignment       which boundary an engine really captured, measured against HF
+target/             the target model: model folders, HF capture, twins, quantized copies
+    models          find (explicit path, $EAGLE3NB_MODEL_PATH, ../shared/models), load, hash
     twin            a tiny random-weight twin of a target, from its config.json; slots named on it
     moe_copy        a dense Llama re-expressed as a Mixtral MoE of the same function (no download)
-    capture         residual stream at boundaries behind one CaptureEngine interface (HF)
+    capture         residual stream at boundaries behind one CaptureEngine interface (HF);
+                    the HF reference at every boundary
     head            the target's embedding, final norm and lm_head alone, read by tensor name
-    alignment       which boundary an engine really captured, measured against HF
     quantize        quantized variants (compressed-tensors w8a8, w4a16) written from the local model
 text/               the text side: prompts, chat samples and loss masks, the target's continuations
     prompts         prompt files and the deterministic train / held-out split
@@ -47,9 +52,6 @@ drafter/            the EAGLE-3 draft model and what is done with it
                     SGLang kimi_k25_eagle3)
     vocab           draft vocabulary: d2t offsets and the t2d mask from token counts
     export          export for SGLang and vLLM, load back (refusing broken folders)
-    export_ids      the ids written per engine: its rule for the target class, or its convention
-    engine_read     read an exported config as each serving engine does; what it ignores
-    flavours        which engine version reads which variant flag (EAGLE-3.1 flavours)
     acceptance      greedy chain speculative decoding with the real target (the simulator)
     ksweep          tau and acceptance for every k' <= k from drafts at every position (exact)
     shared_eval     04's simulator: one target forward per prompt shared by every drafter

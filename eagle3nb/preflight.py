@@ -34,7 +34,8 @@ def check_against_model(p: RunParams) -> dict:
             another target or other boundaries (:func:`eagle3nb.steps.train.step.adoption_for`).
         FileNotFoundError: also when a step uses vLLM and ``vllm_python`` does not exist.
     """
-    from eagle3nb.target import conventions, models
+    from eagle3nb.boundaries import conventions
+    from eagle3nb.target import models
 
     path = models.resolve_model(p.model)
     cfg = models.text_config(models.check_model_folder(path))  # wrappers: their text model's
@@ -115,7 +116,7 @@ def check_engine_rules(
     p: RunParams, arch: str, n: int, boundaries: list[int], cfg: dict | None = None
 ) -> dict:
     """Each engine the run captures with or serves a drafter through, checked against its layer-id
-    rule for the target's class (:func:`eagle3nb.target.engine_rules.engine_rule`): SGLang when
+    rule for the target's class (:func:`eagle3nb.boundaries.rules.engine_rule`): SGLang when
     ``extract_engine: sglang`` (02b), vLLM when ``vllm_extract`` (02a) or ``eval_engines`` names it (04; ``[auto]`` skips an engine
     that cannot serve, it never refuses). The
     engine's version is read from its installed package, never assumed.
@@ -132,17 +133,17 @@ def check_engine_rules(
             maps to other boundaries (SGLang 0.5.23 DeepSeek/Kimi with a first boundary other
             than 2).
             Also, on ``device: cpu``, a class the engine is measured not to run there
-            (:data:`eagle3nb.target.engine_rules.CPU_LIMITS`: e.g. SGLang's DeepSeek MLA, silently
+            (:data:`eagle3nb.boundaries.rules.CPU_LIMITS`: e.g. SGLang's DeepSeek MLA, silently
             wrong), or a config it is measured not to run there (``cfg``, the text config:
-            :data:`~eagle3nb.target.engine_rules.CPU_CONFIG_LIMITS`, e.g. vLLM MLA without a
+            :data:`~eagle3nb.boundaries.rules.CPU_CONFIG_LIMITS`, e.g. vLLM MLA without a
             576-wide latent head or YaRN).
         RuntimeError: the engine is not installed for its python.
     """
     from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
     from eagle3nb.engines.versions import installed_engine_version
     from eagle3nb.engines.vllm_helpers import vllm_python
-    from eagle3nb.target.conventions import get_convention
-    from eagle3nb.target.engine_rules import cpu_config_limit, engine_rule
+    from eagle3nb.boundaries.conventions import get_convention
+    from eagle3nb.boundaries.rules import cpu_config_limit, engine_rule
 
     uses = []
     if p.extract_engine == "sglang":
@@ -186,7 +187,7 @@ def check_engine_rules(
             )
         for use in kinds if on_cpu else []:
             if use == "serve" and getattr(p, "drafter_head", "llama") == "mla":
-                use = "serve_mla"  # an MLA drafter: its own CPU limits (target/cpu_limits.py)
+                use = "serve_mla"  # an MLA drafter: its own CPU limits (boundaries/cpu_limits.py)
             why = cpu_config_limit(engine, version, arch, cfg or {}, use)
             if why:
                 raise ValueError(

@@ -1,6 +1,6 @@
 """Every class x engine combination that does not capture on this CPU is refused by preflight
 before any notebook, with a message naming the class, the engine and its installed version, why,
-and what to do (eagle3nb.target.engine_rules CPU_LIMITS and CPU_CONFIG_LIMITS); the configs the
+and what to do (eagle3nb.boundaries.rules CPU_LIMITS and CPU_CONFIG_LIMITS); the configs the
 engine does run pass (vLLM DeepSeek with a 576-wide MLA latent head and YaRN)."""
 
 import json
@@ -12,7 +12,7 @@ import pytest
 from eagle3nb.params import RunParams
 from testkit import requires_engine
 from eagle3nb.preflight import check_against_model
-from eagle3nb.target.engine_rules import CPU_CONFIG_LIMITS, CPU_LIMITS, RULES
+from eagle3nb.boundaries.rules import CPU_CONFIG_LIMITS, CPU_LIMITS, RULES
 
 sys.path.insert(0, str(Path(__file__).parent / "target"))
 from tiny_archs import tiny_config  # noqa: E402

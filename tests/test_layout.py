@@ -5,6 +5,7 @@ module level or inside functions; imports under ``if TYPE_CHECKING:`` count for 
 rules but not as cycles, since they never run):
 
 - no import cycle between modules (the failure names the cycle, file:line per edge);
+- boundaries/ (boundary b, engine ids, engine rules) imports no other eagle3nb module;
 - the libraries (target/, text/, dataset/, training/, drafter/, viz/) never import
   ``eagle3nb.params``, ``eagle3nb.steps`` or ``eagle3nb.engines``: those sit above them;
 - the engine side of engines/ (worker, the backends, the vLLM connector), which runs in the engine's
@@ -61,7 +62,7 @@ LONG_MODULES: dict[str, str] = {
     "eagle3nb/drafter/model.py": "the drafter in one readable file, every flavour of its head",
     "eagle3nb/training/loop.py": "one training loop, start to end, resume and init included",
     "eagle3nb/steps/train/step.py": "03's one step: checks, loop, export, card",
-    "eagle3nb/drafter/engine_read.py": "every id key and flag either engine reads, in one place",
+    "eagle3nb/boundaries/engine_read.py": "every id key and flag either engine reads, in one place",
     "eagle3nb/drafter/export.py": "export and load back of every head (Llama, MLA) and flavour",
     "eagle3nb/params/schema.py": "every run parameter once: default, range, help, notebooks",
     "eagle3nb/engines/vllm_backend.py": "the vLLM backend: its three engines and their checks",
@@ -282,6 +283,24 @@ def test_libraries_do_not_import_params_steps_or_engines():
         _fail(
             f"{', '.join(d + '/' for d in LIBRARIES)} are libraries below "
             f"{', '.join(ABOVE_LIBRARIES)}; pass what they need as arguments instead:\n"
+            + "\n".join(bad)
+        )
+
+
+def test_boundaries_is_the_ground_floor():
+    """boundaries/ (boundary b, each engine's ids and rules) imports no other eagle3nb folder, so
+    every layer above can read it and it can never read back a decision made above it."""
+    bad = [
+        f"  {e.where()}: {m} imports {e.target}"
+        for m, imps in IMPORTS.items()
+        if m == f"{PKG}.boundaries" or m.startswith(f"{PKG}.boundaries.")
+        for e in imps
+        if e.internal
+        and not (e.target == f"{PKG}.boundaries" or e.target.startswith(f"{PKG}.boundaries."))
+    ]
+    if bad:
+        _fail(
+            "boundaries/ is the ground floor: it imports no other eagle3nb module:\n"
             + "\n".join(bad)
         )
 

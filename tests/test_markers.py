@@ -19,7 +19,7 @@ _INIT = client.EngineClient.__init__
 TESTS = Path(__file__).parent
 # a skip written by hand for an engine venv: skipif(...)/skip(...) whose text names a venv or the
 # engine pythons (testkit.engine_skip_reason is the one wording; vLLM 0.26.0's sdist sources,
-# not a venv, keep their own skip in tests/target/test_engine_rules.py)
+# not a venv, keep their own skip in tests/boundaries/test_rules.py)
 OWN_SKIP = re.compile(
     r"(?:skipif|\.skip)\((?:[^()]|\([^()]*\))*?(?:venv|ENGINE_PYTHONS|isfile\(PY)", re.S
 )

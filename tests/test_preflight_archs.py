@@ -97,7 +97,7 @@ def test_kimi_k2_folder_loads_as_deepseek_v3(tmp_path):
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
 
 
-# --- each engine's rule for the target's class (eagle3nb.target.engine_rules), before any notebook
+# --- each engine's rule for the target's class (eagle3nb.boundaries.rules), before any notebook
 
 
 def _cfg(arch: str, **over) -> dict:
@@ -221,6 +221,6 @@ def test_classes_an_engine_does_not_run_on_cpu_are_refused_there(tmp_path, arch,
     with pytest.raises(ValueError, match=msg):
         check_against_model(_params(m, convention="vllm", device="cpu", **kw))
     if arch == "DeepseekV3ForCausalLM" and "extract_engine" in kw:  # the rule alone is fine
-        from eagle3nb.target.engine_rules import engine_rule
+        from eagle3nb.boundaries.rules import engine_rule
 
         assert engine_rule("sglang", "0.5.23", arch).boundaries_to_ids([2, 3], 7) == [2, 3]

@@ -1,5 +1,5 @@
 """The audit's reading of a drafter's EAGLE-3.1 flavour: which flavour its config names (the same
-to every engine eagle3nb reads, :data:`eagle3nb.drafter.flavours.FLAG_READS`), and tau of the same
+to every engine eagle3nb reads, :data:`eagle3nb.boundaries.flavours.FLAG_READS`), and tau of the same
 weights read as the other flavour (``fc_norm`` <-> ``norm_before_fc``), the mix-up of the two
 "3.1"s measured like the layer offset."""
 

@@ -44,10 +44,10 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from eagle3nb.drafter import mla
-from eagle3nb.drafter.engine_read import check_config_flags
+from eagle3nb.boundaries.engine_read import check_config_flags
 from eagle3nb.drafter.export import ARCH
 from eagle3nb.drafter.model import DrafterConfig
-from eagle3nb.target.engine_rules import engine_rule, known_versions
+from eagle3nb.boundaries.rules import engine_rule, known_versions
 
 __all__ = ["FORMATS", "DrafterFolder", "read_drafter_folder", "check_belongs", "loadable_copy"]
 
@@ -121,7 +121,7 @@ def read_drafter_folder(
     The declared boundaries: ``eagle3nb.aux_boundaries`` (eagle3nb), the top-level ids read as vLLM
     ids (vllm, speculators: vLLM's reader, ``gpu_model_runner.py`` ``_get_eagle3_aux_layers_from_
     config``), the nested ids read as SGLang ids by the newest SGLang rule the table holds for
-    ``arch`` (:mod:`eagle3nb.target.engine_rules`; e.g. DeepSeek-V3 ``first_id_1``), or, without
+    ``arch`` (:mod:`eagle3nb.boundaries.rules`; e.g. DeepSeek-V3 ``first_id_1``), or, without
     ``arch`` or a rule for it, as on Llama (boundary = id + 1, SGLang ``llama.py:929-941``); None
     for ``none``. ``head``: ``mla`` when ``architectures`` names
     :data:`eagle3nb.drafter.mla.MLA_ARCH`.
@@ -252,7 +252,7 @@ def check_belongs(folder: DrafterFolder, target_cfg: dict, tokenizer_size: int) 
             a tokenizer with more tokens than the drafter's vocabulary; ``draft_vocab_size`` above
             ``vocab_size``; ``d2t`` mapping to target ids outside the target's vocabulary;
             ``eagle3nb.target_num_hidden_layers`` unlike the target's layer count; a flag eagle3nb
-            does not implement (:func:`eagle3nb.drafter.engine_read.check_config_flags`). An MLA
+            does not implement (:func:`eagle3nb.boundaries.engine_read.check_config_flags`). An MLA
             drafter (``folder.head == "mla"``) also: a target without ``kv_lora_rank``; an MLA
             key missing (``q_lora_rank``, ``kv_lora_rank``, ``qk_nope_head_dim``,
             ``qk_rope_head_dim``, ``v_head_dim``); what

@@ -13,13 +13,13 @@ import itertools
 from math import comb
 from typing import Callable, Sequence
 
-from eagle3nb.drafter.engine_read import read_as_engine
+from eagle3nb.boundaries.engine_read import read_as_engine
 import torch
 
 from eagle3nb.drafter.acceptance import AcceptanceStats
 from eagle3nb.drafter.shared_eval import accepted_memo, greedy_states, walk
 from eagle3nb.target.models import as_stop_list
-from eagle3nb.target.engine_rules import engine_rule, known_versions
+from eagle3nb.boundaries.rules import engine_rule, known_versions
 
 __all__ = ["ENGINES", "engine_readings", "candidate_sets", "measure_candidates", "verdict"]
 
@@ -28,8 +28,8 @@ ENGINES = ("sglang", "vllm")
 
 def engine_readings(cfg: dict, n_layers: int, arch: str, versions: dict) -> dict:
     """Per engine: the boundaries its version's rule for the target class ``arch`` makes it feed
-    the drafter whose config.json is ``cfg`` (:func:`eagle3nb.drafter.engine_read.read_as_engine`
-    with :func:`eagle3nb.target.engine_rules.engine_rule`).
+    the drafter whose config.json is ``cfg`` (:func:`eagle3nb.boundaries.engine_read.read_as_engine`
+    with :func:`eagle3nb.boundaries.rules.engine_rule`).
 
     Args:
         versions: ``{engine: installed version or None}`` (None: not installed; the newest version

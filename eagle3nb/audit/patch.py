@@ -9,9 +9,9 @@ import shutil
 from pathlib import Path
 
 from eagle3nb.drafter.card import serve_commands
-from eagle3nb.drafter.engine_read import read_as_engine
-from eagle3nb.drafter.export_ids import engine_ids
-from eagle3nb.target.engine_rules import engine_rule
+from eagle3nb.boundaries.engine_read import read_as_engine
+from eagle3nb.boundaries.export_ids import engine_ids
+from eagle3nb.boundaries.rules import engine_rule
 
 __all__ = ["write_patched"]
 
@@ -28,13 +28,13 @@ def write_patched(
     """Copy ``loadable`` (the drafter in eagle3nb's form, :func:`eagle3nb.audit.formats.loadable_copy`)
     to ``out_dir`` with each engine's ids for ``boundaries``: SGLang's in
     ``eagle_config.eagle_aux_hidden_state_layer_ids``, vLLM's at the top level, each by its
-    version's rule for ``arch`` (:func:`eagle3nb.drafter.export_ids.engine_ids`; versions from
+    version's rule for ``arch`` (:func:`eagle3nb.boundaries.export_ids.engine_ids`; versions from
     ``readings``, :func:`eagle3nb.audit.measure.engine_readings`). The ``eagle3nb`` block records
     the boundaries and ``audit_record``.
 
     Returns:
         ``{engine: {"ids", "reads", "ok"}}`` (``reads``: the written file read back as that engine
-        reads it, :func:`eagle3nb.drafter.engine_read.read_as_engine`), or ``{"refused": why}`` for
+        reads it, :func:`eagle3nb.boundaries.engine_read.read_as_engine`), or ``{"refused": why}`` for
         an engine whose rule cannot feed ``boundaries`` (its key is then removed, so it is not
         served silently wrong).
 

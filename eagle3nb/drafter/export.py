@@ -10,12 +10,12 @@ Config keys (``../shared/reference/conventions.md`` section 2):
   before counting the nested ids: vLLM ``llama_eagle3.py:210-216``, SGLang ``157-161``),
   ``tie_word_embeddings: false`` when the vocab is reduced, ``norm_before_residual``, and the
   variants ``norm_before_fc`` / ``fc_norm`` / ``norm_output`` at the top level, each written true or
-  false (every reader finds them there, :mod:`eagle3nb.drafter.engine_read`; the EAGLE-3.1 flavour
+  false (every reader finds them there, :mod:`eagle3nb.boundaries.engine_read`; the EAGLE-3.1 flavour
   is then unambiguous to each: ``fc_norm`` for the EAGLE authors'/SGLang's, ``norm_before_fc`` for
   speculators'), its name under ``eagle3nb.flavour`` (:func:`eagle3nb.drafter.model.flavour_of`).
   An engine version that does not read a flag the drafter sets (or whose reading is not in
-  :data:`eagle3nb.drafter.flavours.FLAG_READS`) is refused by name as below.
-- per engine, ids from that engine's rule for the target's class (:mod:`eagle3nb.target.engine_rules`;
+  :data:`eagle3nb.boundaries.flavours.FLAG_READS`) is refused by name as below.
+- per engine, ids from that engine's rule for the target's class (:mod:`eagle3nb.boundaries.rules`;
   without a class, the generic convention). An engine that cannot capture the served boundaries
   (SGLang on Llama-like classes for boundary N: its final norm captures nothing) is refused by name:
   its ids are left out, the reason is written to ``eagle3nb.refused_engines``, and the export for
@@ -29,7 +29,7 @@ Config keys (``../shared/reference/conventions.md`` section 2):
   with an explicit ``speculative_config`` it ignores them (the draft config is still parsed as
   ``model_type: llama``), and SGLang never reads them (tested: ``tests/engines``).
 Ids per engine follow that engine version's rule for the target's class
-(:func:`eagle3nb.target.engine_rules.engine_rule`: e.g. SGLang 0.5.23 gpt-oss reads ids that include
+(:func:`eagle3nb.boundaries.rules.engine_rule`: e.g. SGLang 0.5.23 gpt-oss reads ids that include
 N unshifted), recorded with version, rule and source under ``eagle3nb.engine_ids``; a class the
 table lacks, or refuses for that engine, gets the engine's plain convention (recorded as such).
 
@@ -55,11 +55,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle3nb.target.conventions import check_boundaries
-from eagle3nb.target.engine_rules import known_versions
-from eagle3nb.drafter.export_ids import engine_ids
-from eagle3nb.drafter.engine_read import check_config_flags, trainer_flags
-from eagle3nb.drafter.flavours import flag_refusals
+from eagle3nb.boundaries.conventions import check_boundaries
+from eagle3nb.boundaries.rules import known_versions
+from eagle3nb.boundaries.export_ids import engine_ids
+from eagle3nb.boundaries.engine_read import check_config_flags, trainer_flags
+from eagle3nb.boundaries.flavours import flag_refusals
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter, flavour_of
 from eagle3nb.drafter import mla
 from eagle3nb.manifest import atomic_write_json, publish_permissions
@@ -333,7 +333,7 @@ def load_drafter(
             target_hidden_size, lm_head rows vs draft_vocab_size), ``d2t``/``t2d`` are not
             consistent offsets (absolute ids, targets out of range), or config.json sets a flag
             this drafter does not implement or a key it does not know
-            (:func:`eagle3nb.drafter.engine_read.check_config_flags`: the key and file named);
+            (:func:`eagle3nb.boundaries.engine_read.check_config_flags`: the key and file named);
             the message names the folder.
     """
     path = Path(path)

@@ -13,7 +13,7 @@ from typing import Callable, Optional, Sequence
 import torch
 
 from eagle3nb.target.capture import Captured
-from eagle3nb.target.conventions import check_boundaries, get_convention
+from eagle3nb.boundaries.conventions import check_boundaries, get_convention
 
 __all__ = ["EngineCaptureEngine"]
 
@@ -31,7 +31,7 @@ class EngineCaptureEngine:
             must return ``final``.
 
     Raises:
-        ValueError: the engine's convention is unknown to :mod:`eagle3nb.target.conventions`.
+        ValueError: the engine's convention is unknown to :mod:`eagle3nb.boundaries.conventions`.
     """
 
     def __init__(

@@ -8,7 +8,7 @@ version capture it at the run's ids (in the running engine worker, ``capture_mod
 process), computes the HF reference of the twin at every boundary 0..n, and names every captured
 slot by the boundary it equals (adjacent boundaries of such twins differ by ~0.45 relative or more;
 the separation is measured and recorded). The measured id -> boundary map is then compared with
-:mod:`eagle3nb.target.engine_rules`; a disagreement is the verdict ``disagrees``.
+:mod:`eagle3nb.boundaries.rules`; a disagreement is the verdict ``disagrees``.
 
 Imported on the notebook's side (it needs transformers and the rest of ``eagle3nb``).
 """
@@ -22,13 +22,9 @@ from typing import Callable, Sequence
 
 from eagle3nb.engines import twin_cache
 from eagle3nb.target import models
-from eagle3nb.target.alignment import (
-    tolerance,
-    alignment_matrix,
-    boundary_separation,
-    reference_states,
-)
-from eagle3nb.target.engine_rules import engine_rule
+from eagle3nb.boundaries.alignment import tolerance, alignment_matrix, boundary_separation
+from eagle3nb.target.capture import reference_states
+from eagle3nb.boundaries.rules import engine_rule
 from eagle3nb.target.twin import build_twin, name_slots, probe_samples, twin_ids, twin_layers
 
 __all__ = ["twin_proof", "ENGINE_TOLERANCE", "TWIN_ENGINE_OPTIONS", "MIN_SEPARATION_FACTOR"]
@@ -65,7 +61,7 @@ def twin_proof(
         engine, version: what the engine reported about itself (keys the table).
         engine_ids: the ids the run gives this engine (its own ids, in its own convention).
         dtype: the engine's dtype, and ``device`` where it ran (they set the tolerance,
-            :func:`eagle3nb.target.alignment.tolerance`: TF32 kernels on CUDA).
+            :func:`eagle3nb.boundaries.alignment.tolerance`: TF32 kernels on CUDA).
         twin_dir: where the twin folder is built (reused when already built for this config).
         cache: folder of cached measurements (:mod:`eagle3nb.engines.twin_cache`); None measures
             without reading or writing one. A cached measurement under the same key

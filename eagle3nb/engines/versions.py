@@ -1,5 +1,5 @@
 """The version of each engine installed for a python, read without starting the engine (preflight
-keys each engine's layer-id rule by it: eagle3nb.target.engine_rules)."""
+keys each engine's layer-id rule by it: eagle3nb.boundaries.rules)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ default 1), ``enforce_eager`` (default True: no graph capture, quick start), ``l
 further ``vllm.LLM`` keyword, e.g. ``{"tensor_parallel_size": 2}`` on a GPU box),
 ``max_num_seqs``. An MLA target (``kv_lora_rank``, ``config/model.py:2050-2063``) on CPU gets
 ``attention_backend: CPU_MLA`` unless ``llm_kwargs`` names one (so does an MLA drafter): vLLM's
-pick, AMX_MLA (``platforms/cpu.py:151-164``), takes no float32 (:mod:`eagle3nb.target.cpu_limits`).
+pick, AMX_MLA (``platforms/cpu.py:151-164``), takes no float32 (:mod:`eagle3nb.boundaries.cpu_limits`).
 """
 
 from __future__ import annotations

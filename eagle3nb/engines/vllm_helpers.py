@@ -69,7 +69,7 @@ def check_vllm_params(p, model_cfg: dict) -> None:
     text = model_cfg.get("text_config") or model_cfg
     backend = (p.vllm_options.get("llm_kwargs") or {}).get("attention_backend")
     if p.device == "cpu" and text.get("kv_lora_rank") is not None and p.dtype == "float32":
-        if str(backend).upper() == "AMX_MLA":  # measured: eagle3nb.target.cpu_limits
+        if str(backend).upper() == "AMX_MLA":  # measured: eagle3nb.boundaries.cpu_limits
             raise ValueError(
                 f"vllm_options.llm_kwargs.attention_backend={backend!r} with dtype=float32 on model="
                 f"{p.model!r} (MLA): AMX_MLA takes no float32 weights ('expect weight to be "

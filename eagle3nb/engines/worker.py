@@ -34,7 +34,7 @@ Backend contract (every module in :data:`REGISTRY` defines ``Backend`` with thes
 
 - ``Backend(model_path: str, dtype: str, options: dict)``
 - ``info() -> dict``: ``engine_name`` (e.g. ``"vllm"``), ``engine_version``, ``torch_version``,
-  ``convention`` (name in :data:`eagle3nb.target.conventions.CONVENTIONS` of the ids ``capture`` takes).
+  ``convention`` (name in :data:`eagle3nb.boundaries.conventions.CONVENTIONS` of the ids ``capture`` takes).
 - ``generate(prompts: list[list[int]], max_new_tokens, stop_token_ids, temperature, top_p, seed)
   -> list[list[int]]``: new ids per prompt, cut after the first stop id (kept).
 - ``capture(samples: list[list[int]], layer_ids: list[int]) -> list[dict]``: per sample ``aux``
@@ -126,7 +126,7 @@ def check_aux_width(sample: int, width: int, layer_ids, hidden_size: int, engine
             f"sample {sample}: {engine} returned aux states {width} wide for layer ids "
             f"{list(layer_ids)}, not {len(layer_ids)} x hidden_size {hidden_size} = {want}: it "
             "captured another number of states than asked (check the ids against its rule, "
-            "eagle3nb.target.engine_rules)"
+            "eagle3nb.boundaries.rules)"
         )
 
 

@@ -304,7 +304,7 @@ class RunParams(InputFields):
     @field_validator("convention")
     @classmethod
     def _known_convention(cls, v):
-        from eagle3nb.target.conventions import CONVENTIONS
+        from eagle3nb.boundaries.conventions import CONVENTIONS
 
         if v not in CONVENTIONS:
             raise ValueError(f"convention={v!r} is unknown; use one of {sorted(CONVENTIONS)}")

@@ -16,7 +16,7 @@ from typing import Protocol, Sequence
 import torch
 
 from eagle3nb.padding import pad_right
-from eagle3nb.target.conventions import Convention, check_boundaries, get_convention
+from eagle3nb.boundaries.conventions import Convention, check_boundaries, get_convention
 
 __all__ = [
     "capture_boundaries",
@@ -259,3 +259,12 @@ class HFCaptureEngine:
                 aux = torch.cat([states[b][i, :L] for b in bnds], dim=-1).cpu()  # [L, n_aux*H]
                 out.append(Captured(aux=aux, final=states[n][i, :L].cpu()))  # final: [L, H]
         return out
+
+
+def reference_states(model, input_ids: Sequence[int]) -> dict[int, torch.Tensor]:
+    """HF reference ``{b: [T, H] float32}`` for every boundary 0..N of one sample."""
+    n = n_layers_of(model)  # the text model's layers (wrappers too)
+    st = capture_boundaries(
+        model, torch.tensor([list(input_ids)], device=next(model.parameters()).device), range(n + 1)
+    )
+    return {b: t[0].float().cpu() for b, t in st.items()}

@@ -132,7 +132,7 @@ def twin_layers(n_target: int) -> int:
 
 def twin_ids(ids: Sequence[int], n_target: int, n_twin: int) -> list[int]:
     """The run's engine ids, as asked of the twin: unchanged when both have the same layer count;
-    otherwise 0, 1, N-1 and N (what every rule in :mod:`eagle3nb.target.engine_rules` depends on:
+    otherwise 0, 1, N-1 and N (what every rule in :mod:`eagle3nb.boundaries.rules` depends on:
     a first id of 1, an id N, id 0) map to 0, 1, n-1, n, and the ids between keep their order on
     2..n-2 (spread in proportion).
 
@@ -250,7 +250,7 @@ def name_slots(err, boundaries: Sequence[int], tol: float) -> list[dict]:
 
     Args:
         err: ``[n_slots, len(boundaries)]`` relative errors
-            (:func:`eagle3nb.target.alignment.alignment_matrix`, summed over the probe samples).
+            (:func:`eagle3nb.boundaries.alignment.alignment_matrix`, summed over the probe samples).
         tol: relative error under which a slot *is* a boundary.
 
     Returns:

@@ -18,9 +18,9 @@ from eagle3nb.audit.core import heldout_prompt_ids, run_audit
 from eagle3nb.audit.formats import check_belongs, loadable_copy, read_drafter_folder
 from eagle3nb.audit.measure import verdict
 from eagle3nb.drafter.acceptance import draft_chain
-from eagle3nb.drafter.engine_read import read_as_engine
+from eagle3nb.boundaries.engine_read import read_as_engine
 from eagle3nb.drafter.export import load_drafter
-from eagle3nb.target.engine_rules import engine_rule
+from eagle3nb.boundaries.rules import engine_rule
 from eagle3nb.viz.audit_plots import audit_figure
 
 N, ARCH = 5, "LlamaForCausalLM"

@@ -150,7 +150,7 @@ def test_ids_follow_each_engines_rule_for_the_target_class(
 ):
     """Ids in config.json are what engine_rules says each engine reads as the trained boundaries
     (a 6-layer target), and the engine readers read them back as those boundaries."""
-    from eagle3nb.drafter.engine_read import engine_report
+    from eagle3nb.boundaries.engine_read import engine_report
 
     model, _, _ = target
     man = {"target": {"path": "/t", "architecture": arch}}

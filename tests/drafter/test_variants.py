@@ -12,9 +12,9 @@ from testkit import engine_file_lines, requires_engine
 
 from eagle3nb.drafter.acceptance import draft_chain
 from eagle3nb.drafter.card import serve_commands_markdown
-from eagle3nb.drafter.engine_read import UNIMPLEMENTED_FLAGS, engine_report
+from eagle3nb.boundaries.engine_read import UNIMPLEMENTED_FLAGS, engine_report
 from eagle3nb.drafter.export import export_drafter, load_drafter
-from eagle3nb.drafter.flavours import FLAG_READS, flag_refusals
+from eagle3nb.boundaries.flavours import FLAG_READS, flag_refusals
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter, flavour_of, swap_norm_flavour
 from eagle3nb.drafter.vocab import build_draft_vocab
 from eagle3nb.target.capture import final_norm_of
@@ -362,7 +362,7 @@ def test_boundary_n_exports_for_vllm_with_sglang_refused_by_name(target, tmp_pat
 def test_boundary_n_for_a_class_whose_sglang_rule_captures_it(target, tmp_path):
     """gpt-oss in SGLang 0.5.23 (rule unless_n, gpt_oss.py:1337-1352, 722-739) captures N: both
     engines get ids, each read back by its own rule as the trained boundaries."""
-    from eagle3nb.target.engine_rules import engine_rule
+    from eagle3nb.boundaries.rules import engine_rule
 
     model, _, _ = target
     man = {"target": {"architecture": "GptOssForCausalLM"}}

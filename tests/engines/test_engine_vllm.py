@@ -19,7 +19,8 @@ from eagle3nb.steps.generate.step import generate_step
 from eagle3nb.text.generation import read_jsonl
 from eagle3nb.steps.train.step import train_step
 from eagle3nb.drafter.acceptance import evaluate_acceptance, greedy_generate
-from eagle3nb.target.alignment import alignment_matrix, reference_states
+from eagle3nb.boundaries.alignment import alignment_matrix
+from eagle3nb.target.capture import reference_states
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
 from eagle3nb.engines.pool import open_engine
 from eagle3nb.drafter.export import load_drafter

@@ -15,7 +15,7 @@ from eagle3nb.params import RunParams
 from eagle3nb.rundir import RunDir, read_metrics
 from eagle3nb.steps.extract.twin_gate import run_twin_check
 from eagle3nb.target import models
-from eagle3nb.target.alignment import reference_states
+from eagle3nb.target.capture import reference_states
 from eagle3nb.target.capture import HFCaptureEngine
 from eagle3nb.target.twin import build_twin, twin_ids
 

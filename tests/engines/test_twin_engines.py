@@ -27,8 +27,8 @@ from eagle3nb.engines.pool import open_engine
 from eagle3nb.engines.sglang_helpers import start_sglang
 from eagle3nb.engines.twin_check import ENGINE_TOLERANCE, TWIN_ENGINE_OPTIONS, twin_proof
 from eagle3nb.target import models
-from eagle3nb.target.alignment import reference_states
-from eagle3nb.target.engine_rules import engine_rule
+from eagle3nb.target.capture import reference_states
+from eagle3nb.boundaries.rules import engine_rule
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "target"))
 from test_twin import YARN, _full  # noqa: E402

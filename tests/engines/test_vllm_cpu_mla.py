@@ -7,7 +7,7 @@ AMX_MLA, refuses float32 weights: ``v1/attention/backends/mla/amx_mla.py:303``),
   runs (``capture_model``) names the same boundaries;
 - plain greedy generation equals HF's greedy tokens;
 - serving an EAGLE-3 drafter still fails at engine build with the error preflight's refusal quotes
-  (``eagle3nb.target.cpu_limits``): when a vLLM release fixes it, this test fails and the refusal
+  (``eagle3nb.boundaries.cpu_limits``): when a vLLM release fixes it, this test fails and the refusal
   is to be lifted;
 - a user asking AMX_MLA in float32 (``vllm_options.llm_kwargs``) is refused before any work.
 
@@ -33,9 +33,9 @@ from testkit import requires_engine
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient, EngineError
 from eagle3nb.engines.twin_check import TWIN_ENGINE_OPTIONS, twin_proof
 from eagle3nb.target import models
-from eagle3nb.target.alignment import reference_states
-from eagle3nb.target.cpu_limits import cpu_limit
-from eagle3nb.target.engine_rules import engine_rule
+from eagle3nb.target.capture import reference_states
+from eagle3nb.boundaries.cpu_limits import cpu_limit
+from eagle3nb.boundaries.rules import engine_rule
 
 VLLM_PY = DEFAULT_ENGINE_PYTHONS["vllm"]
 needs_vllm = requires_engine("vllm")

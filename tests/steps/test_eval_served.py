@@ -9,7 +9,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from testkit import requires_engine
-from eagle3nb.drafter.engine_read import read_as_engine
+from eagle3nb.boundaries.engine_read import read_as_engine
 from eagle3nb.steps.evaluate import bench as eval_bench
 from eagle3nb.steps.evaluate.bench import target_parameters
 from eagle3nb.steps.evaluate.served import offset_drafter_dir, serve_engine

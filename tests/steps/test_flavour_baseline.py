@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3nb.drafter.acceptance import draft_chain
-from eagle3nb.drafter.engine_read import read_as_engine
+from eagle3nb.boundaries.engine_read import read_as_engine
 from eagle3nb.drafter.export import export_drafter, load_drafter
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter, swapped_drafter
 from eagle3nb.drafter.vocab import build_draft_vocab

@@ -21,7 +21,8 @@ from eagle3nb.rundir import RunDir, read_metrics
 from eagle3nb.repo_paths import REPO_ROOT
 from eagle3nb.steps.shared.checks import export_rule_check
 from eagle3nb.target import models
-from eagle3nb.target.alignment import alignment_matrix, reference_states
+from eagle3nb.boundaries.alignment import alignment_matrix
+from eagle3nb.target.capture import reference_states
 from eagle3nb.target.capture import HFCaptureEngine
 
 

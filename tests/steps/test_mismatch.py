@@ -14,7 +14,7 @@ from eagle3nb.steps.evaluate.step import eval_step
 from eagle3nb.steps.extract.from_sglang import extract_sglang_step
 from eagle3nb.steps.generate.step import generate_step
 from eagle3nb.steps.train.step import train_step
-from eagle3nb.drafter.engine_read import read_as_engine
+from eagle3nb.boundaries.engine_read import read_as_engine
 from eagle3nb.rundir import RunDir
 from eagle3nb.repo_paths import REPO_ROOT
 from eagle3nb.params import load_params

@@ -3,7 +3,7 @@ checked against the conventions written out by hand (SGLang id L = boundary L+1,
 boundary L; ``../shared/reference/conventions.md``)."""
 
 from eagle3nb.steps.evaluate.step import offset_boundaries
-from eagle3nb.target.conventions import get_convention
+from eagle3nb.boundaries.conventions import get_convention
 
 
 def test_sglang_trained_served_by_vllm_is_minus_one():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from testkit import requires_engine
-from eagle3nb.target import conventions
+from eagle3nb.boundaries import conventions
 from eagle3nb import params
 from eagle3nb.preflight import check_against_model
 from eagle3nb.rundir import RunDir

@@ -12,7 +12,8 @@ from eagle3nb.params import RunParams
 from eagle3nb.params.paths import eval_dataset_path
 from eagle3nb.rundir import RunDir
 from eagle3nb.steps.shared.checks import record_engine_threads, template_of
-from eagle3nb.drafter import engine_read, mla
+from eagle3nb.boundaries import engine_read
+from eagle3nb.drafter import mla
 from eagle3nb.steps.evaluate.served import serve_engine
 from eagle3nb.text import benchmarks, chat
 

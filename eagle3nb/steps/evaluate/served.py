@@ -15,8 +15,8 @@ import shutil
 import time
 from pathlib import Path
 
-from eagle3nb.drafter import engine_read
-from eagle3nb.drafter.export_ids import engine_ids
+from eagle3nb.boundaries import engine_read
+from eagle3nb.boundaries.export_ids import engine_ids
 from eagle3nb.drafter.model import flavour_of, swap_norm_flavour
 from eagle3nb.engines.vllm_eager import id0_hazard
 
@@ -84,11 +84,11 @@ def offset_drafter_dir(drafter_dir, out_dir, moved: list[int], n: int, arch: str
     offset of :func:`eagle3nb.steps.evaluate.step.offset_boundaries`): the same weights read one layer
     off, the served form of the simulator's offset baseline.
 
-    Ids by each engine version's rule for ``arch`` (:func:`eagle3nb.drafter.export_ids.engine_ids`);
+    Ids by each engine version's rule for ``arch`` (:func:`eagle3nb.boundaries.export_ids.engine_ids`);
     where the rule cannot name ``moved`` (SGLang for boundary 0), the engine's plain shift: SGLang
     0.5.23 captures the input of layer id + 1 (``models/llama.py`` ``set_eagle3_layers_to_capture``),
     so id -1 is boundary 0. Each engine's reading is checked with
-    :func:`eagle3nb.drafter.engine_read.read_as_engine`.
+    :func:`eagle3nb.boundaries.engine_read.read_as_engine`.
 
     Returns:
         ``{engine: boundaries it reads}`` for the engines whose reading equals ``moved``.

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from eagle3nb.drafter import engine_read
+from eagle3nb.boundaries import engine_read
 from eagle3nb.drafter.export import load_drafter
 from eagle3nb.manifest import check_compatible, read_json, rendered_kwargs, with_template_kwargs
 from eagle3nb.params import RunParams, resolve_device
@@ -211,10 +211,10 @@ def check_drafter_matches(
 
 def _served(p: RunParams, cfg: dict, n: int, arch: str | None) -> dict:
     """``{engine: boundaries}`` each engine captures from the exported config, read by the
-    installed version's rule for ``arch`` (:mod:`eagle3nb.target.engine_rules`) where the table
+    installed version's rule for ``arch`` (:mod:`eagle3nb.boundaries.rules`) where the table
     holds it, else by the engine's generic convention; an engine the export refused is left out."""
     from eagle3nb.steps.shared.checks import engine_versions
-    from eagle3nb.target.engine_rules import engine_rule
+    from eagle3nb.boundaries.rules import engine_rule
 
     versions = engine_versions(p) if arch else {}
     out = {}

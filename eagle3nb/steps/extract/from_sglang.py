@@ -32,7 +32,8 @@ from eagle3nb.steps.extract.engine_drift import (
     other_engine_datasets,
     split_aux,
 )
-from eagle3nb.target import conventions, models
+from eagle3nb.boundaries import conventions
+from eagle3nb.target import models
 from eagle3nb.target.capture import HFCaptureEngine
 
 WHY_FINAL_FROM_HF = (

@@ -25,7 +25,8 @@ from eagle3nb.steps.shared.checks import (
     record_alignment,
     record_checks,
 )
-from eagle3nb.target import conventions, models
+from eagle3nb.boundaries import conventions
+from eagle3nb.target import models
 
 
 def extract_vllm_step(p: RunParams, progress=True) -> dict:

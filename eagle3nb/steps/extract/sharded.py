@@ -116,7 +116,7 @@ def disk_plan(
         ``"free_bytes"``, ``"fits"``, ``"per_token_bytes"``, ``"formula"``, ``"n_tokens"``,
         ``"n_samples"``, ``"n_shards"``, ``"aux_storage"``, ``"dtype"``, ``"path"``}``.
     """
-    from eagle3nb.target.conventions import aux_ids_and_boundaries
+    from eagle3nb.boundaries.conventions import aux_ids_and_boundaries
 
     rd = RunDir(p)
     out = Path(out_dir) if out_dir is not None else rd.dataset

@@ -80,7 +80,7 @@ def run_twin_check(
         )
         if p.twin_check == "enforce":
             raise ValueError(
-                f"{msg}. Fix engine_rules (eagle3nb/target/engine_rules.py) after checking the "
+                f"{msg}. Fix engine_rules (eagle3nb/boundaries/rules.py) after checking the "
                 "engine's source, pick other layer_ids, or set twin_check: warn to continue"
             )
         warnings.warn(msg + " (twin_check: warn, continuing)", stacklevel=2)
@@ -103,11 +103,11 @@ def twin_summary(rec: dict) -> dict:
 def export_readings(p: RunParams, manifest: dict) -> dict:
     """For the alignment figure: per installed engine version, the boundaries its rule for the
     target's class reads from the ids the export will write for this dataset's boundaries
-    (:func:`eagle3nb.drafter.engine_read.rule_readings`), as ``{"<engine> <version> reads exported
+    (:func:`eagle3nb.boundaries.engine_read.rule_readings`), as ``{"<engine> <version> reads exported
     ids [..] as boundaries [..]": [boundaries]}`` (the wording of 03's flag,
     :func:`eagle3nb.steps.shared.checks.export_rule_check`); engines whose ids cannot be written or read
     are left out. The ids follow ``p.export_layer_ids``, which 02a/02b declare for this."""
-    from eagle3nb.drafter.engine_read import rule_readings
+    from eagle3nb.boundaries.engine_read import rule_readings
     from eagle3nb.steps.shared.checks import engine_versions
 
     t, b = manifest["target"], list(manifest["aux_boundaries"])

@@ -17,12 +17,10 @@ from eagle3nb.manifest import check_compatible, read_json
 from eagle3nb.params import RunParams, resolve_device
 from eagle3nb.rundir import RunDir, read_metrics, update_metrics
 from eagle3nb.repo_paths import resolve_path
-from eagle3nb.target import conventions, models
-from eagle3nb.target.alignment import (
-    alignment_matrix,
-    alignment_verdict,
-    reference_states,
-)
+from eagle3nb.boundaries import conventions
+from eagle3nb.target import models
+from eagle3nb.boundaries.alignment import alignment_matrix, alignment_verdict
+from eagle3nb.target.capture import reference_states
 from eagle3nb.target.capture import n_layers_of
 from eagle3nb.text import chat
 
@@ -57,7 +55,7 @@ def template_of(p: RunParams, tok) -> str:
 
 def resolve_aux(p: RunParams, n_layers: int) -> tuple[list[int], list[int]]:
     """``(layer_ids in p.convention, boundaries)`` of this run (see
-    :func:`eagle3nb.target.conventions.aux_ids_and_boundaries`)."""
+    :func:`eagle3nb.boundaries.conventions.aux_ids_and_boundaries`)."""
     return conventions.aux_ids_and_boundaries(p.convention, p.layer_ids, n_layers)
 
 
@@ -212,7 +210,7 @@ def check_alignment(
 ) -> tuple[dict, torch.Tensor, list[int]]:
     """Measure which boundaries an engine really captured on one probe sample, before anything is
     written or trained: every captured slot against the HF reference (``model``) at every boundary
-    0..N (see :mod:`eagle3nb.target.alignment`).
+    0..N (see :mod:`eagle3nb.boundaries.alignment`).
 
     Args:
         name, convention: the engine's name and id convention (for the error message).
@@ -220,7 +218,7 @@ def check_alignment(
         captured: ``[T, n_aux*H]`` aux states of ``probe`` (``T`` tokens) from the engine.
         model: HF target, in the capture dtype, giving the reference states.
         device: where the engine computed ``captured`` (its ``info()["device"]``): an engine on
-            CUDA is judged at :data:`eagle3nb.target.alignment.TOLERANCE_CUDA` (TF32 kernels).
+            CUDA is judged at :data:`eagle3nb.boundaries.alignment.TOLERANCE_CUDA` (TF32 kernels).
 
     Returns:
         ``(verdict, err, reference_boundaries)``: :func:`alignment_verdict`'s dict, the error
@@ -315,7 +313,7 @@ def export_rule_check(
     p: RunParams, rd: RunDir, arch: str, n: int, trained: list[int], served: list[int]
 ) -> dict:
     """Before training: what each installed engine version captures, by its rule for the target's
-    class, for the ids the export will write (:func:`eagle3nb.drafter.engine_read.rule_readings`;
+    class, for the ids the export will write (:func:`eagle3nb.boundaries.engine_read.rule_readings`;
     SGLang 0.5.23 reads DeepSeek/Kimi ids unshifted unless the first is 1). Recorded in
     ``metrics.json["export_rules"]``; a reading other than ``trained`` is flagged (a warning).
 
@@ -325,7 +323,7 @@ def export_rule_check(
     """
     import warnings
 
-    from eagle3nb.drafter.engine_read import rule_readings
+    from eagle3nb.boundaries.engine_read import rule_readings
 
     by_rule = p.export_layer_ids != "convention"
     got = rule_readings(trained, served, n, arch, engine_versions(p), by_rule)
@@ -335,7 +333,7 @@ def export_rule_check(
             msg = (
                 f"{engine} {r['version']} reads the exported {engine} ids {r['ids']} of this "
                 f"{arch} target as boundaries {r['reads']}, the drafter is trained on {trained} "
-                "(eagle3nb.target.engine_rules)"
+                "(eagle3nb.boundaries.rules)"
             )
             if not p.allow_manifest_mismatch:
                 raise ValueError(

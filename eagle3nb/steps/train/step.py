@@ -22,7 +22,7 @@ import torch
 import typer
 
 from eagle3nb.dataset.read import AuxDataset
-from eagle3nb.drafter.engine_read import engine_report, trainer_flags
+from eagle3nb.boundaries.engine_read import engine_report, trainer_flags
 from eagle3nb.drafter.export import export_drafter, load_drafter
 from eagle3nb.manifest import atomic_write_json, check_compatible, provenance, read_json
 from eagle3nb.manifest import rendered_kwargs, template_fields, with_template_kwargs
@@ -43,7 +43,8 @@ from eagle3nb.steps.shared.checks import (
     template_of,
     use_thread_budget,
 )
-from eagle3nb.target import conventions, models
+from eagle3nb.boundaries import conventions
+from eagle3nb.target import models
 from eagle3nb.target.capture import n_layers_of
 from eagle3nb.target.head import load_target_head
 from eagle3nb.text import chat

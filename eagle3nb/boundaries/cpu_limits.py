@@ -1,7 +1,7 @@
 """What each engine version is measured not to run on CPU, per architecture class and per config
 (:data:`CPU_LIMITS`, :data:`CPU_CONFIG_LIMITS`), read by preflight before any notebook runs
 (tests/test_cpu_refusals.py). Measured on this machine kind (``../shared/reference/architectures.md``
-sections 3 and 4); the id rules themselves are in :mod:`eagle3nb.target.engine_rules`.
+sections 3 and 4); the id rules themselves are in :mod:`eagle3nb.boundaries.rules`.
 
 vLLM 0.32 MLA targets (DeepSeek-V3, Kimi-K2) on CPU run on the reference ``CPU_MLA`` backend, which
 eagle3nb's vLLM backend asks for (``attention_backend``;

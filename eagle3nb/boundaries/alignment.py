@@ -13,8 +13,6 @@ from typing import Sequence
 
 import torch
 
-from eagle3nb.target.capture import capture_boundaries, n_layers_of
-
 
 # relative error under which a slot "is" a boundary: float32 kernels agree to ~1e-6; bf16 storage
 # alone costs ~4e-3 relative, engine kernels in bf16 a few 1e-2
@@ -34,15 +32,6 @@ def tolerance(dtype: str, device: str = "cpu") -> float:
     :data:`TOLERANCE_CUDA` on a GPU; 5e-2 for a dtype neither names."""
     table = TOLERANCE_CUDA if str(device).startswith("cuda") else TOLERANCE
     return table.get(dtype, 5e-2)
-
-
-def reference_states(model, input_ids: Sequence[int]) -> dict[int, torch.Tensor]:
-    """HF reference ``{b: [T, H] float32}`` for every boundary 0..N of one sample."""
-    n = n_layers_of(model)  # the text model's layers (wrappers too)
-    st = capture_boundaries(
-        model, torch.tensor([list(input_ids)], device=next(model.parameters()).device), range(n + 1)
-    )
-    return {b: t[0].float().cpu() for b, t in st.items()}
 
 
 def alignment_matrix(

@@ -1,10 +1,11 @@
-"""eagle3nb.target.alignment: captured slots are measured at their boundaries against the HF reference;
+"""eagle3nb.boundaries.alignment: captured slots are measured at their boundaries against the HF reference;
 noise beyond the dtype's tolerance is no match."""
 
 import torch
 
 from eagle3nb.viz.plots import alignment_figure
-from eagle3nb.target.alignment import alignment_matrix, alignment_verdict, reference_states
+from eagle3nb.boundaries.alignment import alignment_matrix, alignment_verdict
+from eagle3nb.target.capture import reference_states
 from eagle3nb.target.capture import HFCaptureEngine
 
 

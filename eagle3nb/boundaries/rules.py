@@ -44,7 +44,7 @@ raises ``TypeError``. GLM-4.5 (``glm4_moe.py:534``) and Gemma-3 (``gemma3.py:367
 ``v1/worker/gpu_model_runner.py:5234-5238`` raises (plain generation runs).
 
 vLLM 0.26.0 (the GPU host's engine): the same rule per class, read in its own sources at its own
-lines (:data:`eagle3nb.target.engine_rules_vllm.VLLM_0260`).
+lines (:data:`eagle3nb.boundaries.vllm_0_26_0.VLLM_0260`).
 """
 
 from __future__ import annotations
@@ -52,13 +52,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from eagle3nb.target.cpu_limits import (  # re-exported: the CPU refusals preflight reads
+from eagle3nb.boundaries.cpu_limits import (  # re-exported: the CPU refusals preflight reads
     CPU_CONFIG_LIMITS,
     CPU_LIMITS,
     cpu_config_limit,
     cpu_limit,
 )
-from eagle3nb.target.engine_rules_vllm import VLLM_0260
+from eagle3nb.boundaries.vllm_0_26_0 import VLLM_0260
 
 __all__ = [
     "EngineRule",
@@ -76,9 +76,9 @@ MEASURE_HOWTO = (
     "measure it: build a tiny random-weight model of this class from its config (as "
     "tests/target/tiny_archs.py does), capture it through that engine version at a few ids (e.g. "
     "eagle3nb.engines.<engine>_backend Backend.capture), name every slot by the HF boundary it "
-    "equals (eagle3nb.target.alignment; adjacent boundaries differ by >= 0.45 relative), read the "
+    "equals (eagle3nb.boundaries.alignment; adjacent boundaries differ by >= 0.45 relative), read the "
     "model file's set_eagle3_layers_to_capture in the installed engine, then add the rule to RULES "
-    "in eagle3nb/target/engine_rules.py"
+    "in eagle3nb/boundaries/rules.py"
 )
 
 

@@ -1,9 +1,9 @@
-"""eagle3nb.target.conventions: layer ids <-> boundaries per engine and trainer, the default picker, and
+"""eagle3nb.boundaries.conventions: layer ids <-> boundaries per engine and trainer, the default picker, and
 what each engine cannot capture (values by hand and from the reference table)."""
 
 import pytest
 
-from eagle3nb.target.conventions import (
+from eagle3nb.boundaries.conventions import (
     CONVENTIONS,
     boundary_table,
     check_boundaries,

@@ -1,14 +1,14 @@
 """The layer ids an export writes for each engine: by that engine version's rule for the target's
-class (:mod:`eagle3nb.target.engine_rules`), or by the engine's generic convention where the class is
+class (:mod:`eagle3nb.boundaries.rules`), or by the engine's generic convention where the class is
 unknown, the table lacks it, the engine refuses it, or ``export_layer_ids: convention`` asks for the
 hand-written form. Used by :mod:`eagle3nb.drafter.export` and, to predict what an engine will read,
-by :func:`eagle3nb.drafter.engine_read.rule_readings`.
+by :func:`eagle3nb.boundaries.engine_read.rule_readings`.
 """
 
 from __future__ import annotations
 
-from eagle3nb.target.conventions import get_convention
-from eagle3nb.target.engine_rules import engine_rule, known_versions
+from eagle3nb.boundaries.conventions import get_convention
+from eagle3nb.boundaries.rules import engine_rule, known_versions
 
 __all__ = ["engine_ids"]
 
@@ -22,7 +22,7 @@ def engine_ids(
     by_rule: bool = True,
 ) -> tuple[list[int], dict]:
     """The ids that make ``engine`` capture ``boundaries`` of a ``n_layers`` target of class ``arch``,
-    by that engine version's rule (:func:`eagle3nb.target.engine_rules.engine_rule`; ``version``
+    by that engine version's rule (:func:`eagle3nb.boundaries.rules.engine_rule`; ``version``
     None = the newest version the table holds). ``by_rule=False`` writes the engine's generic
     convention instead (what hand-written configs and other trainers write; ``export_layer_ids:
     convention`` reproduces the per-class mismatch), the record still naming the rule the engine
@@ -30,7 +30,7 @@ def engine_ids(
 
     Returns:
         ``(ids, record)``; ``record`` names the version, rule kind and source, or why the plain
-        convention of :mod:`eagle3nb.target.conventions` was used (no class, no rule, refused).
+        convention of :mod:`eagle3nb.boundaries.conventions` was used (no class, no rule, refused).
 
     Raises:
         ValueError: boundaries the rule (or convention) cannot name for this engine.

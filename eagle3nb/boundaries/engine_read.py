@@ -25,7 +25,7 @@ engines' EAGLE-3 model files read (``../shared/reference/conventions.md`` sectio
   these keys (0.5.23 has no "speculators" in its source).
 
 Ids are read with the engine version's rule for the drafter's target class when the export recorded
-it (``eagle3nb.engine_ids``, :mod:`eagle3nb.target.engine_rules`), else with the engine's plain
+it (``eagle3nb.engine_ids``, :mod:`eagle3nb.boundaries.rules`), else with the engine's plain
 convention.
 
 Drafter variants (both engines implement them; the flag lookups are the same in both):
@@ -42,7 +42,7 @@ Drafter variants (both engines implement them; the flag lookups are the same in 
   name, vLLM does not: a file setting ``use_aux_norm`` without ``fc_norm`` is refused (the engines
   would serve two functions); SGLang's legacy weight names ``aux_norm_low/mid/high`` are read as
   ``fc_norm.0/1/2`` as SGLang reads them (``337-343``).
-- Which engine versions read which variant flag: :mod:`eagle3nb.drafter.flavours`.
+- Which engine versions read which variant flag: :mod:`eagle3nb.boundaries.flavours`.
 - ``norm_before_residual``: vLLM ``llama_eagle3.py:101-104``; SGLang 0.5.23 does not read it
   (its residual is the un-normed hidden, ``llama_eagle3.py:97-102``). vLLM's speculators reader
   assumes True when the key is absent (``algos.py:33-35``), its plain reader False.
@@ -52,8 +52,8 @@ Versions change: when an engine is upgraded, re-read its source and update the t
 
 from __future__ import annotations
 
-from eagle3nb.target.conventions import get_convention
-from eagle3nb.target.engine_rules import engine_rule
+from eagle3nb.boundaries.conventions import get_convention
+from eagle3nb.boundaries.rules import engine_rule
 
 __all__ = [
     "ENGINE_READS",
@@ -197,7 +197,7 @@ def _served_boundaries(conv, ids: list[int], n_layers: int, engine: str) -> list
 
 def read_as_engine(cfg: dict, engine: str, target_n_layers: int, rule=None) -> dict:
     """What ``engine`` will use from a drafter ``config.json`` dict. Explicit ids are read by
-    ``rule`` when given (an :class:`eagle3nb.target.engine_rules.EngineRule` of the engine's version
+    ``rule`` when given (an :class:`eagle3nb.boundaries.rules.EngineRule` of the engine's version
     and the target's class), else by the rule the export recorded in the config (:func:`_id_rule`),
     else by the engine's generic convention (SGLang 0.5.23 DeepSeek/Kimi, for one, adds +1 only
     when the first id is 1).
@@ -236,7 +236,7 @@ def rule_readings(
     boundaries (:func:`eagle3nb.drafter.export.engine_ids`: by the version's rule for the target's
     class, or with ``by_rule=False`` by the engine's generic convention, SGLang boundary - 1 and vLLM
     boundary, as hand-written configs are), read by that version's rule for the class
-    (:mod:`eagle3nb.target.engine_rules`), against the ``trained`` boundaries.
+    (:mod:`eagle3nb.boundaries.rules`), against the ``trained`` boundaries.
 
     Args:
         versions: ``{engine: installed version}`` (engines not installed are left out).
@@ -246,7 +246,7 @@ def rule_readings(
         ``{engine: {"version", "ids", "reads", "matches"}}``, or ``{"version", "error",
         "matches": None}`` where the ids cannot be written or the table refuses or lacks the key.
     """
-    from eagle3nb.drafter.export_ids import engine_ids
+    from eagle3nb.boundaries.export_ids import engine_ids
 
     out = {}
     for engine, version in versions.items():

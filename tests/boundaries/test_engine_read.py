@@ -1,4 +1,4 @@
-"""eagle3nb.drafter.engine_read: an export read back as SGLang and vLLM read it gives the trained
+"""eagle3nb.boundaries.engine_read: an export read back as SGLang and vLLM read it gives the trained
 boundaries; engine-default ids and flags an engine ignores are reported."""
 
 import pytest
@@ -6,7 +6,7 @@ import json
 
 
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
-from eagle3nb.drafter.engine_read import engine_report, read_as_engine
+from eagle3nb.boundaries.engine_read import engine_report, read_as_engine
 from eagle3nb.drafter.export import export_drafter
 
 
@@ -61,7 +61,7 @@ def test_flag_sglang_ignores_is_reported(target, tmp_path):
 def test_target_named_for_vllm_serve_drafter_and_ids_unchanged(target, tmp_path):
     """The speculators keys name the target (what vLLM serves for `vllm serve DRAFTER`) and change
     neither engine's boundaries; without a target in the manifest no such keys are written."""
-    from eagle3nb.drafter.engine_read import vllm_serve_drafter
+    from eagle3nb.boundaries.engine_read import vllm_serve_drafter
 
     model, _, path = target
     c = DrafterConfig.for_target(model.config, 512, num_attention_heads=2, num_key_value_heads=2)
@@ -106,8 +106,8 @@ def test_sglang_served_id_minus_one_reads_boundary_zero():
     """SGLang 0.5.23 serves id -1 as boundary 0 on +1-rule classes (llama.py:929-941 adds 1, layer
     index 0 captures the embeddings; test_sglang_serve serves such an offset copy), so reading a
     served config must not refuse it; a class whose shift depends on the ids (DeepSeek) still does."""
-    from eagle3nb.drafter.engine_read import read_as_engine
-    from eagle3nb.target.engine_rules import engine_rule
+    from eagle3nb.boundaries.engine_read import read_as_engine
+    from eagle3nb.boundaries.rules import engine_rule
 
     cfg = {"eagle_config": {"eagle_aux_hidden_state_layer_ids": [-1, 0, 2]}}
     # by hand: each id + 1 -> [0, 1, 3]

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from testkit import requires_engine
-from eagle3nb.target.engine_rules import RULES, engine_rule, known_versions
+from eagle3nb.boundaries.rules import RULES, engine_rule, known_versions
 from eagle3nb.target.models import SUPPORTED_ARCHS
 
 N = 6
