@@ -108,7 +108,9 @@ def test_fc_norm_is_one_rmsnorm_per_aux_state(target, both):
     )
     c1 = d.step(ids[:, -1:], got[0][:, -1:], idx[None, -1:] + 1, [got[2]], idx[-1:])
     c2 = t.step(ids[:, -1:], by_hand[0][:, -1:], idx[None, -1:] + 1, [by_hand[2]], idx[-1:])
-    assert torch.allclose(c1[1], c2[1], atol=1e-5)  # a later step's hidden skips the norms
+    # a later step's hidden skips the norms; float32 rounding of two orders of the same sums reaches
+    # 1.7e-5 on values near 10 on some CPUs (measured), as got[0] above: atol 1e-4
+    assert torch.allclose(c1[1], c2[1], atol=1e-4)
 
 
 @torch.no_grad()
