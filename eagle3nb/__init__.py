@@ -63,6 +63,8 @@ engines/            real engines (vLLM, SGLang) behind one interface, across a p
     vllm_connector  engine side: synchronous hidden-states connector that vLLM loads
     vllm_eager      engine side: vLLM on CUDA with graphs off captures boundary N at id 0
     sglang_backend  engine side: SGLang generation and aux capture through sglang.Engine
+    sglang_runner   engine side: SGLang capture through its in-process ModelRunner (no aux API)
+    sglang_netns    engine side: the SGLang worker's loopback-only network namespace
     sglang_transport  engine side: SGLang's scheduler hands captured states over as tensors
     sglang_forkserver  engine side: SGLang's scheduler and detokenizer forked from one preloaded server
     sglang_spec_cpu  engine side: torch stand-ins for SGLang's missing CPU speculative ops; the gated install

@@ -38,6 +38,8 @@ ENGINE_SIDE = (
     "worker",
     "vllm_backend",
     "sglang_backend",
+    "sglang_runner",
+    "sglang_netns",
     "sglang_transport",
     "sglang_forkserver",
     "sglang_spec_cpu",

@@ -14,7 +14,7 @@ import torch
 
 from eagle3nb.padding import pad_right
 from eagle3nb.target.capture import capture_boundaries, decoder_of, n_layers_of
-from eagle3nb.engines import sglang_backend
+from eagle3nb.engines import sglang_backend, sglang_netns
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient
 from eagle3nb.engines.pool import open_engine
 
@@ -124,7 +124,7 @@ def start_sglang(
         os.environ.update(changed)
         prefix = []
     else:
-        prefix = sglang_backend.loopback_prefix()
+        prefix = sglang_netns.loopback_prefix()
     opts = {"device": device, "seed": int(seed), **check_sglang_options(options)}
     if context_length:
         opts["context_length"] = int(context_length)
