@@ -6,6 +6,7 @@ boundaries/         the ground floor: boundary b and each engine's layer ids (im
     conventions     each engine's and trainer's layer ids <-> physical boundaries
     rules           the id rule per (engine, engine version, architecture class), refusals
     vllm_0_26_0     vLLM 0.26.0's rows of that table, with the source lines they were read at
+    sglang_0_5_17   SGLang 0.5.17's rows of that table, read in its wheel at its own lines
     cpu_limits      classes and configs each engine version is measured not to run on CPU
     export_ids      the ids written per engine: its rule for the target class, or its convention
     engine_read     read an exported config as each serving engine does; what it ignores
