@@ -66,6 +66,7 @@ engines/            real engines (vLLM, SGLang) behind one interface, across a p
     vllm_eager      engine side: vLLM on CUDA with graphs off captures boundary N at id 0
     sglang_backend  engine side: SGLang generation and aux capture through sglang.Engine
     sglang_runner   engine side: SGLang capture through its in-process ModelRunner (no aux API)
+    sglang_ops      engine side: SGLang's CUDA kernel limits (MLP width) and the torch-ops patch
     sglang_netns    engine side: the SGLang worker's loopback-only network namespace
     sglang_transport  engine side: SGLang's scheduler hands captured states over as tensors
     sglang_forkserver  engine side: SGLang's scheduler and detokenizer forked from one preloaded server

@@ -40,6 +40,7 @@ ENGINE_SIDE = (
     "sglang_backend",
     "sglang_runner",
     "sglang_netns",
+    "sglang_ops",
     "sglang_transport",
     "sglang_forkserver",
     "sglang_spec_cpu",

@@ -32,7 +32,13 @@ import importlib
 import os
 from pathlib import Path
 
-from eagle3nb.engines import sglang_forkserver, sglang_runner, sglang_serve, sglang_transport
+from eagle3nb.engines import (
+    sglang_forkserver,
+    sglang_ops,
+    sglang_runner,
+    sglang_serve,
+    sglang_transport,
+)
 from eagle3nb.engines.worker import OtherModelCapture, text_hidden_size
 
 __all__ = [
@@ -174,8 +180,13 @@ class Backend(OtherModelCapture, sglang_serve.ServeAcceptance, sglang_runner.Run
         self._stop()
         import sglang
 
-        if why := sglang_runner.mlp_width_problem(self.model_path, mode[-1], self.device, False):
+        native = bool(self.options.get("native_ops", False))  # torch ops in the scheduler
+        if why := sglang_ops.mlp_width_problem(self.model_path, mode[-1], self.device, native):
             raise RuntimeError(why)  # before SGLang's CUDA kernels fault on it
+        os.environ.pop(sglang_ops.NATIVE_ENV, None)
+        if native:  # read by the scheduler child (worker.py's __mp_main__ block)
+            sglang_runner.check_version(sglang.__version__)
+            os.environ[sglang_ops.NATIVE_ENV] = "1"
         kw = dict(
             model_path=self.model_path,
             dtype=mode[-1],

@@ -23,11 +23,9 @@ token (the same lines), and log p(x_t | x_<t) is taken from it and SGLang's own 
 (the matmul in float32 here; SGLang's logits processor computes it only at the last position in
 an extend pass).
 
-One optional patch, :func:`native_ops`: SGLang's ``MultiPlatformOp`` picks its forward once, in
-``__init__`` (``srt/layers/utils/multi_platform.py:36-38``, dispatch ``:109-135``, 0.5.17); while
-the model is built inside it every op takes ``forward_native`` (torch ops). On CUDA that avoids
-sgl-kernel's ``silu_and_mul`` for MLP widths the JIT kernel refuses (``srt/layers/activation.py:77-99``)
-and its rmsnorm, which takes no float32. Everything here is gated on :data:`SHOWN`.
+One optional patch, torch ops (:func:`eagle3nb.engines.sglang_ops.native_ops`), and the MLP widths
+SGLang's CUDA kernels fault on (:func:`eagle3nb.engines.sglang_ops.mlp_width_problem`) are in
+:mod:`eagle3nb.engines.sglang_ops`. The route is gated on :data:`SHOWN`.
 
 Engine side: imports stdlib at module level, torch and sglang inside the functions.
 """
@@ -36,18 +34,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
+
+from eagle3nb.engines.sglang_ops import mlp_width_problem, native_ops
 
 __all__ = [
     "SHOWN",
-    "NATIVE_OPS_SHOWN",
     "ANY_VERSION_ENV",
     "has_aux_api",
     "check_version",
     "pick_route",
-    "mlp_width_problem",
-    "native_ops",
     "RunnerCapture",
 ]
 
@@ -59,7 +55,6 @@ SHOWN = {
 }
 ANY_VERSION_ENV = "EAGLE3NB_SGLANG_RUNNER_ANY_VERSION"
 ROUTES = ("auto", "engine", "runner")
-NATIVE_OPS_SHOWN = ("0.5.17",)  # where the torch-ops patch ran (H100, 2026-12-06)
 
 
 def has_aux_api() -> bool:
@@ -111,59 +106,6 @@ def pick_route(requested: str, version: str, aux_api: bool) -> str:
     if route == "runner":
         check_version(version)
     return route
-
-
-def mlp_width_problem(model_path: str, dtype: str, device: str, native: bool) -> str | None:
-    """Why SGLang's CUDA kernels would fault on this target's MLP, or None.
-
-    SGLang routes ``SiluAndMul`` to its JIT kernel when the width is a multiple of 16 bytes /
-    element size (8 in bf16/fp16, 4 in float32) and to sgl-kernel's AOT ``silu_and_mul`` otherwise
-    (``srt/layers/activation.py:77-99``, 0.5.17), which faulted with "misaligned address" on the
-    tiny target's width 172 (reported by cuBLAS as CUBLAS_STATUS_INTERNAL_ERROR at the next GEMM;
-    ``../shared/reference/gpu_engines_h200.md``). CPU or torch ops (``native``): None.
-    """
-    if device == "cpu" or native:
-        return None
-    with open(os.path.join(model_path, "config.json")) as f:
-        cfg = json.load(f)
-    cfg = cfg.get("text_config", cfg) if "intermediate_size" not in cfg else cfg
-    width = cfg.get("intermediate_size")
-    vec = 16 // (4 if dtype == "float32" else 2)
-    if isinstance(width, int) and width % vec:
-        return (
-            f"{model_path}: MLP width intermediate_size={width} is not a multiple of {vec}, so "
-            f"SGLang's CUDA SiluAndMul falls back to sgl-kernel's silu_and_mul, which faults on it "
-            "(srt/layers/activation.py:77-99). Serve the function-preserving padded copy "
-            "(eagle3nb.target.pad_mlp.write_padded_copy), or set sglang_options.native_ops: true "
-            "(torch ops; capture route only)"
-        )
-    return None
-
-
-@contextlib.contextmanager
-def native_ops(version: str):
-    """While inside, every SGLang ``MultiPlatformOp`` built takes ``forward_native``
-    (``srt/layers/utils/multi_platform.py:36-38``: the forward is picked once in ``__init__``).
-
-    Raises:
-        RuntimeError: ``version`` not in :data:`NATIVE_OPS_SHOWN` (0.5.23 replaced the class by
-            ``sglang.kernels.fused_op.BaseFusedOp``, which has no ``dispatch_forward``).
-    """
-    if version not in NATIVE_OPS_SHOWN:
-        raise RuntimeError(
-            f"sglang_options.native_ops: the torch-ops patch relies on MultiPlatformOp."
-            f"dispatch_forward of SGLang {', '.join(NATIVE_OPS_SHOWN)} (srt/layers/utils/"
-            f"multi_platform.py:109-135); SGLang {version} has another op class. Leave native_ops "
-            "off (on CUDA serve a padded copy: eagle3nb.target.pad_mlp)"
-        )
-    from sglang.srt.layers.utils.multi_platform import MultiPlatformOp
-
-    old = MultiPlatformOp.dispatch_forward
-    MultiPlatformOp.dispatch_forward = lambda self: self.forward_native
-    try:
-        yield
-    finally:
-        MultiPlatformOp.dispatch_forward = old
 
 
 class RunnerCapture:

@@ -102,7 +102,7 @@ def check_sglang(
     """
     import torch
 
-    from eagle3nb.engines.sglang_runner import mlp_width_problem
+    from eagle3nb.engines.sglang_ops import mlp_width_problem
     from eagle3nb.target.models import load_target, resolve_model
 
     path = str(resolve_model(model))

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from eagle3nb.engines import sglang_helpers as sh
+from eagle3nb.engines import sglang_ops as so
 from eagle3nb.engines import sglang_runner as sr
 
 
@@ -29,7 +30,7 @@ def test_route_refusals(monkeypatch):
 
 def test_native_ops_only_where_shown():
     with pytest.raises(RuntimeError, match="SGLang 0.5.23 has another op class"):
-        with sr.native_ops("0.5.23"):
+        with so.native_ops("0.5.23"):
             pass
 
 
@@ -46,7 +47,7 @@ def test_native_ops_only_where_shown():
 )
 def test_mlp_width_problem(tmp_path, width, dtype, device, native, refused):
     (tmp_path / "config.json").write_text(json.dumps({"intermediate_size": width}))
-    why = sr.mlp_width_problem(str(tmp_path), dtype, device, native)
+    why = so.mlp_width_problem(str(tmp_path), dtype, device, native)
     assert (why is not None) == refused
     if refused:
         assert f"intermediate_size={width}" in why and "pad_mlp" in why
