@@ -33,7 +33,6 @@ Engine side: imports stdlib at module level, torch and sglang inside the functio
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 
 from eagle3nb.engines.sglang_ops import mlp_width_problem, native_ops
@@ -60,9 +59,13 @@ ROUTES = ("auto", "engine", "runner")
 def has_aux_api() -> bool:
     """Whether the installed SGLang's ``ServerArgs`` has ``enable_return_aux_hidden_states`` (first
     in 0.5.23, ``srt/arg_groups/fields/exec_.py:126-157``; absent in 0.5.17's ``ServerArgs``)."""
-    from sglang.srt.server_args import ServerArgs
+    import inspect
 
-    return "enable_return_aux_hidden_states" in {f.name for f in dataclasses.fields(ServerArgs)}
+    from sglang.srt.server_args import (
+        ServerArgs,
+    )  # a dataclass in 0.5.17, a msgspec Struct in 0.5.23
+
+    return "enable_return_aux_hidden_states" in inspect.signature(ServerArgs).parameters
 
 
 def check_version(version: str) -> None:
@@ -161,8 +164,19 @@ class RunnerCapture:
         self.vocab = self.runner.model_config.vocab_size
         self._ids: tuple | None = None
 
-    def _forward(self, samples, ids):
-        """One FULL-capture extend pass over ``samples``; ``[sum T, width]`` rows in order."""
+    def prefill(self, samples) -> None:
+        """A plain prefill of ``samples`` (capture off, ``CaptureHiddenMode.NULL``: logits of the
+        last token only), finished on the device: the baseline capture is timed against."""
+        for chunk in self._batches([list(map(int, s)) for s in samples]):
+            self._forward(chunk, None, plain=True)
+        if self.device != "cpu":
+            import torch
+
+            torch.cuda.synchronize()
+
+    def _forward(self, samples, ids, plain=False):
+        """One extend pass over ``samples``: FULL capture (``[sum T, width]`` rows in order), or
+        with ``plain`` none (returns None)."""
         import torch
         from sglang.srt.managers.schedule_batch import ScheduleBatch
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
@@ -198,10 +212,12 @@ class RunnerCapture:
             ):
                 batch.input_ids = batch.prefill_input_ids_cpu.to(batch.device)
                 batch.prefill_input_ids_cpu = None
-            fb = ForwardBatch.init_new(batch, r, capture_hidden_mode=CaptureHiddenMode.FULL,
+            mode = CaptureHiddenMode.NULL if plain else CaptureHiddenMode.FULL
+            fb = ForwardBatch.init_new(batch, r, capture_hidden_mode=mode,
                                        return_hidden_states_before_norm=False)  # fmt: skip
             with torch.no_grad():
-                return r.forward(fb).logits_output.hidden_states
+                out = r.forward(fb).logits_output
+            return None if plain else out.hidden_states
         finally:  # as one_batch's _TorchBenchRunner.clear: every slot back for the next batch
             r.req_to_token_pool.clear()
             r.token_to_kv_pool_allocator.clear()
