@@ -258,7 +258,8 @@ class Backend(OtherModelCapture, sglang_serve.ServeAcceptance, sglang_runner.Run
         on_capture_engine: bool = False,
     ) -> list[list[int]]:
         """Continuations through a plain SGLang engine (no capture), or through the running
-        capture-only engine of this dtype with ``on_capture_engine`` (no restart; see the class).
+        capture-only engine of this dtype with ``on_capture_engine`` (no restart; see the class);
+        on the runner route one greedy token per prompt comes from the runner's plain prefill.
 
         Args:
             prompts: token id lists (BOS/template applied), each non-empty.
@@ -274,6 +275,9 @@ class Backend(OtherModelCapture, sglang_serve.ServeAcceptance, sglang_runner.Run
         if any(len(p) == 0 for p in prompts):
             raise ValueError("generate: an empty prompt; each needs at least one token (BOS)")
         m = self._mode
+        if on_capture_engine and m and m[0] == "runner" and int(max_new_tokens) == 1:
+            if temperature == 0 and m[-1] == self.dtype:  # 02b's speed pass: no engine start
+                return self._runner.prefill(prompts)
         if not (on_capture_engine and m and m[0] == "capture" and m[-1] == self.dtype):
             self._start(("plain", self.dtype))
         sp = {

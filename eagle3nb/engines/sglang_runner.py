@@ -164,19 +164,19 @@ class RunnerCapture:
         self.vocab = self.runner.model_config.vocab_size
         self._ids: tuple | None = None
 
-    def prefill(self, samples) -> None:
+    def prefill(self, samples) -> list[list[int]]:
         """A plain prefill of ``samples`` (capture off, ``CaptureHiddenMode.NULL``: logits of the
-        last token only), finished on the device: the baseline capture is timed against."""
+        last token only): the baseline capture is timed against. Returns each sample's greedy next
+        token (argmax of SGLang's last-position logits) as ``[[id]]``, read on the host, so the
+        work is finished on the device."""
+        out = []
         for chunk in self._batches([list(map(int, s)) for s in samples]):
-            self._forward(chunk, None, plain=True)
-        if self.device != "cpu":
-            import torch
-
-            torch.cuda.synchronize()
+            out += [[int(t)] for t in self._forward(chunk, None, plain=True).tolist()]
+        return out
 
     def _forward(self, samples, ids, plain=False):
         """One extend pass over ``samples``: FULL capture (``[sum T, width]`` rows in order), or
-        with ``plain`` none (returns None)."""
+        with ``plain`` none (returns the greedy next token per sample, ``[B]`` int64)."""
         import torch
         from sglang.srt.managers.schedule_batch import ScheduleBatch
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch
@@ -217,7 +217,7 @@ class RunnerCapture:
                                        return_hidden_states_before_norm=False)  # fmt: skip
             with torch.no_grad():
                 out = r.forward(fb).logits_output
-            return None if plain else out.hidden_states
+            return out.next_token_logits.argmax(-1) if plain else out.hidden_states
         finally:  # as one_batch's _TorchBenchRunner.clear: every slot back for the next batch
             r.req_to_token_pool.clear()
             r.token_to_kv_pool_allocator.clear()

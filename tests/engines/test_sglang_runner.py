@@ -1,7 +1,8 @@
 """Real SGLang 0.5.23 on CPU through its in-process ``ModelRunner`` (``capture_route: runner``, the
 route of SGLang versions without the aux API, :mod:`eagle3nb.engines.sglang_runner`), in its own
 venv behind the worker: the captured rows are HF's ``hidden_states[id + 1]`` (float32, HF's own
-``output_hidden_states``, no hooks of ours), every token has a row, the log-probabilities are HF's,
+``output_hidden_states``, no hooks of ours), every token has a row, the log-probabilities and the
+plain prefill's greedy token are HF's,
 bfloat16 restarts the runner in the same worker, and ``capture_model`` (the twin proof's call)
 captures another folder through the same route. Skipped where the SGLang venv is absent.
 """
@@ -60,6 +61,11 @@ def test_runner_route_equals_hf_at_id_plus_1_float32(runner, hf):
             assert _rel(got, hs[i + 2][0]) > 0.1  # the next boundary is far: the id is named
         assert torch.isnan(r["input_logprobs"][0])
         assert (r["input_logprobs"][1:] - lp).abs().max() < 1e-4
+    # 02b's speed pass on the runner: one greedy token per sample from its plain prefill, no engine
+    nxt = client.generate(SAMPLES, 1, [], 0.0, 1.0, 0, on_capture_engine=True)
+    with torch.no_grad():
+        want = [[int(hf(torch.tensor([s])).logits[0, -1].argmax())] for s in SAMPLES]
+    assert nxt == want and client.info(live=True)["mode"][0] == "runner"
 
 
 def test_runner_route_bfloat16_and_another_folder(runner, hf):
