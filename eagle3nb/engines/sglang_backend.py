@@ -185,7 +185,7 @@ class Backend(OtherModelCapture, sglang_serve.ServeAcceptance, sglang_runner.Run
             raise RuntimeError(why)  # before SGLang's CUDA kernels fault on it
         os.environ.pop(sglang_ops.NATIVE_ENV, None)
         if native:  # read by the scheduler child (worker.py's __mp_main__ block)
-            sglang_runner.check_version(sglang.__version__)
+            sglang_ops.check_native(sglang.__version__)
             os.environ[sglang_ops.NATIVE_ENV] = "1"
         kw = dict(
             model_path=self.model_path,

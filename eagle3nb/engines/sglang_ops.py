@@ -79,6 +79,23 @@ def native_ops(version: str):
     (``srt/layers/utils/multi_platform.py:36-38``: the forward is picked once in ``__init__``).
 
     Raises:
+        RuntimeError: from :func:`check_native`.
+    """
+    check_native(version)
+    from sglang.srt.layers.utils.multi_platform import MultiPlatformOp
+
+    old = MultiPlatformOp.dispatch_forward
+    MultiPlatformOp.dispatch_forward = lambda self: self.forward_native
+    try:
+        yield
+    finally:
+        MultiPlatformOp.dispatch_forward = old
+
+
+def check_native(version: str) -> None:
+    """Refuse the torch-ops patch on an SGLang version it was not shown on.
+
+    Raises:
         RuntimeError: ``version`` not in :data:`NATIVE_OPS_SHOWN` (0.5.23 replaced the class by
             ``sglang.kernels.fused_op.BaseFusedOp``, which has no ``dispatch_forward``).
     """
@@ -89,11 +106,3 @@ def native_ops(version: str):
             f"multi_platform.py:109-135); SGLang {version} has another op class. Leave native_ops "
             "off (on CUDA serve a padded copy: eagle3nb.target.pad_mlp)"
         )
-    from sglang.srt.layers.utils.multi_platform import MultiPlatformOp
-
-    old = MultiPlatformOp.dispatch_forward
-    MultiPlatformOp.dispatch_forward = lambda self: self.forward_native
-    try:
-        yield
-    finally:
-        MultiPlatformOp.dispatch_forward = old

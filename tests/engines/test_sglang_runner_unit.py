@@ -32,6 +32,9 @@ def test_native_ops_only_where_shown():
     with pytest.raises(RuntimeError, match="SGLang 0.5.23 has another op class"):
         with so.native_ops("0.5.23"):
             pass
+    with pytest.raises(RuntimeError, match="SGLang 0.5.18 has another op class"):
+        so.check_native("0.5.18")
+    so.check_native("0.5.17")  # where it ran
 
 
 @pytest.mark.parametrize(
