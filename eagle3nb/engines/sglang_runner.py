@@ -4,11 +4,11 @@ runs on torch 2.11), behind :meth:`eagle3nb.engines.sglang_backend.Backend.captu
 
 The recipe is SGLang's own offline benchmark, ``sglang/benchmark/one_batch.py`` (line numbers
 below: 0.5.17 wheel / 0.5.23 wheel): ``load_model`` builds the ``ModelRunner`` with its memory
-pool and attention backend (0.5.17 ``:299-369`` / 0.5.23 ``:327-384``; 0.5.23 wants the scheduler
+pool and attention backend (0.5.17 ``:299-369`` / 0.5.23 ``:327-387``; 0.5.23 wants the scheduler
 context published first, as its ``correctness_test`` does, ``:691-699``);
 ``prepare_synthetic_inputs_for_latency_test(custom_inputs=samples)`` makes the ``Req`` s (``:435-461``
-/ ``:462-488``: ``set_extend_range`` in 0.5.17, ``extend_end`` in 0.5.23); ``extend`` builds the
-``ScheduleBatch`` with ``TreeCacheNamespace`` as a dummy cache (``:482-518`` / ``:519-556``), here
+/ ``:450-476``: ``set_extend_range`` in 0.5.17, ``extend_end`` in 0.5.23); ``extend`` builds the
+``ScheduleBatch`` with ``TreeCacheNamespace`` as a dummy cache (``:481-517`` / ``:496-533``), here
 with ``ForwardBatch.init_new(..., capture_hidden_mode=CaptureHiddenMode.FULL)``
 (``srt/model_executor/forward_batch_info.py:706-730`` / ``:958-995``). The target's
 ``set_eagle3_layers_to_capture(ids)`` (``srt/models/llama.py:885-897``: layers_to_capture = id + 1,
