@@ -189,12 +189,13 @@ class RunnerCapture:
         else:
             model.set_eagle3_layers_to_capture(list(ids))
         reqs = ob.prepare_synthetic_inputs_for_latency_test(len(samples), 0, custom_inputs=samples)
-        try:  # 0.5.23 reads the page size from the published schedule context
-            from sglang.srt.runtime_context import get_schedule
+        try:  # the published schedule context (0.5.23; 0.5.17's ModelRunner publishes it too,
+            from sglang.srt.runtime_context import get_schedule  # model_runner.py:334)
 
             page = get_schedule().page_size
-        except ImportError:  # 0.5.17: one_batch.py:485
-            page = r.server_args.page_size
+        except Exception:  # noqa: BLE001 - nothing published: ServerArgs' own (one_batch.py:485)
+            page = None
+        page = page or getattr(r.server_args, "page_size", None) or 1
         cache = ob.TreeCacheNamespace(page_size=page, device=r.device,
                                       token_to_kv_pool_allocator=r.token_to_kv_pool_allocator)  # fmt: skip
         batch = ScheduleBatch.init_new(
