@@ -98,7 +98,7 @@ def stage_capture(a) -> dict:
             want = lp.gather(1, torch.tensor(s[1:], device=a.device)[:, None])[:, 0].cpu()
             lp_err = max(lp_err, (r["input_logprobs"][1:] - want).abs().max().item())
         named = [min(range(len(e)), key=e.__getitem__) for e in err]
-        out[label] = {"model": path, "dtype": dtype, "native_ops": native, "runner_start_s":
+        out[label] = {"model": path, "dtype": dtype, "native_ops": native and cuda, "runner_start_s":
                       round(start_s, 1), "samples": len(samples), "ids": IDS,
                       "boundary_named_per_slot": named, "expected": [i + 1 for i in IDS],
                       "rel_error_per_slot_per_boundary": err,

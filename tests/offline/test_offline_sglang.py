@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -116,3 +117,19 @@ def test_install_sh_writes_the_python_wrapper(tmp_path):
     want = f"/repo:{root}/sglang/site-packages:{root}/vllm-stem/site-packages"
     assert got == f"sglang site | vllm site | {want}"
     assert json.loads((out / "manifest.json").read_text())["beside"] == beside
+
+
+REAL = Path(__file__).resolve().parents[2] / ".offline/sglang-0.5.17-py3.12-torch2.11.0"
+
+
+@pytest.mark.skipif(not (REAL / "manifest.json").is_file(), reason=f"{REAL} not built")
+def test_the_real_sglang_bundle():
+    man = json.loads((REAL / "manifest.json").read_text())
+    assert (man["engine"], man["version"], man["torch_pin"]) == ("sglang", "0.5.17", "2.11.0")
+    assert man["beside"]["stem"] == "vllm-0.26.0-py3.12-torch2.11.0"
+    names = {w["name"]: w["version"] for w in man["wheels"]}
+    assert names["transformers"] == "5.12.1" and names["sglang-kernel"] == "0.4.5"
+    assert "sgl_kernel/flash_ops.abi3.so" in {r["path"] for r in man["pruned"]}
+    assert man["total_part_bytes"] == sum((REAL / p["name"]).stat().st_size for p in man["parts"])
+    assert all(p["bytes"] <= bundle.PART_BYTES for p in man["parts"])
+    assert "BESIDE_SITE" in (REAL / "install.sh").read_text()
