@@ -156,11 +156,11 @@ def stage_job(a) -> dict:
 
 
 def _drafter(a) -> Path:
+    """The job's exported drafter: the run's ``drafter/`` folder (eagle3nb.rundir.RunDir.drafter)."""
     run = Path(a.work) / "runs" / "gpu_sglang" / "drafter"
-    hits = sorted(p.parent for p in run.rglob("config.json") if "eagle" in p.read_text().lower())
-    if not hits:
-        raise FileNotFoundError(f"no exported drafter under {run}: run the job stage first")
-    return hits[0]
+    if not (run / "config.json").is_file():
+        raise FileNotFoundError(f"no exported drafter in {run}: run the job stage first")
+    return run
 
 
 def stage_serve(a, engine: str) -> dict:
