@@ -181,7 +181,9 @@ class Backend(OtherModelCapture, sglang_serve.ServeAcceptance, sglang_runner.Run
         import sglang
 
         native = bool(self.options.get("native_ops", False))  # torch ops in the scheduler
-        if why := sglang_ops.mlp_width_problem(self.model_path, mode[-1], self.device, native):
+        if why := sglang_ops.mlp_width_problem(
+            self.model_path, mode[-1], self.device, native, sglang.__version__
+        ):
             raise RuntimeError(why)  # before SGLang's CUDA kernels fault on it
         os.environ.pop(sglang_ops.NATIVE_ENV, None)
         if native:  # read by the scheduler child (worker.py's __mp_main__ block)

@@ -28,8 +28,13 @@ __all__ = [
 NATIVE_OPS_SHOWN = ("0.5.17",)  # where the torch-ops patch ran (H100, 2026-12-06)
 
 
-def mlp_width_problem(model_path: str, dtype: str, device: str, native: bool) -> str | None:
-    """Why SGLang's CUDA kernels would fault on this target's MLP, or None.
+def mlp_width_problem(
+    model_path: str, dtype: str, device: str, native: bool, version: str | None = None
+) -> str | None:
+    """Why SGLang's CUDA kernels would fail on this target, or None.
+
+    float32 on CUDA with SGLang 0.5.17 (``version``): sgl-kernel's rmsnorm "failed to dispatch data
+    type Float" (``../shared/reference/gpu_engines_h200.md``; other versions not known, not refused).
 
     SGLang routes ``SiluAndMul`` to its JIT kernel when the width is a multiple of 16 bytes /
     element size (8 in bf16/fp16, 4 in float32) and to sgl-kernel's AOT ``silu_and_mul`` otherwise
@@ -39,6 +44,11 @@ def mlp_width_problem(model_path: str, dtype: str, device: str, native: bool) ->
     """
     if device == "cpu" or native:
         return None
+    if dtype == "float32" and version in NATIVE_OPS_SHOWN:
+        return (
+            f"dtype=float32 on CUDA: SGLang {version}'s sgl-kernel rmsnorm takes bfloat16 and "
+            "float16 only; set sglang_options.native_ops: true (torch ops) or use bfloat16"
+        )
     with open(os.path.join(model_path, "config.json")) as f:
         cfg = json.load(f)
     cfg = cfg.get("text_config", cfg) if "intermediate_size" not in cfg else cfg

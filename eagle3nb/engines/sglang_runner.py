@@ -131,7 +131,7 @@ class RunnerCapture:
 
         self.version = sglang.__version__
         check_version(self.version)
-        if why := mlp_width_problem(str(model_path), dtype, device, native):
+        if why := mlp_width_problem(str(model_path), dtype, device, native, self.version):
             raise RuntimeError(why)
         from sglang.benchmark import one_batch as ob
         from sglang.srt.server_args import PortArgs, ServerArgs

@@ -107,11 +107,12 @@ def check_sglang(
 
     path = str(resolve_model(model))
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    if why := mlp_width_problem(path, dtype, device, False):
+    import sglang
+
+    if why := mlp_width_problem(path, dtype, device, False, sglang.__version__):
         raise RuntimeError(why)
     hf, tok, _ = load_target(path, dtype=dtype, device=device)
     ids = tok("Once upon a time", add_special_tokens=True)["input_ids"]
-    import sglang
 
     kw = dict(model_path=path, dtype=dtype, random_seed=0, disable_cuda_graph=True,
               disable_radix_cache=True, log_level="error", mem_fraction_static=0.3)  # fmt: skip

@@ -110,7 +110,9 @@ def test_sglang_options_reach_sglang_engine_and_fixed_ones_are_refused(tmp_path,
         def __init__(self, **kw):
             seen.update(kw)
 
-    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=FakeSglangEngine))
+    monkeypatch.setitem(
+        sys.modules, "sglang", types.SimpleNamespace(Engine=FakeSglangEngine, __version__="0.5.23")
+    )
     monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
     monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path / "cpu-shim"))
     opts = sh.check_sglang_options({"max_total_tokens": 4096, "engine_kwargs": {"tp_size": 2}})

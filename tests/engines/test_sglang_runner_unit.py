@@ -56,6 +56,15 @@ def test_mlp_width_problem(tmp_path, width, dtype, device, native, refused):
         assert f"intermediate_size={width}" in why and "pad_mlp" in why
 
 
+def test_float32_refused_on_cuda_with_0517_only(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"intermediate_size": 176}))
+    why = so.mlp_width_problem(str(tmp_path), "float32", "cuda", False, "0.5.17")
+    assert "rmsnorm takes bfloat16 and float16 only" in why and "native_ops: true" in why
+    assert so.mlp_width_problem(str(tmp_path), "float32", "cuda", True, "0.5.17") is None
+    assert so.mlp_width_problem(str(tmp_path), "bfloat16", "cuda", False, "0.5.17") is None
+    assert so.mlp_width_problem(str(tmp_path), "float32", "cuda", False, "0.5.23") is None
+
+
 def test_options_refusals():
     assert sh.check_sglang_options({"capture_route": "runner", "native_ops": True})
     with pytest.raises(ValueError, match="capture_route='x'"):
