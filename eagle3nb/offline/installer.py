@@ -50,6 +50,8 @@ def wrapper_block(manifest: dict) -> str:
         '} > "$TARGET/python"',
         'chmod +x "$TARGET/python"',
         'echo "wrote $TARGET/python: give it as sglang_python ($BESIDE_SITE after this site)"',
+        'echo "check it (from the eagle3nb repository): $TARGET/python -m eagle3nb.offline check'
+        ' --engine sglang"',
     ]
     return "\n".join(lines) + "\n"
 
@@ -100,5 +102,5 @@ printf '%s\\n' {shlex.quote(line)} | sed "s|@TARGET@|$TARGET|g" > "$TARGET/env.s
 echo "installed {stem} into $TARGET/{member} ($(du -sh "$TARGET/{member}" | cut -f1))"
 {wrapper_block(manifest)}echo "now run (or: source $TARGET/env.sh):"
 cat "$TARGET/env.sh"
-echo "then check it: python3 -m eagle3nb.offline check   (from the eagle3nb repository)"
+{"" if manifest.get("beside") else 'echo "then check it: python3 -m eagle3nb.offline check   (from the eagle3nb repository)"'}
 """
