@@ -6,6 +6,7 @@ boundaries/         the ground floor: boundary b and each engine's layer ids (im
     conventions     each engine's and trainer's layer ids <-> physical boundaries
     rules           the id rule per (engine, engine version, architecture class), refusals
     vllm_0_26_0     vLLM 0.26.0's rows of that table, with the source lines they were read at
+    sglang_0_5_17   SGLang 0.5.17's rows of that table, read in its wheel at its own lines
     cpu_limits      classes and configs each engine version is measured not to run on CPU
     export_ids      the ids written per engine: its rule for the target class, or its convention
     engine_read     read an exported config as each serving engine does; what it ignores
@@ -15,6 +16,7 @@ target/             the target model: model folders, HF capture, twins, quantize
     models          find (explicit path, $EAGLE3NB_MODEL_PATH, ../shared/models), load, hash
     twin            a tiny random-weight twin of a target, from its config.json; slots named on it
     moe_copy        a dense Llama re-expressed as a Mixtral MoE of the same function (no download)
+    pad_mlp         a copy with the MLP zero-padded to a wider width, the same function (SGLang CUDA)
     capture         residual stream at boundaries behind one CaptureEngine interface (HF);
                     the HF reference at every boundary
     head            the target's embedding, final norm and lm_head alone, read by tensor name
@@ -63,6 +65,9 @@ engines/            real engines (vLLM, SGLang) behind one interface, across a p
     vllm_connector  engine side: synchronous hidden-states connector that vLLM loads
     vllm_eager      engine side: vLLM on CUDA with graphs off captures boundary N at id 0
     sglang_backend  engine side: SGLang generation and aux capture through sglang.Engine
+    sglang_runner   engine side: SGLang capture through its in-process ModelRunner (no aux API)
+    sglang_ops      engine side: SGLang's CUDA kernel limits (MLP width) and the torch-ops patch
+    sglang_netns    engine side: the SGLang worker's loopback-only network namespace
     sglang_transport  engine side: SGLang's scheduler hands captured states over as tensors
     sglang_forkserver  engine side: SGLang's scheduler and detokenizer forked from one preloaded server
     sglang_spec_cpu  engine side: torch stand-ins for SGLang's missing CPU speculative ops; the gated install

@@ -43,8 +43,9 @@ raises ``TypeError``. GLM-4.5 (``glm4_moe.py:534``) and Gemma-3 (``gemma3.py:367
 ``gemma3_mm.py:500``) and Mixtral (``mixtral.py:375``) lack ``SupportsEagle3``:
 ``v1/worker/gpu_model_runner.py:5234-5238`` raises (plain generation runs).
 
-vLLM 0.26.0 (the GPU host's engine): the same rule per class, read in its own sources at its own
-lines (:data:`eagle3nb.boundaries.vllm_0_26_0.VLLM_0260`).
+vLLM 0.26.0 and SGLang 0.5.17 (the GPU host's engines): the same rule per class as 0.32.0 and
+0.5.23, read in their own sources at their own lines (:data:`eagle3nb.boundaries.vllm_0_26_0.VLLM_0260`,
+:data:`eagle3nb.boundaries.sglang_0_5_17.SGLANG_0517`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from eagle3nb.boundaries.cpu_limits import (  # re-exported: the CPU refusals pr
     cpu_config_limit,
     cpu_limit,
 )
+from eagle3nb.boundaries.sglang_0_5_17 import SGLANG_0517
 from eagle3nb.boundaries.vllm_0_26_0 import VLLM_0260
 
 __all__ = [
@@ -267,7 +269,8 @@ def _rules() -> dict[tuple[str, str, str], EngineRule]:
         "Gemma3ForConditionalGeneration": ("refused", 0, 0, vl + "gemma3_mm.py:500", ""),
     }
     out = {}
-    tables = (("sglang", "0.5.23", sglang), ("vllm", "0.32.0", vllm), ("vllm", "0.26.0", VLLM_0260))
+    tables = (("sglang", "0.5.23", sglang), ("vllm", "0.32.0", vllm), ("vllm", "0.26.0", VLLM_0260),
+              ("sglang", "0.5.17", SGLANG_0517))  # fmt: skip
     for engine, version, table in tables:
         for arch, (kind, lo, hi_below, src, limit) in table.items():
             why = None

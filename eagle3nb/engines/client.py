@@ -94,7 +94,7 @@ class EngineClient:
         startup_timeout, request_timeout: seconds.
         env: extra environment variables for the worker.
         prefix: argv put before the worker's command (e.g. SGLang's loopback-only network
-            namespace, :func:`eagle3nb.engines.sglang_backend.loopback_prefix`); the pipes cross it.
+            namespace, :func:`eagle3nb.engines.sglang_netns.loopback_prefix`); the pipes cross it.
         threads: the worker's threads (:func:`eagle3nb.threads.worker_env`, and torch's pool sized
             in the worker before the engine imports); None: this process's budget
             (:func:`eagle3nb.threads.current`, set by each notebook step), or no setting when no

@@ -1,8 +1,7 @@
 """SGLang (``sglang==0.5.23``) behind the engine-worker contract: generation and aux-state capture
 through SGLang's own model code (``sglang.Engine``), run in SGLang's own virtual environment.
 
-Imports only stdlib at module level (the client side reads :func:`launch_env` and
-:func:`loopback_prefix` with another torch build); ``torch``/``sglang`` are imported by
+Imports only stdlib at module level (the client side reads :func:`launch_env` with another torch build); ``torch``/``sglang`` are imported by
 :class:`Backend`.
 
 What SGLang captures (read in ``sglang/srt/models/llama.py``, 0.5.23): ``set_eagle3_layers_to_capture``
@@ -14,29 +13,33 @@ capture convention and is reset to None, no draft is loaded) a request with
 ``return_hidden_states=True`` gets ``meta_info["hidden_states"]`` = the concatenated aux states
 ``[T, n_ids * H]`` *in place of* the last-layer states.
 
+Versions without that API (0.5.14-0.5.22; 0.5.17 is the newest on torch 2.11) capture through
+SGLang's in-process ``ModelRunner`` instead (:mod:`eagle3nb.engines.sglang_runner`; ``options``
+``capture_route``: auto, engine or runner), with the same ids, rows and keys.
+
 Boundary N (the last layer's output before the final norm) is not available from stock SGLang:
-``layers_to_capture`` only names layer inputs, so id N - 1 would need a layer N that does not exist
-(``layers/logits_processor.py::_check_aux_hidden_states`` raises "captured fewer aux hidden
-states ... usually its last layer"); in capture-only mode the last-layer states are replaced by the
-aux states; and without it ``return_hidden_states`` gives the states *after* ``final_norm`` for
-Llama (``hidden_states_before_norm`` is only passed by a few model files). SGLang's own trainer
-SpecForge gets its target logits by patching SGLang's ``LogitsProcessor``
-(``specforge/modeling/target/sglang_backend/utils.py``), not through the public API. So
-:meth:`Backend.capture` returns no ``final``; the dataset step takes boundary N from the HF reference
-engine, names that engine in the manifest, and checks it against SGLang's own next-token
-log-probabilities (``input_logprobs`` below, from SGLang's lm_head over its final-normed state).
+``layers_to_capture`` only names layer inputs (an id N - 1 needs a layer N that does not exist:
+``layers/logits_processor.py::_check_aux_hidden_states``); in capture-only mode the last-layer
+states are replaced by the aux states; without it ``return_hidden_states`` gives the states *after*
+``final_norm`` for Llama. So :meth:`Backend.capture` returns no ``final``; the dataset step takes
+boundary N from the HF reference engine, names that engine in the manifest, and checks it against
+SGLang's own next-token log-probabilities (``input_logprobs`` below).
 """
 
 from __future__ import annotations
 
 import importlib
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
-from eagle3nb.engines import sglang_forkserver, sglang_serve, sglang_transport
-from eagle3nb.engines.worker import OtherModelCapture, check_aux_width, text_hidden_size
+from eagle3nb.engines import (
+    sglang_forkserver,
+    sglang_ops,
+    sglang_runner,
+    sglang_serve,
+    sglang_transport,
+)
+from eagle3nb.engines.worker import OtherModelCapture, text_hidden_size
 
 __all__ = [
     "ENGINE_NAME",
@@ -44,13 +47,20 @@ __all__ = [
     "VERSION",
     "Backend",
     "launch_env",
-    "loopback_prefix",
     "engine_root",
 ]
 
 ENGINE_NAME = "sglang"
 CONVENTION = "sglang"  # ids this backend takes: SGLang's own (id L -> boundary L + 1)
 VERSION = "0.5.23"  # the pinned version whose source the docstring above was read from
+
+
+def _cpu_switch() -> bool:
+    return os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"
+
+
+def _cpu_shim() -> bool:
+    return any("cpu-shim" in p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep))
 
 
 def engine_root() -> Path:
@@ -108,45 +118,7 @@ def launch_env(
     return env
 
 
-def loopback_prefix() -> list[str]:
-    """Command prefix that runs the worker in a network namespace whose only interface is loopback.
-
-    SGLang's scheduler opens a torch TCPStore on all interfaces whatever ``host`` says; inside a
-    fresh network namespace "all interfaces" is ``lo`` alone. Root: ``unshare -n``; otherwise an
-    unprivileged user namespace (``unshare -r -n``) where the kernel allows one. Pipes (stdin/stdout)
-    cross the namespace; TCP to the parent does not.
-
-    Returns:
-        argv prefix; append the worker's argv.
-
-    Raises:
-        RuntimeError: neither form works here (no ``unshare``/``ip``, or namespaces not permitted),
-            naming the fallback: set ``EAGLE3NB_ENGINE_NETNS=off`` to run without the namespace on a
-            host whose firewall already keeps other machines out.
-    """
-    if os.environ.get("EAGLE3NB_ENGINE_NETNS", "on") == "off":
-        return []
-    unshare, ip = shutil.which("unshare"), shutil.which("ip")
-    if not unshare or not ip:
-        raise RuntimeError(
-            "running the SGLang worker loopback-only needs `unshare` (util-linux) and `ip` (iproute2); install them, or set EAGLE3NB_ENGINE_NETNS=off to run it in the host network namespace (its TCPStore then listens on all interfaces)"
-        )
-    tail = ["sh", "-c", f'{ip} link set lo up && exec "$0" "$@"']
-    for flags in (["-n"], ["-r", "-n"]) if os.geteuid() == 0 else (["-r", "-n"],):
-        probe = subprocess.run(
-            [unshare, *flags, "--", "sh", "-c", f"{ip} link set lo up"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        if probe.returncode == 0:
-            return [unshare, *flags, "--", *tail]
-    raise RuntimeError(
-        f"cannot create a loopback-only network namespace here (`unshare -n` / `unshare -r -n` failed: {probe.stderr.strip()[:200]}); run as root or allow unprivileged user namespaces, or set EAGLE3NB_ENGINE_NETNS=off to run the SGLang worker in the host network namespace (its TCPStore then listens on all interfaces)"
-    )
-
-
-class Backend(OtherModelCapture, sglang_serve.ServeAcceptance):
+class Backend(OtherModelCapture, sglang_serve.ServeAcceptance, sglang_runner.RunnerRoute):
     """One SGLang ``Engine`` at a time: plain for :meth:`generate`, capture-only for :meth:`capture`,
     EAGLE-3 serving for :meth:`serve_acceptance` (:mod:`eagle3nb.engines.sglang_serve`).
 
@@ -160,8 +132,9 @@ class Backend(OtherModelCapture, sglang_serve.ServeAcceptance):
         model_path: local HF folder of the target.
         dtype: ``"float32"`` or ``"bfloat16"`` (SGLang computes and returns states in it).
         options: ``device`` (``cpu``/``cuda``/``cuda:N``, default cpu), ``seed`` (SGLang
-            ``random_seed``), ``context_length``, ``max_total_tokens`` (KV pool, tokens), and
-            ``engine_kwargs`` (passed to ``sglang.Engine`` as is, e.g. ``tp_size`` on GPUs).
+            ``random_seed``), ``context_length``, ``max_total_tokens`` (KV pool, tokens),
+            ``engine_kwargs`` (passed to ``sglang.Engine`` as is, e.g. ``tp_size`` on GPUs),
+            ``capture_route`` and ``native_ops`` (:mod:`eagle3nb.engines.sglang_runner`).
 
     Raises:
         RuntimeError: device cpu without the CPU switch and shim in the environment, or device cuda
@@ -176,8 +149,7 @@ class Backend(OtherModelCapture, sglang_serve.ServeAcceptance):
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype={dtype!r}: SGLang backend takes float32, bfloat16 or float16")
         self.device = str(options.get("device", "cpu"))
-        on_cpu = os.environ.get("SGLANG_USE_CPU_ENGINE") == "1"
-        shim = any("cpu-shim" in p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep))
+        on_cpu, shim = _cpu_switch(), _cpu_shim()
         if self.device == "cpu" and not (on_cpu and shim):
             raise RuntimeError(
                 "SGLang on CPU needs SGLANG_USE_CPU_ENGINE=1 and the cpu-shim folder on LD_LIBRARY_PATH in the worker's environment (eagle3nb.engines.sglang_backend.launch_env('cpu') builds it)"
@@ -208,6 +180,15 @@ class Backend(OtherModelCapture, sglang_serve.ServeAcceptance):
         self._stop()
         import sglang
 
+        native = bool(self.options.get("native_ops", False))  # torch ops in the scheduler
+        if why := sglang_ops.mlp_width_problem(
+            self.model_path, mode[-1], self.device, native, sglang.__version__
+        ):
+            raise RuntimeError(why)  # before SGLang's CUDA kernels fault on it
+        os.environ.pop(sglang_ops.NATIVE_ENV, None)
+        if native:  # read by the scheduler child (worker.py's __mp_main__ block)
+            sglang_ops.check_native(sglang.__version__)
+            os.environ[sglang_ops.NATIVE_ENV] = "1"
         kw = dict(
             model_path=self.model_path,
             dtype=mode[-1],
@@ -217,9 +198,8 @@ class Backend(OtherModelCapture, sglang_serve.ServeAcceptance):
             disable_radix_cache=True,
             disable_cuda_graph=True,
             log_level="error",
-            # an idle scheduler otherwise spins one thread at 100% CPU (sglang/srt/managers/
-            # scheduler_components/idle_sleeper.py:15-37; scheduler.py:854-866, 5328): on a 2-core
-            # machine that halves the cores of the notebook's own work between engine calls
+            # an idle scheduler otherwise spins a thread at 100% CPU, half of 2 cores (sglang/srt/
+            # managers/scheduler_components/idle_sleeper.py:15-37; scheduler.py:854-866, 5328)
             sleep_on_idle=True,
             # a prompt split over prefill chunks returns only its last chunk's rows (seen: 25 of 104)
             chunked_prefill_size=-1,
@@ -240,6 +220,7 @@ class Backend(OtherModelCapture, sglang_serve.ServeAcceptance):
 
     def _stop(self) -> None:
         self._close_other()  # a twin's engine (capture_model)
+        self.close_runner()  # the in-process ModelRunner (sglang_runner)
         if self._engine is not None:
             self._engine.shutdown()
         self._engine, self._mode = None, None
@@ -260,13 +241,12 @@ class Backend(OtherModelCapture, sglang_serve.ServeAcceptance):
             "convention": CONVENTION,
             "device": self.device,
             "dtype": self.dtype,
-            "cpu_engine_switch": os.environ.get("SGLANG_USE_CPU_ENGINE") == "1",
-            "cpu_shim": any(
-                "cpu-shim" in p for p in os.environ.get("LD_LIBRARY_PATH", "").split(os.pathsep)
-            ),
+            "cpu_engine_switch": _cpu_switch(),
+            "cpu_shim": _cpu_shim(),
             "final_boundary_capturable": False,
             "mode": list(self._mode) if self._mode else None,
             "hidden_states_transport": self._transport,  # see sglang_transport
+            "capture_route": self.capture_route(),  # engine (aux API) or runner (sglang_runner)
         }
 
     def generate(
@@ -280,7 +260,8 @@ class Backend(OtherModelCapture, sglang_serve.ServeAcceptance):
         on_capture_engine: bool = False,
     ) -> list[list[int]]:
         """Continuations through a plain SGLang engine (no capture), or through the running
-        capture-only engine of this dtype with ``on_capture_engine`` (no restart; see the class).
+        capture-only engine of this dtype with ``on_capture_engine`` (no restart; see the class);
+        on the runner route one greedy token per prompt comes from the runner's plain prefill.
 
         Args:
             prompts: token id lists (BOS/template applied), each non-empty.
@@ -296,6 +277,9 @@ class Backend(OtherModelCapture, sglang_serve.ServeAcceptance):
         if any(len(p) == 0 for p in prompts):
             raise ValueError("generate: an empty prompt; each needs at least one token (BOS)")
         m = self._mode
+        if on_capture_engine and m and m[0] == "runner" and int(max_new_tokens) == 1:
+            if temperature == 0 and m[-1] == self.dtype:  # 02b's speed pass: no engine start
+                return self._runner.prefill(prompts)
         if not (on_capture_engine and m and m[0] == "capture" and m[-1] == self.dtype):
             self._start(("plain", self.dtype))
         sp = {
@@ -352,6 +336,8 @@ class Backend(OtherModelCapture, sglang_serve.ServeAcceptance):
         dtype = dtype or self.dtype
         if dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"dtype={dtype!r}: SGLang backend takes float32, bfloat16 or float16")
+        if self.capture_route() == "runner":  # no aux API in this SGLang: sglang_runner
+            return self.runner_capture(samples, ids, logprobs, dtype)
         self._start(("capture", ids, dtype))
         kw = {"return_logprob": True, "logprob_start_len": 0} if logprobs else {}
         outs = self._engine.generate(
@@ -377,7 +363,7 @@ class Backend(OtherModelCapture, sglang_serve.ServeAcceptance):
                 raise RuntimeError(
                     f"sample {i}: SGLang returned {aux.shape[0]} hidden-state rows for {len(s)} tokens"
                 )
-            check_aux_width(i, aux.shape[1], ids, self.hidden_size, "SGLang")
+            self.check_width(i, aux.shape[1], ids)
             item = {"aux": aux}
             if logprobs:
                 lp = [

@@ -14,7 +14,7 @@ import torch
 
 from eagle3nb.padding import pad_right
 from eagle3nb.target.capture import capture_boundaries, decoder_of, n_layers_of
-from eagle3nb.engines import sglang_backend
+from eagle3nb.engines import sglang_backend, sglang_netns
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient
 from eagle3nb.engines.pool import open_engine
 
@@ -35,7 +35,8 @@ FINAL_LOGPROB_TOL = {"float32": 1e-3, "float16": 0.2, "bfloat16": 0.5}
 
 
 # keys of ``sglang_options`` (read by SGLangBackend, eagle3nb/engines/sglang_backend.py)
-SGLANG_OPTION_KEYS = {"max_total_tokens", "engine_kwargs"}
+SGLANG_OPTION_KEYS = {"max_total_tokens", "engine_kwargs", "capture_route", "native_ops"}
+CAPTURE_ROUTES = ("auto", "engine", "runner")  # eagle3nb.engines.sglang_runner.ROUTES
 # sglang.Engine arguments eagle3nb sets for a correct capture (SGLangBackend._start): overriding one
 # would change which tensors come back or drop rows, so engine_kwargs may not name them
 SGLANG_FIXED_KWARGS = {
@@ -57,12 +58,15 @@ def check_sglang_options(opts: dict) -> dict:
 
     ``max_total_tokens`` (int > 0: SGLang's KV pool in tokens) and ``engine_kwargs`` (a dict passed
     to ``sglang.Engine`` as is: ``tp_size``, ``ep_size``, ``dp_size``, ``mem_fraction_static``,
-    ``attention_backend``, ... on GPUs). The run's ``seed`` and ``dtype``, and the capture settings
+    ``attention_backend``, ... on GPUs), ``capture_route`` (auto, engine or runner: SGLang's aux
+    API or its in-process ModelRunner, :mod:`eagle3nb.engines.sglang_runner`) and ``native_ops``
+    (bool: the runner's model built with torch ops; SGLang 0.5.17 only). The run's ``seed`` and ``dtype``, and the capture settings
     of :data:`SGLANG_FIXED_KWARGS`, come from eagle3nb and cannot be overridden here.
 
     Raises:
-        ValueError: an unknown key, a non-positive ``max_total_tokens``, ``engine_kwargs`` not a
-            mapping, or naming a fixed argument (the message names the key and the fix).
+        ValueError: an unknown key, a non-positive ``max_total_tokens``, a ``capture_route`` not
+            auto/engine/runner, a ``native_ops`` not a bool, ``engine_kwargs`` not a mapping, or
+            naming a fixed argument (the message names the key and the fix).
     """
     opts = dict(opts or {})
     if bad := sorted(set(opts) - SGLANG_OPTION_KEYS):
@@ -73,6 +77,17 @@ def check_sglang_options(opts: dict) -> dict:
     if mtt is not None and (not isinstance(mtt, int) or isinstance(mtt, bool) or mtt < 1):
         raise ValueError(
             f"sglang_options.max_total_tokens={mtt!r}: give a positive int (tokens in the KV pool)"
+        )
+    route = opts.get("capture_route", "auto")
+    if route not in CAPTURE_ROUTES:
+        raise ValueError(
+            f"sglang_options.capture_route={route!r}: give one of {list(CAPTURE_ROUTES)} (auto: the "
+            "aux API where the installed SGLang has it, else the in-process ModelRunner)"
+        )
+    if not isinstance(opts.get("native_ops", False), bool):
+        raise ValueError(
+            f"sglang_options.native_ops={opts['native_ops']!r}: give true or false (torch ops in "
+            "the capture runner's model, SGLang 0.5.17 only)"
         )
     kw = opts.get("engine_kwargs", {})
     if not isinstance(kw, dict):
@@ -124,7 +139,7 @@ def start_sglang(
         os.environ.update(changed)
         prefix = []
     else:
-        prefix = sglang_backend.loopback_prefix()
+        prefix = sglang_netns.loopback_prefix()
     opts = {"device": device, "seed": int(seed), **check_sglang_options(options)}
     if context_length:
         opts["context_length"] = int(context_length)

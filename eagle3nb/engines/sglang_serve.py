@@ -1,4 +1,4 @@
-"""SGLang (0.5.23) serves an exported EAGLE-3 drafter and reports its own counters: the SGLang
+"""SGLang (0.5.23; 0.5.17 on the GPU host) serves an exported EAGLE-3 drafter and reports its own counters: the SGLang
 backend's ``serve_acceptance`` (:class:`ServeAcceptance`, mixed into
 :class:`eagle3nb.engines.sglang_backend.Backend`) and the engine arguments of each engine mode.
 
@@ -11,7 +11,7 @@ starts, and checks its gate here first, so a refusal comes before the engine sta
 SGLang's own kernels run and nothing is patched.
 
 The counters are SGLang's per-request ``meta_info`` (``sglang/srt/managers/tokenizer_manager.py``,
-speculative metrics; counted in ``scheduler_components/batch_result_processor.py`` once per
+speculative metrics; the same keys in 0.5.17, ``:2750-2808``, the GPU host's version; counted in ``scheduler_components/batch_result_processor.py`` once per
 verify pass of a request that had not finished), summed over this call's requests. SGLang's
 server-level average accept length is a running average over the server's lifetime and is never
 read. Imports only stdlib at module level (engine side).

@@ -85,6 +85,10 @@ if __name__ == "__mp_main__":
         except Exception:  # SGLang's own lists then arrive; the backend reports which form came
             pass
     sglang_spec_cpu.hook_scheduler()  # a failure here must stop the child: serving would fail later
+    if os.environ.get("EAGLE3NB_SGLANG_NATIVE_OPS") == "1":  # torch ops (sglang_ops)
+        from eagle3nb.engines import sglang_ops
+
+        sglang_ops.install_native_ops()
 
 # engine name -> module defining ``Backend``; "module:<dotted.path>" selects any other module
 # (used by the unit tests' fake engine, which is named as a fake)

@@ -5,6 +5,9 @@ Here (with a package index):
          [--have FILE | --have-image h200] [--dense-only] [--preset 9e]
 On the host, in the folder holding every part: bash install.sh [TARGET], then the printed export
 line, then: python -m eagle3nb.offline check [--model PATH]
+SGLang (its own site, beside vLLM's): build --engine sglang; on the host install the vLLM bundle,
+then the SGLang one (BESIDE_SITE=vllm's site-packages bash install.sh TARGET), then
+TARGET/python -m eagle3nb.offline check --engine sglang
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ def build(
     have_image: str = typer.Option("h200", help="a built-in host package list (h200)"),
     dense_only: bool = typer.Option(False, help="drop vLLM's fused-MoE kernels (_moe_C)"),
     preset: str = typer.Option("9e", help="xz preset (0-9, e for extreme)"),
-    engine: str = typer.Option("vllm", help="the engine (vllm)"),
+    engine: str = typer.Option("vllm", help="the engine (vllm, or sglang: built beside vllm's)"),
 ) -> None:
     """Download (cached in ~/.cache/eagle3nb/offline), stage, prune and pack the bundle."""
     from eagle3nb.offline.bundle import build as build_bundle
@@ -66,18 +69,27 @@ def build(
 def check(
     model: str = typer.Option("stories260K-hd32", help="local target folder or name"),
     max_new_tokens: int = typer.Option(8, min=1, help="tokens to generate"),
-    dtype: str = typer.Option("float32", help="float32 or bfloat16"),
+    dtype: str = typer.Option("", help="float32 or bfloat16 (default: vllm float32, sglang bf16)"),
+    engine: str = typer.Option("vllm", help="vllm, or sglang (run with the bundle's python)"),
 ) -> None:
     """On the host: versions, then an engine on MODEL generating a few tokens (vs HF greedy)."""
-    from eagle3nb.offline.check import check_engine, versions
+    from eagle3nb.offline.check import check_engine, check_sglang, versions
 
-    v = versions()
+    if engine not in ("vllm", "sglang"):
+        _fail(f"--engine {engine}: give vllm or sglang")
+    v = versions(engine)
     for k, val in v.items():
         typer.echo(f"{k:12s} {val}")
-    if v["vllm"].startswith("absent"):
-        _fail("vllm does not import: run the export line install.sh printed (source env.sh)")
+    if v[engine].startswith("absent"):
+        _fail(f"{engine} does not import: run the export line install.sh printed (source env.sh)"
+              " or, for sglang, the bundle's TARGET/python")  # fmt: skip
     try:
-        res = check_engine(model, max_new_tokens, dtype)
+        if engine == "sglang":
+            if model == "stories260K-hd32":  # width 172: SGLang's CUDA SiluAndMul faults on it
+                model = "stories260K-hd32-mlp176"
+            res = check_sglang(model, max_new_tokens, dtype or "bfloat16")
+        else:
+            res = check_engine(model, max_new_tokens, dtype or "float32")
     except (RuntimeError, FileNotFoundError, ValueError) as e:
         _fail(str(e))
     typer.echo(json.dumps(res))

@@ -25,6 +25,8 @@ from eagle3nb.offline.installer import render_install_sh
 from eagle3nb.offline.sets import (
     EAGLE3NB_HEADLESS,
     PRUNE_RULES,
+    WHEEL_SETS,
+    beside_names,
     check_python,
     normalize,
     pick_engine,
@@ -74,10 +76,17 @@ def _pip_target_args(python: str) -> list[str]:
 
 
 def wanted_wheels(
-    engine_req: str, extras: Iterable[str], have: frozenset[str], headless: bool = True
+    engine_req: str,
+    extras: Iterable[str],
+    have: frozenset[str],
+    headless: bool = True,
+    ahead: Iterable[str] = (),
 ) -> tuple[list[tuple[str, str, str]], list[str]]:
     """``[(name, version, role)]`` to download (engine first, each name once) and the names skipped
-    because the host has them. ``role``: ``engine``, ``engine-extra`` or ``eagle3nb``."""
+    because the host has them (``have``: the image's, and those of a set installed beside). Names
+    in ``ahead`` are kept even so (versions that must shadow the host's). ``role``: ``engine``,
+    ``engine-extra`` or ``eagle3nb``."""
+    ahead = {normalize(a) for a in ahead}
     out, skipped, seen = [], [], set()
     groups = [("engine", [engine_req]), ("engine-extra", list(extras))]
     groups += [("eagle3nb", list(EAGLE3NB_HEADLESS))] if headless else []
@@ -88,7 +97,7 @@ def wanted_wheels(
             if key in seen:
                 continue
             seen.add(key)
-            if key in have and role != "engine":
+            if key in have and role != "engine" and key not in ahead:
                 skipped.append(key)
             else:
                 out.append((key, ver, role))
@@ -262,7 +271,13 @@ def build(
     stem += "-dense" if dense_only else ""
     out = Path(out or Path.cwd() / ".offline") / stem
     out.mkdir(parents=True, exist_ok=True)
-    wanted, skipped = wanted_wheels(f"{ws.engine}=={ws.version}", ws.extras, have)
+    beside = None
+    if ws.beside:  # e.g. SGLang beside vLLM's site: its wheels (and eagle3nb's) are not repeated
+        b = WHEEL_SETS[ws.beside]
+        beside = {"engine": b.engine, "version": b.version,
+                  "stem": f"{b.engine}-{b.version}-py{py}-torch{torch.split('+')[0]}"}  # fmt: skip
+    wanted, skipped = wanted_wheels(f"{ws.engine}=={ws.version}", ws.extras,
+                                    have | beside_names(ws), ws.beside is None, ws.ahead)  # fmt: skip
     files = download(wanted, py, CACHE / "wheels", log)
     got_pin, req_py = wheel_torch_pin(files[0])
     if got_pin != pin.torch:
@@ -302,6 +317,8 @@ def build(
         "pruned": pruned,
         "dense_only": dense_only,
         "env": ws.env,
+        "beside": beside,
+        "ahead_of_host": list(ws.ahead),
         "staged_bytes": staged,
         "installed_bytes": staged - sum(p["bytes"] for p in pruned),
         "xz_preset": preset,

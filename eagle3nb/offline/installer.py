@@ -4,14 +4,19 @@ or python3's lzma where xz is absent; no package index, no network).
 It checks every part's sha256 against the manifest's, reassembles them with ``cat``, unpacks with
 ``xz -dc | tar -x`` into a temporary folder beside the target (a failed unpack leaves the previous
 install as it was), moves ``site-packages`` into place, writes ``env.sh`` and prints the
-``export PYTHONPATH=... VLLM_USE_FLASHINFER_SAMPLER=0`` line.
+``export PYTHONPATH=... VLLM_USE_FLASHINFER_SAMPLER=0`` line. A bundle used beside another
+(SGLang beside vLLM's site: ``manifest["beside"]``) also gets ``TARGET/python``, a wrapper running
+the host's ``python3`` with this site and then the other on ``PYTHONPATH`` (after what the caller
+put there, e.g. the repository): given as ``sglang_python``, the SGLang worker, and only it, sees
+transformers 5.12.1 ahead of the host's. ``BESIDE_SITE`` names the other site (default: the other
+bundle's default folder next to ``TARGET``).
 """
 
 from __future__ import annotations
 
 import shlex
 
-__all__ = ["render_install_sh", "env_line"]
+__all__ = ["render_install_sh", "env_line", "wrapper_block"]
 
 
 def env_line(target: str, env: dict[str, str]) -> str:
@@ -20,6 +25,35 @@ def env_line(target: str, env: dict[str, str]) -> str:
     extra = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
     path = f'PYTHONPATH="{target}/site-packages${{PYTHONPATH:+:$PYTHONPATH}}"'
     return f"export {path} {extra}".rstrip()
+
+
+def wrapper_block(manifest: dict) -> str:
+    """The part of ``install.sh`` that writes ``TARGET/python`` for a bundle with ``beside``
+    (empty otherwise)."""
+    b = manifest.get("beside")
+    if not b:
+        return ""
+    envs = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(manifest.get("env", {}).items()))
+    member = manifest.get("member", "site-packages")
+    lines = [
+        f'BESIDE_SITE=${{BESIDE_SITE:-$(dirname "$TARGET")/{b["stem"]}/site-packages}}',
+        'if [ ! -d "$BESIDE_SITE" ]; then',
+        f'  echo "install.sh: $BESIDE_SITE ({b["engine"]} {b["version"]} bundle site) is missing: '
+        'install that bundle first, or set BESIDE_SITE" >&2; exit 1',
+        "fi",
+        "{",
+        "  echo '#!/usr/bin/env bash'",
+        f"  echo '# {manifest['bundle']}: the host python3, this site, then {b['engine']}s site'",
+        f'  echo "export PYTHONPATH=\\"\\${{PYTHONPATH:+\\$PYTHONPATH:}}$TARGET/{member}:'
+        f'$BESIDE_SITE\\" {envs}"',
+        "  echo 'exec python3 \"$@\"'",
+        '} > "$TARGET/python"',
+        'chmod +x "$TARGET/python"',
+        'echo "wrote $TARGET/python: give it as sglang_python ($BESIDE_SITE after this site)"',
+        'echo "check it (from the eagle3nb repository): $TARGET/python -m eagle3nb.offline check'
+        ' --engine sglang"',
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def render_install_sh(manifest: dict) -> str:
@@ -66,7 +100,7 @@ rm -rf "$TARGET/{member}"
 mv "$tmp/{member}" "$TARGET/{member}"
 printf '%s\\n' {shlex.quote(line)} | sed "s|@TARGET@|$TARGET|g" > "$TARGET/env.sh"
 echo "installed {stem} into $TARGET/{member} ($(du -sh "$TARGET/{member}" | cut -f1))"
-echo "now run (or: source $TARGET/env.sh):"
+{wrapper_block(manifest)}echo "now run (or: source $TARGET/env.sh):"
 cat "$TARGET/env.sh"
-echo "then check it: python3 -m eagle3nb.offline check   (from the eagle3nb repository)"
+{"" if manifest.get("beside") else 'echo "then check it: python3 -m eagle3nb.offline check   (from the eagle3nb repository)"'}
 """

@@ -24,6 +24,7 @@ __all__ = [
     "PRUNE_RULES",
     "normalize",
     "pick_engine",
+    "beside_names",
     "check_python",
     "have_names",
 ]
@@ -53,6 +54,16 @@ ENGINE_PINS: tuple[EnginePin, ...] = (
     ),
     EnginePin("vllm", "0.27.0", "0.30.0", "2.13", REF + " (0.27-0.30 pin 2.13)"),
     EnginePin("vllm", "0.34.0", "0.34.0", "2.14", REF + " (0.34 pins 2.14)"),
+    EnginePin("sglang", "0.5.12", "0.5.16", "2.11.0", REF + " (SGLang: 0.5.12-0.5.17 pin 2.11.0)"),
+    EnginePin(
+        "sglang",
+        "0.5.17",
+        "0.5.17",
+        "2.11.0",
+        "METADATA of sglang-0.5.17-cp312-cp312-manylinux_2_34_x86_64.whl: Requires-Dist: torch==2.11.0",
+    ),
+    EnginePin("sglang", "0.5.18", "0.5.21", "2.13.0", REF + " (0.5.18 pins 2.13)"),
+    EnginePin("sglang", "0.5.23", "0.5.23", "2.14.1", REF + " (0.5.23 pins 2.14.1)"),
 )
 
 
@@ -67,6 +78,11 @@ class WheelSet:
     extras: tuple[str, ...]
     env: dict[str, str]
     source: str
+    # the set whose installed site this one is used beside (after it on PYTHONPATH): its wheels
+    # are not repeated here, and install.sh writes a python wrapper with both sites on the path
+    beside: tuple[str, str] | None = None
+    # names installed even where the host has them (they must come ahead of the host's versions)
+    ahead: tuple[str, ...] = ()
 
 
 # the 21 wheels the reference names for vLLM 0.26.0 (+ jiter, which openai 3.x requires, and
@@ -97,6 +113,23 @@ _VLLM_0260 = (
     "typing-inspection==0.4.5",
 )
 
+# SGLang 0.5.17's slim set, run on an H100 of the image on 2026-12-06 (REF): sglang-kernel without
+# its FA3 library (PRUNE_RULES), flashinfer (pure Python, compiles on first use), and the
+# transformers/tokenizers 0.5.17 pins, ahead of the image's 5.17 (with it SGLang's config registry
+# fails: "'qwen3_asr' is already used by a Transformers config"). orjson, setproctitle and uvicorn:
+# imported at module level by sglang/srt/entrypoints, managers and utils (grep of the 0.5.17 wheel)
+# and neither in the image nor in vLLM's set; versions as pip resolves them for CPython 3.12,
+# 2026-12-06. Everything else SGLang imports comes from the image or from vLLM's site (beside).
+_SGLANG_0517 = (
+    "sglang-kernel==0.4.5",
+    "flashinfer-python==0.6.15.post1",
+    "transformers==5.12.1",
+    "tokenizers==0.22.2",
+    "orjson==3.13.0",
+    "setproctitle==1.3.8",
+    "uvicorn==0.55.0",
+)
+
 WHEEL_SETS: dict[tuple[str, str], WheelSet] = {
     ("vllm", "0.26.0"): WheelSet(
         "vllm",
@@ -107,6 +140,16 @@ WHEEL_SETS: dict[tuple[str, str], WheelSet] = {
         # (vllm/v1/sample/ops/topk_topp_sampler.py)
         {"VLLM_USE_FLASHINFER_SAMPLER": "0"},
         REF,
+    ),
+    ("sglang", "0.5.17"): WheelSet(
+        "sglang",
+        "0.5.17",
+        ("3.12",),
+        _SGLANG_0517,
+        {"SGLANG_DISABLE_REQUEST_LOGGING": "1"},
+        REF + " (SGLang 0.5.17 on an H100 of the same image, 2026-12-06)",
+        beside=("vllm", "0.26.0"),
+        ahead=("transformers", "tokenizers"),
     ),
 }
 
@@ -209,6 +252,17 @@ PRUNE_RULES: tuple[tuple[str, str, str], ...] = (
     ),
     ("bin", "console scripts whose shebang names this build machine's Python", "always"),
     (
+        "sgl_kernel/flash_ops.abi3.so",
+        "sglang-kernel's FlashAttention-3 library (1.1 GB): eagle3nb starts SGLang with "
+        "attention_backend=triton on the host (" + REF + ")",
+        "always",
+    ),
+    (
+        "sgl_kernel/*.cpython-*-x86_64-linux-gnu.so",
+        "sglang-kernel extensions built for other Python versions than the host's",
+        "other_pythons",
+    ),
+    (
         "vllm/_moe_C*.so",
         "--dense-only: fused-MoE kernels, needed only by MoE targets (Mixtral, Qwen3-MoE, ...)",
         "dense_only",
@@ -256,7 +310,9 @@ def pick_engine(torch: str, engine: str = "vllm") -> tuple[EnginePin, WheelSet]:
         )
     rows = [p for p in ENGINE_PINS if p.engine == engine and _pin_matches(p.torch, torch)]
     if not rows:
-        known = ", ".join(f"{p.first}-{p.last} -> {p.torch}" for p in ENGINE_PINS)
+        known = ", ".join(
+            f"{p.first}-{p.last} -> {p.torch}" for p in ENGINE_PINS if p.engine == engine
+        )
         raise ValueError(
             f"--torch {torch}: no {engine} version in the table pins this torch ({known}); pass "
             "the host's torch, or add the engine's row to ENGINE_PINS in eagle3nb/offline/sets.py"
@@ -271,6 +327,23 @@ def pick_engine(torch: str, engine: str = "vllm") -> tuple[EnginePin, WheelSet]:
             "to WHEEL_SETS in eagle3nb/offline/sets.py"
         )
     return row, ws
+
+
+def beside_names(ws: WheelSet) -> frozenset[str]:
+    """Normalised names of the wheels the set ``ws`` is used beside already installs (its engine
+    and extras; eagle3nb's headless set goes with it too): not repeated in ``ws``'s bundle. Empty
+    when ``ws`` has no ``beside``.
+
+    Raises:
+        ValueError: ``beside`` names a set :data:`WHEEL_SETS` does not hold.
+    """
+    if ws.beside is None:
+        return frozenset()
+    other = WHEEL_SETS.get(ws.beside)
+    if other is None:
+        raise ValueError(f"{ws.engine} {ws.version}: beside={ws.beside} is not in WHEEL_SETS")
+    reqs = (other.engine, *other.extras, *EAGLE3NB_HEADLESS)
+    return frozenset(normalize(r.partition("==")[0]) for r in reqs)
 
 
 def check_python(python: str, ws: WheelSet) -> str:

@@ -179,7 +179,7 @@ class InputFields(BaseModel):
     )
     sglang_options: dict = _p(
         None,
-        "for the SGLang backend: max_total_tokens (KV pool, tokens) and engine_kwargs for sglang.Engine (e.g. tp_size, ep_size, mem_fraction_static on GPUs); capture settings cannot be overridden",
+        "for the SGLang backend: max_total_tokens (KV pool, tokens), engine_kwargs for sglang.Engine (e.g. tp_size, ep_size, mem_fraction_static on GPUs; capture settings cannot be overridden), capture_route (auto, engine or runner: SGLang's aux API or its in-process ModelRunner) and native_ops (torch ops, SGLang 0.5.17)",
         [GENERATE, EXTRACT_SGLANG],
         default_factory=dict,
     )

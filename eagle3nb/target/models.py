@@ -92,7 +92,8 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
             built once into ``$EAGLE3NB_TWINS`` (default ``~/.cache/eagle3nb/twins``) with the
             default target's tokenizer (:func:`eagle3nb.target.twin.build_twin`);
             or a name of :data:`eagle3nb.target.moe_copy.DERIVED` (written on first use into
-            ``moe_copy.cache_dir()`` from its source model, found the same way).
+            ``moe_copy.cache_dir()`` from its source model, found the same way), or of
+            :data:`eagle3nb.target.pad_mlp.DERIVED` (the MLP-padded copy, the same way).
 
     Returns:
         Absolute path of the model folder.
@@ -110,8 +111,12 @@ def resolve_model(name_or_path: str | os.PathLike) -> Path:
         looked.append(str(c))
         if (c / "config.json").is_file():
             return c.resolve()
-    from eagle3nb.target import moe_copy
+    from eagle3nb.target import moe_copy, pad_mlp
 
+    if str(name_or_path) in pad_mlp.DERIVED:  # the MLP-padded copy (SGLang's CUDA kernels)
+        src, multiple = pad_mlp.DERIVED[str(name_or_path)]
+        dst = moe_copy.cache_dir() / str(name_or_path)
+        return pad_mlp.write_padded_copy(resolve_model(src), dst, multiple).resolve()
     if str(name_or_path) in moe_copy.DERIVED:  # made by eagle3nb from a model found here
         src, experts, top_k, seed = moe_copy.DERIVED[str(name_or_path)]
         dst = moe_copy.cache_dir() / str(name_or_path)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from eagle3nb.engines import sglang_backend as sb
+from eagle3nb.engines import sglang_netns
 from eagle3nb.viz.plots import engine_drift_figure
 
 
@@ -43,7 +44,7 @@ def test_launch_env_refuses_missing_shim_and_auto(tmp_path):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="unshare -n needs root here")
 def test_loopback_prefix_gives_a_namespace_with_lo_only():
-    pre = sb.loopback_prefix()
+    pre = sglang_netns.loopback_prefix()
     out = subprocess.run(
         [*pre, "ip", "-o", "link"], capture_output=True, text=True, check=True
     ).stdout
@@ -53,7 +54,7 @@ def test_loopback_prefix_gives_a_namespace_with_lo_only():
 
 def test_loopback_prefix_off_switch(monkeypatch):
     monkeypatch.setenv("EAGLE3NB_ENGINE_NETNS", "off")
-    assert sb.loopback_prefix() == []
+    assert sglang_netns.loopback_prefix() == []
 
 
 def test_drift_figure_deviation_is_per_token_relative_error():
@@ -109,7 +110,9 @@ def test_sglang_options_reach_sglang_engine_and_fixed_ones_are_refused(tmp_path,
         def __init__(self, **kw):
             seen.update(kw)
 
-    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=FakeSglangEngine))
+    monkeypatch.setitem(
+        sys.modules, "sglang", types.SimpleNamespace(Engine=FakeSglangEngine, __version__="0.5.23")
+    )
     monkeypatch.setenv("SGLANG_USE_CPU_ENGINE", "1")
     monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path / "cpu-shim"))
     opts = sh.check_sglang_options({"max_total_tokens": 4096, "engine_kwargs": {"tp_size": 2}})

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Issue 45 on one GPU of the offline image (device tool; H100 or H200): SGLang 0.5.17 captures
+# (in-process ModelRunner) and serves EAGLE-3 next to vLLM 0.26.0, then what the previous GPU
+# round left unrun. One part per device call, each under 10 minutes; the call list, carry paths
+# and minutes are in bench/gpu_2026-12-06/README.md.
+#
+#   bash bench/gpu_2026-12-06.sh stash   "$OUT"  # keep the carried bundle parts outside the repo
+#   bash bench/gpu_2026-12-06.sh install "$OUT"  # install both bundles, check each engine
+#   bash bench/gpu_2026-12-06.sh capture "$OUT"  # SGLang capture vs HF on the default target
+#   bash bench/gpu_2026-12-06.sh job     "$OUT"  # 01, 02b by SGLang, 03 CUDA, 04 SGLang + vLLM
+#   bash bench/gpu_2026-12-06.sh serve   "$OUT"  # served tok/s, drafter on/off, batch 1/8/32, both
+#   bash bench/gpu_2026-12-06.sh speed   "$OUT"  # SGLang capture vs its plain prefill, 8B shape
+#   bash bench/gpu_2026-12-06.sh moe     "$OUT"  # Qwen3-MoE shape capture ratio (vLLM, HF)
+#   bash bench/gpu_2026-12-06.sh wb8b    "$OUT"  # the workbook on the Llama-3.1-8B shape
+#
+# Every number lands in a JSON under OUT/results (device, versions, commit, code digest); the
+# log in OUT/run_<part>.log. Work files under $WORK (default /tmp/e3gpu), parts under $PARTS
+# (default /root/e3parts), installs under $OFF (default /root/e3off): they stay between calls
+# while the machine is held; a fresh machine needs stash + install again.
+set -uo pipefail
+part="${1:?usage: bash bench/gpu_2026-12-06.sh stash|install|capture|job|serve|speed|moe|wb8b OUT}"
+OUT="${2:?usage: bash bench/gpu_2026-12-06.sh PART OUT}"
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+mkdir -p "$OUT/results"
+WORK="${WORK:-/tmp/e3gpu}" PARTS="${PARTS:-/root/e3parts}" OFF="${OFF:-/root/e3off}"
+mkdir -p "$WORK" "$PARTS" "$OFF"
+VSTEM=vllm-0.26.0-py3.12-torch2.11.0
+SSTEM=sglang-0.5.17-py3.12-torch2.11.0
+VSITE="$OFF/$VSTEM/site-packages"
+SGPY="$OFF/$SSTEM/python"  # install.sh's wrapper: SGLang's site, then vLLM's, then the host's
+export PYTHONPATH="$REPO:$VSITE${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export EAGLE3NB_ENGINE_NETNS=off  # a closed machine: no namespace needed for SGLang's TCPStore
+export EAGLE3NB_TWIN_PROOFS="${EAGLE3NB_TWIN_PROOFS:-$WORK/twin_proofs}"
+export EAGLE3NB_CACHE="${EAGLE3NB_CACHE:-$WORK/cache}"  # the MLP-padded copy is written there
+PY=python3
+need_sglang() {
+  [ -x "$SGPY" ] || { echo "no $SGPY: run the stash calls and 'install' first" >&2; exit 2; }
+}
+run() {  # the part's commands, logged; the engines' INFO chatter kept out of the tail
+  { echo "== $(date -u +%FT%TZ) $part"; nvidia-smi --query-gpu=name,memory.used,memory.total \
+      --format=csv 2>/dev/null; "$@"; echo "== rc $? at $(date -u +%FT%TZ)"; } 2>&1 \
+    | tee "$OUT/run_$part.log" | grep -v "^INFO\|^(EngineCore\|Ignore import error" | tail -120
+}
+case "$part" in
+  stash)  # whatever .offline/<stem>/ parts this call carried, kept for the install call
+    for d in .offline/$VSTEM .offline/$SSTEM; do
+      [ -d "$d" ] || continue
+      mkdir -p "$PARTS/$(basename "$d")"
+      cp -v "$d"/* "$PARTS/$(basename "$d")/"
+    done
+    ls -la "$PARTS"/* | tee "$OUT/run_stash.log" ;;
+  install)
+    run bash -c "
+      bash '$PARTS/$VSTEM/install.sh' '$OFF/$VSTEM' && bash '$PARTS/$SSTEM/install.sh' '$OFF/$SSTEM' &&
+      $PY -m eagle3nb.offline check | tee '$OUT/results/check_vllm.txt' | tail -1 > '$OUT/results/check_vllm.json';
+      PYTHONPATH='$REPO' '$SGPY' -m eagle3nb.offline check --engine sglang | tee '$OUT/results/check_sglang.txt' | tail -1 > '$OUT/results/check_sglang.json'" ;;
+  capture)
+    need_sglang
+    run env PYTHONPATH="$REPO" "$SGPY" bench/gpu_sglang.py --stages capture --out "$OUT/results" --work "$WORK" \
+      --time-budget-s 500 ;;
+  job)  # resumable: a second call continues a run the 10-minute limit cut
+    need_sglang
+    run $PY bench/gpu_sglang.py --stages job --sglang-python "$SGPY" --out "$OUT/results" \
+      --work "$WORK" --time-budget-s 540
+    for m in "$WORK"/runs/*/metrics.json; do
+      [ -f "$m" ] && cp "$m" "$OUT/results/metrics_$(basename "$(dirname "$m")").json"
+    done ;;
+  serve)
+    need_sglang
+    run $PY bench/gpu_sglang.py --stages serve:sglang,serve:vllm --sglang-python "$SGPY" \
+      --out "$OUT/results" --work "$WORK" --time-budget-s 540 ;;
+  speed)
+    need_sglang
+    run env PYTHONPATH="$REPO" "$SGPY" bench/gpu_sglang.py --stages capture_speed:llama-3.1-8b --out "$OUT/results" \
+      --work "$WORK" --time-budget-s 540 ;;
+  moe)
+    run $PY bench/gpu_workbook.py --stages env,shape:qwen3-moe/vllm+hf --out "$OUT/results" \
+      --work "$WORK" --time-budget-s 520 ;;
+  wb8b)
+    run $PY bench/gpu_workbook.py --stages workbook:llama-3.1-8b --out "$OUT/results" \
+      --work "$WORK" --time-budget-s 540 ;;
+  *) echo "unknown part $part" >&2; exit 2 ;;
+esac
+ls -la "$OUT/results"
