@@ -18,7 +18,7 @@
 # (default /root/e3parts), installs under $OFF (default /root/e3off): they stay between calls
 # while the machine is held; a fresh machine needs stash + install again.
 set -uo pipefail
-part="${1:?usage: bash bench/gpu_2026-12-06.sh stash|install|capture|job|serve|speed|moe|wb8b OUT}"
+part="${1:?usage: bash bench/gpu_2026-12-06.sh stash|chunks|install|capture|job|serve|speed|moe|wb8b OUT}"
 OUT="${2:?usage: bash bench/gpu_2026-12-06.sh PART OUT}"
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -34,6 +34,7 @@ export PYTHONUNBUFFERED=1 VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFO
 export EAGLE3NB_ENGINE_NETNS=off  # a closed machine: no namespace needed for SGLang's TCPStore
 export EAGLE3NB_TWIN_PROOFS="${EAGLE3NB_TWIN_PROOFS:-$WORK/twin_proofs}"
 export EAGLE3NB_CACHE="${EAGLE3NB_CACHE:-$WORK/cache}"  # the MLP-padded copy is written there
+export EAGLE3NB_MODEL_PATH="${EAGLE3NB_MODEL_PATH:-/root/models}"  # ../shared does not travel
 PY=python3
 need_sglang() {
   [ -x "$SGPY" ] || { echo "no $SGPY: run the stash calls and 'install' first" >&2; exit 2; }
@@ -51,6 +52,17 @@ case "$part" in
       cp -v "$d"/* "$PARTS/$(basename "$d")/"
     done
     ls -la "$PARTS"/* | tee "$OUT/run_stash.log" ;;
+  chunks)  # fewer calls: one tar of both bundles' folders and models/stories260K-hd32, cut into
+    # 60 MB chunks carried as .carry/cN/chunkN (the last call also carries bundle.sha); once every
+    # chunk is here the tar is checked against its sha256 and unpacked into PARTS and /root/models
+    mkdir -p "$PARTS/in" /root/models
+    cp -v .carry/c*/chunk* .carry/c*/bundle.sha "$PARTS/in/" 2>/dev/null
+    if [ -f "$PARTS/in/bundle.sha" ]; then
+      (cd "$PARTS/in" && cat chunk* > bundle.tar && sed 's#  .*#  bundle.tar#' bundle.sha | sha256sum -c) &&
+        tar -xf "$PARTS/in/bundle.tar" -C "$PARTS" && cp -r "$PARTS"/models/* /root/models/ &&
+        rm -f "$PARTS/in"/chunk* "$PARTS/in/bundle.tar"
+    fi
+    ls -la "$PARTS" "$PARTS/in" | tee "$OUT/run_chunks.log" ;;
   install)
     run bash -c "
       bash '$PARTS/$VSTEM/install.sh' '$OFF/$VSTEM' && bash '$PARTS/$SSTEM/install.sh' '$OFF/$SSTEM' &&
