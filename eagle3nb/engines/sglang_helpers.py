@@ -27,11 +27,16 @@ __all__ = [
     "final_logprob_check",
     "namespace_report",
     "FINAL_LOGPROB_TOL",
+    "FINAL_LOGPROB_TOL_CUDA",
 ]
 
 # |log p_SGLang(x_t) - log p_HF-final(x_t)| bound: float32 kernels differ by ~1e-5 in log-prob;
 # bf16 rounds the residual stream to 8 mantissa bits per layer (measured ~0.1 on this model)
 FINAL_LOGPROB_TOL = {"float32": 1e-3, "float16": 0.2, "bfloat16": 0.5}
+# SGLang on CUDA in float32: TF32 dots in its kernels (triton attention, torch matmul defaults), as
+# the state tolerance (boundaries.alignment.TOLERANCE_CUDA); SGLang 0.5.17 on an H100 differed from
+# HF's float32 by 3.8e-3 in log-prob on the default target (bench/gpu_2026-12-06, sglang_job.json)
+FINAL_LOGPROB_TOL_CUDA = {"float32": 2e-2, "float16": 0.2, "bfloat16": 0.5}
 
 
 # keys of ``sglang_options`` (read by SGLangBackend, eagle3nb/engines/sglang_backend.py)
@@ -190,7 +195,8 @@ def final_logprob_check(
     )  # [T, V]
     ours = lp[:-1].gather(-1, torch.tensor(list(sample)[1:])[:, None])[:, 0]
     d = (ours - sglang_logprobs[1:].float()).abs()
-    tol = FINAL_LOGPROB_TOL.get(dtype, 0.5)
+    on_cuda = next(model.parameters()).device.type == "cuda"
+    tol = (FINAL_LOGPROB_TOL_CUDA if on_cuda else FINAL_LOGPROB_TOL).get(dtype, 0.5)
     return {
         "max_abs_diff": float(d.max()),
         "mean_abs_diff": float(d.mean()),

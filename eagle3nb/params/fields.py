@@ -175,12 +175,12 @@ class InputFields(BaseModel):
     sglang_python: Optional[str] = _p(
         None,
         "python of the SGLang venv (None for the cache made by .ci/setup_engines.sh; empty string to import sglang here on a GPU box)",
-        [GENERATE, EXTRACT_SGLANG],
+        [GENERATE, EXTRACT_SGLANG, EVAL],
     )
     sglang_options: dict = _p(
         None,
         "for the SGLang backend: max_total_tokens (KV pool, tokens), engine_kwargs for sglang.Engine (e.g. tp_size, ep_size, mem_fraction_static on GPUs; capture settings cannot be overridden), capture_route (auto, engine or runner: SGLang's aux API or its in-process ModelRunner) and native_ops (torch ops, SGLang 0.5.17)",
-        [GENERATE, EXTRACT_SGLANG],
+        [GENERATE, EXTRACT_SGLANG, EVAL],
         default_factory=dict,
     )
     convention: str = _p(
