@@ -119,7 +119,9 @@ _VLLM_0260 = (
 # fails: "'qwen3_asr' is already used by a Transformers config"). orjson, setproctitle and uvicorn:
 # imported at module level by sglang/srt/entrypoints, managers and utils (grep of the 0.5.17 wheel)
 # and neither in the image nor in vLLM's set; versions as pip resolves them for CPython 3.12,
-# 2026-12-06. Everything else SGLang imports comes from the image or from vLLM's site (beside).
+# 2026-12-06. gguf: imported by sglang/srt/layers/quantization/gguf.py when sglang.Engine loads
+# (found missing on the H100, bench/gpu_2026-12-06; pure Python, its numpy/pyyaml/tqdm/requests are
+# on the image). Everything else SGLang imports comes from the image or from vLLM's site (beside).
 _SGLANG_0517 = (
     "sglang-kernel==0.4.5",
     "flashinfer-python==0.6.15.post1",
@@ -128,6 +130,7 @@ _SGLANG_0517 = (
     "orjson==3.13.0",
     "setproctitle==1.3.8",
     "uvicorn==0.55.0",
+    "gguf==0.19.0",
 )
 
 WHEEL_SETS: dict[tuple[str, str], WheelSet] = {

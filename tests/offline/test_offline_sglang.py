@@ -67,6 +67,7 @@ def test_sglang_wheels_beside_vllms():
         ("orjson", "3.13.0"),
         ("setproctitle", "1.3.8"),
         ("uvicorn", "0.55.0"),
+        ("gguf", "0.19.0"),  # missing on the H100 when sglang.Engine loaded (bench/gpu_2026-12-06)
     }
     assert wanted[0] == ("sglang", "0.5.17", "engine")
     assert {r for _, _, r in wanted} == {"engine", "engine-extra"}  # eagle3nb's set is vLLM's
