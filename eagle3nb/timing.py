@@ -120,11 +120,12 @@ def summarize(
     neutral: float | None = None,
     max_rel_spread: float | None = None,
     note: str | None = None,
+    unpaired: str | None = None,
 ) -> Measured:
     """The figure of ``values`` (one per round) with its verdict.
 
     Verdict, first that applies: no value -> disturbed; one value -> one pass; fewer than
-    :data:`MIN_ROUNDS` -> disturbed; median above ``bound`` -> disturbed ("median 6.550 is above
+    :data:`MIN_ROUNDS` -> disturbed; ``unpaired`` given -> disturbed; median above ``bound`` -> disturbed ("median 6.550 is above
     its bound 3.670 (tau ...)"); ``neutral`` given and the spread wider than |median - neutral|
     -> disturbed; ``max_rel_spread`` given and spread / median above it -> disturbed; else
     measured.
@@ -135,6 +136,7 @@ def summarize(
             above k + 1; ``bound_is`` names it in the message.
         neutral: the value of no effect (1.0 for a ratio of the same work with and without).
         max_rel_spread: for a rate without a neutral value: the largest spread / median allowed.
+        unpaired: why the two sides of a ratio were not timed turn about (None: they were).
 
     Raises:
         ValueError: a value that is not a finite number.
@@ -153,6 +155,8 @@ def summarize(
         verdict, why = ONE_PASS, "one timed pass: no rounds, no spread"
     elif len(vals) < MIN_ROUNDS:
         why = f"{len(vals)} rounds, fewer than {MIN_ROUNDS}: no spread to judge it by"
+    elif unpaired:
+        why = f"not timed turn about: {unpaired}"
     elif bound is not None and med > bound:
         why = (
             f"median {med:.3f}{u} is above its bound {bound:.3f}{u} ({bound_is or 'bound'}): "
