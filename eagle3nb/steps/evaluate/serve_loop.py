@@ -205,8 +205,9 @@ def serve_engine(
     warm = None
     for label, folder, k, b in settings:
         if warm != (label, k):
+            w0 = time.perf_counter()
             client.serve_acceptance(folder, [list(prompts[0])], k, 2, eos)  # warm-up
-            warm = (label, k)
+            warm, prog.t0 = (label, k), prog.t0 + time.perf_counter() - w0  # ETA: serving only
         order = _order(cats, b)
         full = plain is not None and ("plain", b) not in outputs
         paired = set() if plain is None else (
