@@ -5,6 +5,7 @@ and serves the drafters through it (:mod:`eagle3nb.steps.evaluate.served`)."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -279,6 +280,7 @@ def serve_engines(
     for engine in engines:
         if log:
             log(f"{engine}: starting two workers (with and without the drafter)")
+        load0 = [round(x, 2) for x in os.getloadavg()]  # how quiet the machine was: the runs say
         client, plain = _start_pair(p, engine, path, device, rd, context)
         try:
             record_engine_threads(rd, client)
@@ -296,8 +298,12 @@ def serve_engines(
                 eos, plain=plain, rounds=p.speed_rounds, speed_prompts=p.speed_prompts, log=log,
                 note=CPU_NOTE if str(device) == "cpu" else None,
             )  # fmt: skip
+            load1 = [round(x, 2) for x in os.getloadavg()]
             for x in r:  # the boundaries this engine reads from that drafter's ids
                 x["boundaries"] = list(drafters[x["drafter"]][4][engine])
+                x["load_average"] = {"before": load0, "after": load1, "is": "1, 5, 15 min"}
+            if log:
+                log(f"{engine}: done; load average (1, 5, 15 min) {load0} before, {load1} after")
             runs += r
             outs[engine] = o
         finally:
