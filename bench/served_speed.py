@@ -153,6 +153,9 @@ def _from_run(run: Path, out: str) -> None:
         f"eagle3nb.run params/default.yaml --set run_name={run.name}; then PYTHONPATH=. "
         f".venv/bin/python bench/served_speed.py {run} --from-run --out {out}",
         "run": str(run),
+        "measured": time.strftime(
+            "%Y-%m-%d %H:%M UTC", time.gmtime((run / "metrics.json").stat().st_mtime)
+        ),
         "speed_rounds": p.speed_rounds,
         "speed_prompts": p.speed_prompts,
         "eval_batch_sizes": list(p.eval_batch_sizes),
