@@ -31,6 +31,7 @@ __all__ = [
     "CPU_NOTE",
     "Measured",
     "summarize",
+    "round_rates",
     "paired_ratios",
     "timed_pair",
     "alternate",
@@ -178,25 +179,34 @@ def summarize(
                     why, note)  # fmt: skip
 
 
-def paired_ratios(pairs: Sequence[tuple[float, float, float, float]], rounds: int) -> list[float]:
-    """Per-round ratio of rates from alternated pairs: pair i belongs to round ``i % rounds`` (so
-    each round samples the whole set, not one stretch of it), and a round's ratio is
-    (sum tokens_a / sum seconds_a) / (sum tokens_b / sum seconds_b) over its pairs.
+def round_rates(
+    pairs: Sequence[tuple[float, float, float, float]], rounds: int
+) -> tuple[list[float], list[float]]:
+    """Each side's rate per round from alternated pairs: pair i belongs to round ``i % rounds``
+    (so each round samples the whole set, not one stretch of it), and a side's rate in a round is
+    its summed work / summed seconds over that round's pairs.
 
     Args:
-        pairs: ``(tokens_a, seconds_a, tokens_b, seconds_b)`` per alternated pair, e.g. a = with
-            the drafter, b = without.
-        rounds: how many rounds to split them into (fewer when there are fewer pairs).
+        pairs: ``(work_a, seconds_a, work_b, seconds_b)`` per alternated pair (:func:`alternate`).
+        rounds: how many rounds (fewer when there are fewer pairs).
 
     Returns:
-        one ratio per round that has time on both sides.
+        ``(rates of a, rates of b)``, one per round that has time on both sides.
     """
     n = max(1, min(int(rounds), len(pairs)))
     acc = [[0.0, 0.0, 0.0, 0.0] for _ in range(n)]
     for i, pr in enumerate(pairs):
         for j, v in enumerate(pr):
             acc[i % n][j] += float(v)
-    return [(ta / sa) / (tb / sb) for ta, sa, tb, sb in acc if sa > 0 and sb > 0 and tb > 0]
+    keep = [x for x in acc if x[1] > 0 and x[3] > 0] if pairs else []
+    return [ta / sa for ta, sa, _, _ in keep], [tb / sb for _, _, tb, sb in keep]
+
+
+def paired_ratios(pairs: Sequence[tuple[float, float, float, float]], rounds: int) -> list[float]:
+    """Per-round ratio rate_a / rate_b of :func:`round_rates` (e.g. a = with the drafter, b =
+    without: the speedup of each round), for rounds where b did work."""
+    ra, rb = round_rates(pairs, rounds)
+    return [a / b for a, b in zip(ra, rb) if b > 0]
 
 
 def timed_pair(

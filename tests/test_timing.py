@@ -47,6 +47,10 @@ def test_paired_ratios_by_hand():
     pairs = [(10, 1, 10, 2), (10, 1, 10, 1), (30, 1, 10, 1)]
     # round 0: a = 40/2 = 20 tok/s, b = 20/3; ratio 3.0. round 1: 10 / 10 = 1.0
     assert timing.paired_ratios(pairs, 2) == pytest.approx([3.0, 1.0])
+    assert timing.round_rates(pairs, 2) == (
+        pytest.approx([20.0, 10.0]),
+        pytest.approx([20 / 3, 10.0]),
+    )
 
 
 def _work(n: int) -> int:

@@ -119,13 +119,7 @@ def _spaced(n: int, m: int) -> set[int]:
 
 def _speed(pairs: list, rounds: int, tau: float, k: int, how: str, note: str | None) -> dict:
     """The speed block of an ``all`` row: speedup and each side's tokens/s over rounds."""
-    n = max(1, min(int(rounds), len(pairs)))
-    rates = {0: [0.0] * n, 1: [0.0] * n}  # summed (tokens, seconds) per round and side
-    sums = [[0.0, 0.0, 0.0, 0.0] for _ in range(n)]
-    for i, pr in enumerate(pairs):
-        sums[i % n] = [a + float(b) for a, b in zip(sums[i % n], pr)]
-    for j, (wt, ws, pt, ps) in enumerate(sums):
-        rates[0][j], rates[1][j] = (wt / ws if ws else 0.0), (pt / ps if ps else 0.0)
+    with_, without = timing.round_rates(pairs, rounds)
     bound, bound_is = speed_bound(tau, k)
     sp = timing.summarize(
         timing.paired_ratios(pairs, rounds),
@@ -138,8 +132,8 @@ def _speed(pairs: list, rounds: int, tau: float, k: int, how: str, note: str | N
     rate = dict(unit="tokens/s", max_rel_spread=0.5, note=note)
     return {
         "speedup": sp.as_dict(),
-        "tokens_per_s": timing.summarize(rates[0] if pairs else [], "with the drafter", **rate).as_dict(),
-        "plain_tokens_per_s": timing.summarize(rates[1] if pairs else [], "without", **rate).as_dict(),
+        "tokens_per_s": timing.summarize(with_, "with the drafter", **rate).as_dict(),
+        "plain_tokens_per_s": timing.summarize(without, "without the drafter", **rate).as_dict(),
         "pairs": len(pairs),
         "timed_on": how,
     }  # fmt: skip
