@@ -123,6 +123,8 @@ steps/              one folder per notebook, called from its cells and from eagl
         simulator   04's simulator over an HF copy of the target; 04's result and metrics assembled
         served      04's serving engines: each serves the drafter (and its layer offset) per
                     category, k and batch size, with and without the drafter
+        serve_loop  04's serving loop: drafter and plain workers timed turn about, rounds
+        progress    04's progress and notices (refused, left out) on the terminal and in eval.log
         bench       04's prompt set (held-out, a benchmark turn by turn) and the engine loop
         chat        04's held-out prompts rendered with its template; acceptance per turn index
         publish     04's serving files: serve_commands.md and the drafter's model card
@@ -143,6 +145,7 @@ params/             run parameters: one validated model for params/*.yaml and th
     sync            parameters cells and docs/parameters.md rendered from RunParams
     __main__        python -m eagle3nb.params sync [--check]
 padding             pad_right: variable-length samples -> right-padded batch and mask
+timing              speed figures as measurements: rounds, median, spread, bound, verdict (a leaf)
 threads             thread budget per process (affinity, cgroup quota): kernel and engine workers
 repo_paths          REPO_ROOT and paths resolved against it (a leaf: standard library only)
 rundir              one run's folder outputs/<run_name>/: artefact paths, metrics.json

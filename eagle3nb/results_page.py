@@ -281,6 +281,12 @@ def _rerun(d):
     return _table(["notebook", "measured again s", "read back s"], rows)
 
 
+def _served_speed(d):
+    rows = [[f"{r['engine']} ({r['drafter']})", r["batch_size"], r["speedup"]["text"]]
+            for r in d["rows"]]  # fmt: skip
+    return _table(["engine (drafter)", "batch size", "speedup"], rows)
+
+
 def _sglang_builds(d):
     med = d["median_seconds"]
     return _table(
@@ -317,6 +323,7 @@ RENDERERS = {
     "reference_eval_speed.json": _eval_speed,
     "reference_rerun.json": _rerun,
     "reference_sglang_builds_cpu.json": _sglang_builds,
+    "reference_served_speed.json": _served_speed,
 }
 
 

@@ -106,7 +106,7 @@ def run_notebooks(
                     extra_arguments=KERNEL_ARGS,  # no plaintext-TCP warning: see progress.py
                 )
             times[name] = round(time.time() - t0, 2)
-            print(f"[eagle3nb] {name}: done in {times[name]:.1f} s", flush=True)
+            print(f"[eagle3nb] {name}: done in {times[name]:.1f} s{_notices(rd, name)}", flush=True)
             update_metrics(rd.metrics, "timing", {"notebook_seconds": dict(times)})
     if only is None:
         update_metrics(
@@ -121,13 +121,33 @@ def run_notebooks(
     return rd.root
 
 
+# the log each notebook's step appends its progress lines to, echoed while it runs
+LIVE_LOGS = {"03_train": ("train", "train.log"), "04_eval_acceptance": ("eval.log",)}
+
+
 def _live_lines(rd: RunDir, name: str, log_output: bool):
     """While 03 trains, its progress lines (step, loss, held-out tau when evaluated, ETA) as
-    ``train/train.log`` receives them, echoed here: the runner's own output shows training live
-    without streaming every cell (``--log-output`` streams them already: nothing is added)."""
-    if name != "03_train" or log_output:
+    ``train/train.log`` receives them, and while 04 evaluates, ``eval.log``'s (what was refused
+    or left out, engine starts, engine, drafter, k, batch size, prompts served, ETA), echoed here:
+    the runner's own output shows them live without streaming every cell (``--log-output``
+    streams them already: nothing is added)."""
+    if name == "04_eval_acceptance":  # rewritten by 04 (a recorded result writes none)
+        rd.root.joinpath(*LIVE_LOGS[name]).unlink(missing_ok=True)
+    if name not in LIVE_LOGS or log_output:
         return nullcontext()
-    return LogFollower(rd.train / "train.log", lambda line: print(line, flush=True))
+    return LogFollower(rd.root.joinpath(*LIVE_LOGS[name]), lambda line: print(line, flush=True))
+
+
+def _notices(rd: RunDir, name: str) -> str:
+    """``", N notices above (refused or left out)"`` for a notebook whose log holds notices
+    (:data:`eagle3nb.steps.evaluate.progress.NOTICE`), else ``""``."""
+    from eagle3nb.steps.evaluate.progress import NOTICE, PREFIX
+
+    f = rd.root.joinpath(*LIVE_LOGS.get(name, ("-",)))
+    if name != "04_eval_acceptance" or not f.is_file():
+        return ""
+    n = sum(line.startswith(PREFIX + NOTICE) for line in f.read_text().splitlines())
+    return f", {n} notice{'s' * (n != 1)} above (refused or left out)" if n else ""
 
 
 @contextmanager

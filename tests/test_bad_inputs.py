@@ -331,3 +331,16 @@ def test_runner_refuses_01_input_before_any_notebook(tmp_path, case):
     with pytest.raises(ValueError, match=_expect(f)):
         run_notebooks(f, overrides={"outputs_dir": str(tmp_path), "run_name": "bad"})
     assert not any(tmp_path.iterdir())
+
+
+def test_malformed_benchmark_lines_are_refused_by_file_and_line():
+    """Two malformed MT-Bench lines: refused one by one, named by file and line (04 prints them
+    on the terminal: tests/steps/test_eval_progress.py), the other records kept."""
+    from eagle3nb.text.benchmarks import load_benchmark
+
+    got = load_benchmark(BAD / "bench" / "two_malformed_mtbench.jsonl")
+    assert (got.format, len(got.records)) == ("mtbench", 6)
+    assert [(x["where"], x["reason"]) for x in got.refused] == [
+        ("two_malformed_mtbench.jsonl:line 3", "empty field: turns"),
+        ("two_malformed_mtbench.jsonl:line 6", "not JSON (Expecting ',' delimiter at column 72)"),
+    ]

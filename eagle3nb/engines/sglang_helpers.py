@@ -115,6 +115,7 @@ def start_sglang(
     workdir_parent=None,
     context_length: int | None = None,
     options: dict | None = None,
+    role: str | None = None,
 ) -> EngineClient:
     """Start the SGLang worker (``eagle3nb.engines.worker`` in SGLang's venv) in a loopback-only
     network namespace, with the CPU switch and shim on CPU and neither on a GPU; or hand back a
@@ -127,6 +128,8 @@ def start_sglang(
         device: ``cpu`` or ``cuda[:N]`` (already resolved).
         options: ``sglang_options`` (:func:`check_sglang_options`), e.g. ``engine_kwargs:
             {tp_size: 8}`` to shard a large target over the GPUs of one host.
+        role: e.g. ``"plain"``: a second worker of the same key, held beside the first (as
+            :func:`eagle3nb.engines.vllm_helpers.start_vllm`).
 
     Raises:
         FileNotFoundError: the venv or the CPU shim is missing (run ``bash .ci/setup_engines.sh``).
@@ -156,7 +159,7 @@ def start_sglang(
         python=python,
         param="sglang_python",
         workdir_parent=workdir_parent,
-        env=changed,
+        env={**changed, "EAGLE3NB_ENGINE_ROLE": role} if role else changed,
         prefix=prefix,
     )
 

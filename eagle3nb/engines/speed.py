@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 from typing import Sequence
 
+from eagle3nb import timing
+
 __all__ = [
     "GENERATE_PROMPTS",
     "SPEED_SAMPLES",
@@ -45,6 +47,7 @@ SPEED_SAMPLES = 384
 # machine swung vLLM's single-pass ratio from 0.95 to 1.34 between runs of the same job
 # (2026-12-03); 3 passes of 128 cost what one pass of 384 did.
 PASS_REPEATS = 3
+ROUNDS = 4  # alternated calls (SGLang) split into this many rounds for the ratio's spread
 
 
 def speed_settings(interleave: bool) -> dict:
@@ -95,7 +98,10 @@ def measure_speed(
     Returns:
         ``{"generate_tokens_per_s", "generated_tokens", "generate_prompts",
         "prefill_tokens_per_s_without_capture", "extract_tokens_per_s",
-        "capture_overhead_ratio", "speed_samples", "speed_tokens", "dataset_pass_tokens_per_s",
+        "capture_overhead_ratio", "capture_overhead" (:meth:`eagle3nb.timing.Measured.as_dict`
+        of the ratio per round: alternated calls in :data:`ROUNDS` rounds, or pass i of each
+        kind, then disturbed: not turn about), "generate_tokens_per_s_is" (one pass),
+        "speed_samples", "speed_tokens", "dataset_pass_tokens_per_s",
         "ratio_is", "plain_engine", "pass_seconds", "hidden_states_transport"?}``.
 
     Raises:
@@ -115,11 +121,14 @@ def measure_speed(
 
     secs = {capture: 0.0, plain: 0.0}  # seconds per kind of request
     passes = {capture: [], plain: []}  # seconds of each whole pass (separate passes only)
+    pairs = []  # (tokens, plain s, tokens, capture s) per alternated batch
 
-    def timed(fn, xs) -> None:
+    def timed(fn, xs) -> float:
         t0 = time.perf_counter()
         fn(xs)
-        secs[fn] += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        secs[fn] += dt
+        return dt
 
     def fastest_pass(fn) -> None:
         for _ in range(repeats):
@@ -133,8 +142,11 @@ def measure_speed(
     if interleave:
         plain(batches[0])
         for i, xs in enumerate(batches):  # alternate which kind goes first
-            for fn in (capture, plain) if i % 2 == 0 else (plain, capture):
-                timed(fn, xs)
+            got = {
+                fn: timed(fn, xs) for fn in ((capture, plain) if i % 2 == 0 else (plain, capture))
+            }
+            n = sum(len(s) for s in xs)
+            pairs.append((n, got[plain], n, got[capture]))
     else:
         fastest_pass(capture)
     gen = [list(x) for x in prompts[: max(1, generate_prompts)]]
@@ -149,6 +161,13 @@ def measure_speed(
     pre = n_tok / secs[plain] if secs[plain] else None
     ext = n_tok / secs[capture] if secs[capture] else None
     how = client.info(live=True).get("hidden_states_transport")  # SGLang: tensor or float lists
+    what = "capture overhead (prefill tokens/s without capture / with), per round"
+    if interleave:
+        over = timing.summarize(timing.paired_ratios(pairs, ROUNDS), what, neutral=1.0)
+    else:  # pass i of each kind: one engine at a time, the kinds at different moments
+        ratios = [c / q for c, q in zip(passes[capture], passes[plain]) if q]
+        why = "one engine per kind, all capture passes first, then the plain ones"
+        over = timing.summarize(ratios, what, neutral=1.0, unpaired=why)
     order = (
         "alternating call by call"
         if interleave
@@ -163,6 +182,10 @@ def measure_speed(
         "prefill_tokens_per_s_without_capture": round(pre, 1) if pre else None,
         "extract_tokens_per_s": round(ext, 1) if ext else None,
         "capture_overhead_ratio": round(pre / ext, 3) if pre and ext else None,
+        "capture_overhead": over.as_dict(),  # the ratio per round: median, spread, verdict
+        "generate_tokens_per_s_is": timing.summarize(
+            [n_gen / gen_s] if gen_s else [], "generation", unit="tokens/s"
+        ).text(1),
         "speed_samples": len(samples),
         "speed_tokens": n_tok,
         "dataset_pass_tokens_per_s": (

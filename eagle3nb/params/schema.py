@@ -233,6 +233,20 @@ class RunParams(InputFields):
         [EVAL],
         default_factory=lambda: [1],
     )
+    speed_rounds: int = _p(
+        5,
+        "rounds the served speed is split into: with and without the drafter timed turn about, call by call on two workers; the median and spread of the rounds (fewer than 3, or a spread wider than the effect: printed as disturbed)",
+        [EVAL],
+        ge=1,
+        le=100,
+    )
+    speed_prompts: int = _p(
+        16,
+        "prompts timed with and without the drafter for the settings after the first at a batch size (the baselines, other k); the first pairs every call",
+        [EVAL],
+        ge=1,
+        le=100000,
+    )
     eval_ks: list[int] = _p(
         None,
         "draft lengths the engines also serve besides k (empty: k only)",

@@ -9,11 +9,15 @@ A *run* is one measurement, a dict::
      "category": str ("all" for the whole set), "tau": float,
      "per_position_acceptance": [float] * k, "cycles": int,
      "tokens_per_s": float | None, "plain_tokens_per_s": float | None, "speedup": float | None,
-     "latency_s": float | None, "plain_latency_s": float | None}
+     "latency_s": float | None, "plain_latency_s": float | None,
+     "speed": {"speedup": eagle3nb.timing.Measured.as_dict(), "timed_on": str, ...} (optional)}
 
 ``tokens_per_s`` / ``latency_s`` are with the drafter, ``plain_*`` the same engine, prompts and
-run without it; ``speedup`` = tokens_per_s / plain_tokens_per_s (computed here where it is None and
-both are given). The simulator has no batch size and no speed. Figures are saved with
+run without it. Where a run has ``speed`` (04's runs over the whole set: with and without the
+drafter timed turn about over rounds, :mod:`eagle3nb.timing`), the table prints its median with
+the spread, or "disturbed" with why, and the figure plots only measured medians (with their
+min-max); without it, ``speedup`` = tokens_per_s / plain_tokens_per_s, printed as "one pass".
+The simulator has no batch size and no speed. Figures are saved with
 :func:`eagle3nb.viz.plots.save_html`.
 """
 
@@ -24,6 +28,8 @@ from typing import Mapping, Sequence
 import plotly.colors
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
+from eagle3nb import timing
 
 __all__ = ["ALL", "SIMULATOR", "column_label", "main_setting", "served_table", "served_figure"]
 
@@ -112,12 +118,22 @@ def _tau_grid(runs, k, batch_size) -> tuple[list[str], list[str], dict]:
     return cats, _columns(here), cells
 
 
+def _measured(r: Mapping) -> dict:
+    """The run's speedup as :meth:`eagle3nb.timing.Measured.as_dict`: its ``speed`` block, else
+    one pass of ``speedup`` (or tokens_per_s / plain_tokens_per_s): a number, not a measurement."""
+    sp = (r.get("speed") or {}).get("speedup")
+    if sp:
+        return sp
+    one = r.get("speedup")
+    if one is None and r.get("tokens_per_s") is not None and r.get("plain_tokens_per_s"):
+        one = r["tokens_per_s"] / r["plain_tokens_per_s"]
+    return timing.summarize([] if one is None else [one], "speedup").as_dict()
+
+
 def _speedup(r: Mapping) -> float | None:
-    if r.get("speedup") is not None:
-        return float(r["speedup"])
-    if r.get("tokens_per_s") is not None and r.get("plain_tokens_per_s"):
-        return r["tokens_per_s"] / r["plain_tokens_per_s"]
-    return None
+    """The speedup to show as a result: the median when measured, else None."""
+    m = _measured(r)
+    return m["median"] if m["verdict"] == timing.MEASURED else None
 
 
 def _speed_rows(runs: Sequence[Mapping]) -> list[Mapping]:
@@ -128,7 +144,7 @@ def _speed_rows(runs: Sequence[Mapping]) -> list[Mapping]:
         for r in runs
         if r["category"] == ALL
         and r["engine"] != SIMULATOR
-        and (r.get("tokens_per_s") is not None or _speedup(r) is not None)
+        and (r.get("tokens_per_s") is not None or r.get("speed") or r.get("speedup") is not None)
     ]
     seen = set()
     for r in rows:
@@ -141,6 +157,14 @@ def _speed_rows(runs: Sequence[Mapping]) -> list[Mapping]:
         seen.add(key)
     order = {lab: i for i, lab in enumerate(dict.fromkeys(column_label(r) for r in rows))}
     return sorted(rows, key=lambda r: (order[column_label(r)], r["k"], r["batch_size"] or 0))
+
+
+def _bars(rs: Sequence[Mapping]) -> dict:
+    """Error bars from each measured median to the min and max of its rounds."""
+    ms = [_measured(r) if _speedup(r) is not None else None for r in rs]
+    up = [m["high"] - m["median"] if m else None for m in ms]
+    down = [m["median"] - m["low"] if m else None for m in ms]
+    return {"type": "data", "symmetric": False, "array": up, "arrayminus": down}
 
 
 def _f(v, digits: int) -> str:
@@ -158,8 +182,10 @@ def served_table(
     """Markdown to paste: (a) tau per category (rows, ``all`` last) per engine and drafter
     (columns, the simulator's after the engines') at one k and batch size (:func:`main_setting`),
     4 decimals, ``-`` where not measured; (b) per engine, drafter, k and batch size over the whole
-    set: tokens/s without and with the drafter (1 decimal), the speedup (3 decimals) and the
-    latencies (seconds, 3 decimals).
+    set: tokens/s without and with the drafter (1 decimal, medians of the rounds), the speedup
+    as :meth:`eagle3nb.timing.Measured.text` prints it ("1.043x (1.010-1.071 over 5 rounds)",
+    "disturbed: <why>" or "one pass: ..."), its bound, what was timed, and the latencies
+    (seconds, 3 decimals).
 
     Args:
         runs: the measurements (module docstring); k, batch_size: the setting of part (a).
@@ -181,7 +207,8 @@ def served_table(
         ),
         "",
         f"**speedup** (category {ALL}; each engine against itself without the drafter, same "
-        "prompts, same run)",
+        "prompts, same run, timed turn about; median (min-max over the rounds), or disturbed with "
+        "why: a speedup is never above its bound tau, nor k + 1)",
         "",
     ]
     rows = _speed_rows(runs)
@@ -190,8 +217,8 @@ def served_table(
             out + ["no served speed measured (the simulator measures acceptance only)"]
         )
     head = ["engine", "drafter", "k", "batch size", "tokens/s without drafter"]
-    head += ["tokens/s with drafter", "speedup", "latency without drafter (s)"]
-    head += ["latency with drafter (s)"]
+    head += ["tokens/s with drafter", "speedup", "bound", "timed on"]
+    head += ["latency without drafter (s)", "latency with drafter (s)"]
     body = [
         [
             _engine_label(r),
@@ -200,13 +227,18 @@ def served_table(
             _f(r["batch_size"], 0),
             _f(r.get("plain_tokens_per_s"), 1),
             _f(r.get("tokens_per_s"), 1),
-            _f(_speedup(r), 3),
+            _measured(r)["text"],
+            _f(_measured(r)["bound"], 3),
+            (r.get("speed") or {}).get("timed_on", "one pass each"),
             _f(r.get("plain_latency_s"), 3),
             _f(r.get("latency_s"), 3),
         ]
         for r in rows
     ]
-    return "\n".join(out + _md(head, ["---", "---", *["---:"] * 7], body))
+    notes = {m["note"] for m in map(_measured, rows) if m.get("note")}
+    tail = ["", *(f"({n})" for n in sorted(notes))] if notes else []
+    align = ["---", "---", "---:", "---:", "---:", "---:", "---", "---:", "---", "---:", "---:"]
+    return "\n".join(out + _md(head, align, body) + tail)
 
 
 def served_figure(
@@ -215,7 +247,9 @@ def served_figure(
     """Left: tau per category, one bar trace per engine and drafter (named by
     :func:`column_label`, the simulator's too) at :func:`main_setting`'s k and batch size. Right:
     speedup against batch size over the whole set, one line per engine, drafter and k (named
-    ``"<column label> k=<k>"``), with a dotted line at 1 (no speedup). One colour per engine and
+    ``"<column label> k=<k>"``), medians with their min-max over the rounds, with a dotted line
+    at 1 (no speedup); a disturbed or one-pass figure is not plotted but listed under the figure
+    with why. One colour per engine and
     drafter in both panels.
 
     Raises:
@@ -253,7 +287,8 @@ def served_figure(
         fig.add_trace(
             go.Scatter(
                 x=[r["batch_size"] for r in rs],
-                y=[_speedup(r) for r in rs],
+                y=[_speedup(r) for r in rs],  # None (a gap) where disturbed or one pass
+                error_y=_bars(rs),
                 mode="lines+markers",
                 name=f"{lab} k={kk}",
                 legendgroup=lab,
@@ -264,6 +299,13 @@ def served_figure(
         )
     if rows:
         fig.add_hline(y=1.0, line_dash="dot", line_color="grey", row=1, col=2)
+    gone = [f"{column_label(r)} k={r['k']} batch size {r['batch_size']}: {_measured(r)['text']}"
+            for r in rows if _speedup(r) is None]  # fmt: skip
+    if gone:  # never plotted as a speedup: said why under the figure
+        fig.add_annotation(text="not plotted:<br>" + "<br>".join(gone), showarrow=False,
+                           xref="paper", yref="paper", x=0, y=-0.25, align="left",
+                           font={"size": 10})  # fmt: skip
+        fig.update_layout(margin={"b": 80 + 14 * len(gone)})
     fig.update_layout(
         barmode="group",
         title="Served acceptance and speedup (the same engine with and without the drafter)",

@@ -126,6 +126,29 @@ def test_separate_passes_keep_the_fastest_of_repeats(monkeypatch):
     assert r["capture_overhead_ratio"] == pytest.approx(3.0, rel=1e-3)
     assert r["extract_tokens_per_s"] == pytest.approx(200 / 0.6, abs=0.05)
     assert "fastest of 3" in r["ratio_is"]
+    # pass i of each kind: 0.6/0.2, 1.2/0.2, 0.6/0.6 -> median 3; never a measurement (the kinds
+    # ran at different moments)
+    over = r["capture_overhead"]
+    assert over["values"] == pytest.approx([3.0, 6.0, 1.0]) and over["median"] == pytest.approx(3)
+    assert over["text"] == (
+        "disturbed: not timed turn about: one engine per kind, all capture passes first, then "
+        "the plain ones"
+    )
+
+
+def test_alternated_calls_give_the_ratio_per_round(monkeypatch):
+    """SGLang's alternated calls: 8 batches in 4 rounds (batch i in round i % 4), each round's
+    ratio the engine's own CAPTURE_S / PLAIN_S: measured, spread 0."""
+    clock = FakeClock()
+    monkeypatch.setattr(speed.time, "perf_counter", clock)
+    client = FakeClient(clock)
+    samples = [[1] * 10 for _ in range(8 * 4)]  # 8 calls of 4
+    r = speed.measure_speed(client, [[1, 2]] * 4, samples, 4, [0], 0, client.capture, 2.0, 500,
+                            4, {"on_capture_engine": True}, True)  # fmt: skip
+    over = r["capture_overhead"]
+    assert over["rounds"] == 4 and over["values"] == pytest.approx([CAPTURE_S / PLAIN_S] * 4)
+    assert over["verdict"] == "measured" and over["spread"] == pytest.approx(0, abs=1e-6)
+    assert r["generate_tokens_per_s_is"].startswith("one pass: ")
 
 
 def test_repeats_with_interleave_refused():

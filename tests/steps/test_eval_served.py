@@ -84,7 +84,34 @@ def test_serve_engine_sums_each_category_by_hand():
     # batch size 2 within each category: a -> 1 call of 2; b -> 2 calls (2 + 1); plus warm-ups
     serves = [n for kind, n in fake.calls if kind == "serve"]
     assert serves == [1, 2, 2, 1]
-    assert all(r["speedup"] is not None and r["latency_s"] is not None for r in runs)
+    assert all(r["latency_s"] is not None for r in runs)
+    # one worker: with and without at different moments, one pass each: never a speedup
+    assert all(r["speedup"] is None for r in runs)
+    assert by["all"]["speed"]["speedup"]["verdict"] == "one pass"
+    assert by["all"]["speed"]["timed_on"] == "one pass each, at different moments (one worker)"
+
+
+def test_serve_engine_pairs_every_call_with_a_plain_worker_turn_about():
+    prompts = [[0], [1], [2], [3], [4]]
+    cats = ["a", "a", "b", "b", "b"]
+    fake, plain = FakeServingClient(acc=[5, 1, 0, 2, 3]), FakeServingClient(acc=[0] * 5)
+    drafters = {"trained": ("dir", [3], [1]), "offset": ("dir2", [3], [1])}
+    runs, outs = serve_engine(
+        fake, "vllm", drafters, prompts, cats, [1], 8, [0], plain=plain, rounds=3, speed_prompts=2
+    )
+    # the drafter's worker never runs plain requests; the plain worker: warm-up, then the 5
+    # calls paired with the trained drafter's, then the 2 spread ones paired with the offset's
+    assert [kind for kind, _ in fake.calls] == ["serve"] * (1 + 5 + 1 + 5)
+    assert plain.calls == [("plain", 1)] * (1 + 5 + 2)
+    by = {(r["drafter"], r["category"]): r for r in runs}
+    sp = by["trained", "all"]["speed"]
+    assert sp["pairs"] == 5 and sp["timed_on"] == "every call of the whole set"
+    assert sp["speedup"]["rounds"] == 3 and len(sp["speedup"]["values"]) == 3
+    assert by["offset", "all"]["speed"]["pairs"] == 2
+    assert "2 prompts spread over the set (a subset)" in by["offset", "all"]["speed"]["timed_on"]
+    # the bound of a speedup is that serving's tau (<= k + 1)
+    assert sp["speedup"]["bound"] == by["trained", "all"]["tau"]
+    assert outs["plain", 1] == [[q[0], 1] for q in prompts]
 
 
 def _drafter_dir(tmp_path, bnds, n):

@@ -53,6 +53,9 @@ def test_two_workers_equal_one_and_lost_worker_redone(generated, monkeypatch):
     assert sp["capture_overhead_ratio"] == pytest.approx(
         sp["plain_forward_tokens_per_s"] / sp["capture_tokens_per_s"], rel=2e-3
     )
+    over = sp["capture_overhead"]  # per alternated repeat, with its verdict (eagle3nb/timing.py)
+    assert over["rounds"] == sp["repeats"] == 3 and over["low"] <= over["median"] <= over["high"]
+    assert over["verdict"] in ("measured", "disturbed") and over["text"]
     p2 = _copy_run(generated, "two").model_copy(update={"extract_workers": 2})
     rd2 = RunDir(p2)
     real_launch = extract.launch_workers

@@ -3,6 +3,7 @@ out here, and the figure holds the expected traces and values."""
 
 import pytest
 
+from eagle3nb import timing
 from eagle3nb.viz import plots
 from eagle3nb.viz.served import column_label, main_setting, served_figure, served_table
 
@@ -20,7 +21,16 @@ def _run(engine, version, drafter, k, bs, category, tau, **speed):
         "cycles": 10,
     }
     keys = ("tokens_per_s", "plain_tokens_per_s", "speedup", "latency_s", "plain_latency_s")
-    return r | {key: speed.get(key) for key in keys}
+    return (
+        r | {key: speed.get(key) for key in keys} | {k: v for k, v in speed.items() if k == "speed"}
+    )
+
+
+def _speed(values, tau, note=None):
+    """A speed block as 04 writes it: rounds of the speedup, bound tau (eagle3nb/timing.py)."""
+    m = timing.summarize(values, "speedup", bound=tau, bound_is=f"tau {tau:.3f}", neutral=1.0,
+                         note=note)  # fmt: skip
+    return {"speedup": m.as_dict(), "timed_on": "every call"}
 
 
 SG, VL = ("sglang", "0.5.23"), ("vllm", "0.32.0")
@@ -33,13 +43,15 @@ RUNS = [
     _run(*SG, "trained", 5, 1, "all", 3.95071, tokens_per_s=100.0, plain_tokens_per_s=120.0,
          latency_s=2.0, plain_latency_s=1.5),  # speedup computed: 100 / 120
     _run(*SG, "trained", 5, 4, "all", 3.9, tokens_per_s=300.04, plain_tokens_per_s=250.0,
-         speedup=1.20016, latency_s=2.5, plain_latency_s=2.0),
+         speedup=1.20016, latency_s=2.5, plain_latency_s=2.0,
+         speed=_speed([1.18, 1.20016, 1.25], 3.9)),  # measured
     _run(*SG, "trained", 3, 1, "all", 3.05, tokens_per_s=110.0, plain_tokens_per_s=120.0,
-         speedup=0.91667),
+         speedup=3.6, speed=_speed([3.5, 3.6, 3.7], 3.05)),  # above tau: disturbed
     _run(*SG, "trained, layer offset", 5, 1, "all", 2.9666, tokens_per_s=80.0,
          plain_tokens_per_s=120.0, speedup=0.66667),
     _run(*VL, "trained", 5, 1, "all", 3.95071, tokens_per_s=90.0, plain_tokens_per_s=100.0,
-         speedup=0.9, latency_s=1.0, plain_latency_s=0.9),
+         speedup=0.9, latency_s=1.0, plain_latency_s=0.9,
+         speed=_speed([0.8, 0.9, 1.05], 3.95071, note="CPU: plumbing")),  # spread over effect
     _run(*VL, "trained", 5, 1, "story", 3.9),
 ]  # fmt: skip
 
@@ -52,15 +64,17 @@ EXPECTED = """\
 | story | 3.9000 | - | 3.9000 | 3.8000 |
 | all | 3.9507 | 2.9666 | 3.9507 | 3.9507 |
 
-**speedup** (category all; each engine against itself without the drafter, same prompts, same run)
+**speedup** (category all; each engine against itself without the drafter, same prompts, same run, timed turn about; median (min-max over the rounds), or disturbed with why: a speedup is never above its bound tau, nor k + 1)
 
-| engine | drafter | k | batch size | tokens/s without drafter | tokens/s with drafter | speedup | latency without drafter (s) | latency with drafter (s) |
-|---|---|---:|---:|---:|---:|---:|---:|---:|
-| sglang 0.5.23 | trained | 3 | 1 | 120.0 | 110.0 | 0.917 | - | - |
-| sglang 0.5.23 | trained | 5 | 1 | 120.0 | 100.0 | 0.833 | 1.500 | 2.000 |
-| sglang 0.5.23 | trained | 5 | 4 | 250.0 | 300.0 | 1.200 | 2.000 | 2.500 |
-| sglang 0.5.23 | trained, layer offset | 5 | 1 | 120.0 | 80.0 | 0.667 | - | - |
-| vllm 0.32.0 | trained | 5 | 1 | 100.0 | 90.0 | 0.900 | 0.900 | 1.000 |"""
+| engine | drafter | k | batch size | tokens/s without drafter | tokens/s with drafter | speedup | bound | timed on | latency without drafter (s) | latency with drafter (s) |
+|---|---|---:|---:|---:|---:|---|---:|---|---:|---:|
+| sglang 0.5.23 | trained | 3 | 1 | 120.0 | 110.0 | disturbed: median 3.600x is above its bound 3.050x (tau 3.050): other load landed on one side | 3.050 | every call | - | - |
+| sglang 0.5.23 | trained | 5 | 1 | 120.0 | 100.0 | one pass: 0.833x (no spread; not a measurement) | - | one pass each | 1.500 | 2.000 |
+| sglang 0.5.23 | trained | 5 | 4 | 250.0 | 300.0 | 1.200x (1.180-1.250 over 3 rounds) | 3.900 | every call | 2.000 | 2.500 |
+| sglang 0.5.23 | trained, layer offset | 5 | 1 | 120.0 | 80.0 | one pass: 0.667x (no spread; not a measurement) | - | one pass each | - | - |
+| vllm 0.32.0 | trained | 5 | 1 | 100.0 | 90.0 | disturbed: spread 0.250 (0.800-1.050 over 3 rounds) is wider than the effect abs(0.900 - 1) = 0.100 | 3.951 | every call | 0.900 | 1.000 |
+
+(CPU: plumbing)"""
 
 
 def test_table_equals_the_text_written_by_hand():
@@ -74,7 +88,9 @@ def test_table_at_another_setting_and_without_speed():
         "**tau per category** (k = 5; tau = tokens emitted per draft-verify cycle, at most k + 1)"
         "\n\n| category | simulator (trained) |\n|---|---:|\n| story | 3.8000 |\n| all | 3.9507 |"
         "\n\n**speedup** (category all; each engine against itself without the drafter, same "
-        "prompts, same run)\n\nno served speed measured (the simulator measures acceptance only)"
+        "prompts, same run, timed turn about; median (min-max over the rounds), or disturbed with "
+        "why: a speedup is never above its bound tau, nor k + 1)\n\nno served speed measured (the "
+        "simulator measures acceptance only)"
     )
     # batch size 4: only SGLang's k=5 run over the whole set, and the simulator beside it
     part_a = served_table(RUNS, k=5, batch_size=4).split("\n\n**speedup**")[0]
@@ -119,12 +135,20 @@ def test_figure_traces_and_values(tmp_path):
         [None, 3.9, 3.95071],
         [None, 3.8, 3.95071],
     ]
+    # only measured medians are plotted (with their min-max); disturbed and one-pass figures are
+    # gaps, listed under the figure with why
     assert [(t.name, list(t.x), list(t.y)) for t in lines] == [
-        ("sglang 0.5.23 (trained) k=3", [1], [0.91667]),
-        ("sglang 0.5.23 (trained) k=5", [1, 4], [100.0 / 120.0, 1.20016]),
-        ("sglang 0.5.23 (trained, layer offset) k=5", [1], [0.66667]),
-        ("vllm 0.32.0 (trained) k=5", [1], [0.9]),
+        ("sglang 0.5.23 (trained) k=3", [1], [None]),
+        ("sglang 0.5.23 (trained) k=5", [1, 4], [None, 1.20016]),
+        ("sglang 0.5.23 (trained, layer offset) k=5", [1], [None]),
+        ("vllm 0.32.0 (trained) k=5", [1], [None]),
     ]
+    k5 = lines[1].error_y
+    assert list(k5.array) == [None, pytest.approx(1.25 - 1.20016)]
+    assert list(k5.arrayminus) == [None, pytest.approx(1.20016 - 1.18)]
+    note = fig.layout.annotations[-1].text
+    assert note.startswith("not plotted:<br>sglang 0.5.23 (trained) k=3 batch size 1: disturbed: ")
+    assert note.count("<br>") == 4
     # bars in the left panel, lines in the right; one colour per engine and drafter in both
     assert {t.xaxis for t in bars} == {"x"} and {t.xaxis for t in lines} == {"x2"}
     colour = {t.name: t.marker.color for t in bars}

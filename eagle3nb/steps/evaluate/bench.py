@@ -5,6 +5,7 @@ and serves the drafters through it (:mod:`eagle3nb.steps.evaluate.served`)."""
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -199,16 +200,47 @@ def bench_prompts(p: RunParams, tok, records, answer) -> tuple[list[list[int]], 
     return ids, cats, keys
 
 
-def start_engine(p: RunParams, engine: str, path, device: str, rd: RunDir, context: int):
-    """The engine's worker client (float32, greedy) for serving."""
+def start_engine(p: RunParams, engine: str, path, device: str, rd: RunDir, context: int, role=None):
+    """The engine's worker client (float32, greedy) for serving; ``role="plain"``: a second one."""
     if engine == "vllm":
         from eagle3nb.engines.vllm_helpers import start_vllm
 
-        return start_vllm(p, path, "float32", rd.root)
+        return start_vllm(p, path, "float32", rd.root, role)
     from eagle3nb.engines.sglang_helpers import start_sglang
 
     opts = p.sglang_options
-    return start_sglang(path, "float32", device, p.seed, p.sglang_python, rd.root, context, opts)
+    return start_sglang(
+        path, "float32", device, p.seed, p.sglang_python, rd.root, context, opts, role
+    )
+
+
+def _in_process(p: RunParams, engine: str) -> bool:
+    """The engine runs in this process (python ``""``): one engine at a time, no second worker."""
+    from eagle3nb.engines.vllm_helpers import vllm_python
+
+    return (vllm_python(p) if engine == "vllm" else p.sglang_python) == ""
+
+
+def _start_pair(p, engine, path, device, rd, context):
+    """The drafter's worker and, started beside it on a thread (the two imports overlap), the
+    plain one (None in process). Returns ``(client, plain)``; closes both on a failure."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if _in_process(p, engine):
+        return start_engine(p, engine, path, device, rd, context), None
+    with ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(start_engine, p, engine, path, device, rd, context, "plain")
+        try:
+            client = start_engine(p, engine, path, device, rd, context)
+        except BaseException:
+            if fut.exception() is None:
+                fut.result().close()
+            raise
+        try:
+            return client, fut.result()
+        except BaseException:
+            client.close()
+            raise
 
 
 def serve_engines(
@@ -223,42 +255,59 @@ def serve_engines(
     context,
     tok,
     pending=None,
+    log=None,
 ):
     """Each engine of ``engines`` (vllm, sglang) serves ``drafters`` (``{label: (folder, ks,
     batch sizes, engines that read it right, {engine: boundaries it reads})}``) over the prompt
-    set; each run records the boundaries its engine read.
+    set on one worker, the same prompts without the drafter on a second worker turn about
+    (:func:`eagle3nb.steps.evaluate.serve_loop.serve_engine`); each run records the boundaries its
+    engine read.
 
     Args:
         prompt_set: ``(prompt ids, categories, keys)``.
         pending: benchmark records still to add (no simulator ran to answer their earlier turns):
             the first engine's plain greedy output answers them, and every engine serves the
             same prompts.
+        log: ``log(text)``: progress lines (:class:`eagle3nb.steps.evaluate.progress.EvalLog`).
 
     Returns:
         ``(runs, {engine: outputs}, (prompts, categories, keys))``.
     """
+    from eagle3nb.timing import CPU_NOTE
+
     prompts, cats, keys = (list(x) for x in prompt_set)
     runs, outs = [], {}
     for engine in engines:
-        client = start_engine(p, engine, path, device, rd, context)
+        if log:
+            log(f"{engine}: starting two workers (with and without the drafter)")
+        load0 = [round(x, 2) for x in os.getloadavg()]  # how quiet the machine was: the runs say
+        client, plain = _start_pair(p, engine, path, device, rd, context)
         try:
             record_engine_threads(rd, client)
             if pending:
 
                 def ans(qs):
-                    return client.generate(qs, p.eval_max_new_tokens, eos, 0.0, 1.0, 0)
+                    return (plain or client).generate(qs, p.eval_max_new_tokens, eos, 0.0, 1.0, 0)
 
                 b_ids, b_cats, b_keys = bench_prompts(p, tok, pending, ans)
                 prompts, cats, keys = prompts + b_ids, cats + b_cats, keys + b_keys
                 pending = None
             mine = {k: v[:3] for k, v in drafters.items() if engine in v[3]}
             r, o = serve_engine(
-                client, engine, mine, prompts, cats, p.eval_batch_sizes, p.eval_max_new_tokens, eos
-            )
+                client, engine, mine, prompts, cats, p.eval_batch_sizes, p.eval_max_new_tokens,
+                eos, plain=plain, rounds=p.speed_rounds, speed_prompts=p.speed_prompts, log=log,
+                note=CPU_NOTE if str(device) == "cpu" else None,
+            )  # fmt: skip
+            load1 = [round(x, 2) for x in os.getloadavg()]
             for x in r:  # the boundaries this engine reads from that drafter's ids
                 x["boundaries"] = list(drafters[x["drafter"]][4][engine])
+                x["load_average"] = {"before": load0, "after": load1, "is": "1, 5, 15 min"}
+            if log:
+                log(f"{engine}: done; load average (1, 5, 15 min) {load0} before, {load1} after")
             runs += r
             outs[engine] = o
         finally:
             client.close()
+            if plain is not None:
+                plain.close()
     return runs, outs, (prompts, cats, keys)

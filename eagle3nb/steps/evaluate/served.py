@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 
 from eagle3nb.boundaries import engine_read
 from eagle3nb.boundaries.export_ids import engine_ids
 from eagle3nb.drafter.model import flavour_of, swap_norm_flavour
 from eagle3nb.engines.vllm_eager import id0_hazard
+from eagle3nb.steps.evaluate.serve_loop import ALL, ENGINE_COUNTERS, serve_engine  # noqa: F401
 
 __all__ = [
     "SPEED_NOTE",
@@ -31,24 +31,21 @@ __all__ = [
     "FLAVOUR",
     "flavour_swapped_dir",
     "serve_engine",
+    "speed_of",
     "served_block",
 ]
 
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang"}
-# SGLang's own counters, summed over requests (eagle3nb/engines/sglang_serve.py sum_counters)
-ENGINE_COUNTERS = (
-    "spec_verify_ct",
-    "spec_num_correct_drafts",
-    "spec_num_proposed_drafts",
-    "completion_tokens",
-    "spec_correct_drafts_histogram",
-)
-ALL = "all"  # the category of every prompt served (the speed rows of the table)
 SPEED_NOTE = (
-    "tokens/s with and without the drafter in the same engine and run, same prompts and batch "
-    "size, each timed around the engine call from this process after a warm-up request; a 260K "
-    "target on CPU is not memory-bound and costs about as much per forward as its drafter, so it "
-    "shows no GPU-like speedup: on CPU these numbers show the plumbing, not the gain"
+    "speedup = tokens/s with / without the drafter in the same engine and run, same prompts and "
+    "batch size: two workers of the engine, one with the drafter and one without, called turn "
+    "about call by call (which goes first alternates), the pairs split into speed_rounds rounds; "
+    "the median of the rounds' ratios with its spread (min-max). A figure above its bound (tau of "
+    "that serving: greedy chain decoding emits at most tau tokens per target forward; never above "
+    "k + 1) or with a spread wider than its effect abs(median - 1) is printed as disturbed, with why, "
+    "never as a speedup. A 260K target on CPU is not memory-bound and costs about as much per "
+    "forward as its drafter, so it shows no GPU-like speedup: on CPU these numbers show the "
+    "plumbing, not the gain"
 )
 LATENCY_NOTE = (
     "latency_s: mean wall seconds per engine call of batch_size requests (every request of a call "
@@ -195,156 +192,13 @@ def flavour_swapped_dir(drafter_dir, out_dir) -> str | None:
     return meta["flavour"]
 
 
-def _chunks(idx: list[int], b: int) -> list[list[int]]:
-    return [idx[i : i + b] for i in range(0, len(idx), b)]
-
-
-def _add(acc: dict, r: dict, secs: float, n_out: int) -> None:
-    """Sum one engine call's counters into ``acc`` (per category)."""
-    for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
-        acc[key] = acc.get(key, 0) + int(r[key])
-    per = acc.setdefault("accepted_per_pos", [0] * len(r["accepted_per_pos"]))
-    for i, a in enumerate(r["accepted_per_pos"]):
-        per[i] += int(a)
-    ec = acc.setdefault("engine_counters", {})
-    for key in ENGINE_COUNTERS:  # SGLang's own per-request meta_info sums (vLLM has none)
-        v = r.get(key)
-        if isinstance(v, list):
-            ec[key] = [x + int(y) for x, y in zip(ec.get(key, [0] * len(v)), v)]
-        elif v is not None:
-            ec[key] = ec.get(key, 0) + int(v)
-    acc["seconds"] = acc.get("seconds", 0.0) + secs
-    acc["calls"] = acc.get("calls", 0) + 1
-    acc["tokens"] = acc.get("tokens", 0) + n_out
-
-
-def _merged(accs) -> dict:
-    """Counters of several categories summed (the ``all`` row)."""
-    out: dict = {}
-    for a in list(accs):
-        for key, v in a.items():
-            if isinstance(v, list):
-                out[key] = [x + y for x, y in zip(out.get(key, [0] * len(v)), v)]
-            elif isinstance(v, dict):
-                d = out.setdefault(key, {})
-                for kk, vv in v.items():
-                    if isinstance(vv, list):
-                        d[kk] = [x + y for x, y in zip(d.get(kk, [0] * len(vv)), vv)]
-                    else:
-                        d[kk] = d.get(kk, 0) + vv
-            else:
-                out[key] = out.get(key, 0) + v
-    return out
-
-
-def _summary(acc: dict, k: int) -> dict:
-    """tau, per-position acceptance and speed of summed counters (vLLM's and SGLang's own)."""
-    nd = max(acc["num_drafts"], 1)
-    out = {
-        "tau": round(1 + acc["num_accepted_tokens"] / nd, 4),
-        "per_position_acceptance": [round(a / nd, 4) for a in acc["accepted_per_pos"][:k]],
-        "cycles": acc["num_drafts"],
-        "emitted_tokens": acc["tokens"],
-        "tokens_per_s": round(acc["tokens"] / acc["seconds"], 2) if acc["seconds"] else None,
-        "latency_s": round(acc["seconds"] / acc["calls"], 4),
-        "counters": {
-            key: acc[key]
-            for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_pos")
-        },
-    }
-    ec = acc.get("engine_counters")
-    if ec:
-        out["engine_counters"] = ec
-        if ec.get("spec_verify_ct"):  # SGLang's own accept length, its definition
-            out["engine_accept_length"] = round(ec["completion_tokens"] / ec["spec_verify_ct"], 4)
-    return out
-
-
-def _plain(client, prompts, cats, batch_sizes, max_new, eos) -> dict:
-    """The same engine without the drafter: outputs and speed per batch size and category."""
-    client.generate([list(prompts[0])], 2, eos, 0.0, 1.0, 0)  # warm-up (engine start untimed)
-    out = {}
-    for b in batch_sizes:
-        res, outs = {}, [None] * len(prompts)
-        for cat in dict.fromkeys(cats):
-            acc = {"seconds": 0.0, "calls": 0, "tokens": 0}
-            for ch in _chunks([i for i, c in enumerate(cats) if c == cat], b):
-                t0 = time.perf_counter()
-                got = client.generate([list(prompts[i]) for i in ch], max_new, eos, 0.0, 1.0, 0)
-                acc["seconds"] += time.perf_counter() - t0
-                acc["calls"] += 1
-                acc["tokens"] += sum(len(o) for o in got)
-                for i, o in zip(ch, got):
-                    outs[i] = list(o)
-            res[cat] = acc
-        res[ALL] = _merged(res.values())
-        out[b] = {"by_category": res, "outputs": outs}
-    return out
-
-
-def serve_engine(client, engine: str, drafters: dict, prompts, cats, batch_sizes, max_new, eos):
-    """Serve each drafter of ``drafters`` (``{label: (folder, [k, ...], [batch size, ...])}``)
-    through ``client``'s engine for each of its k and batch sizes, per category, then the same
-    prompts without a drafter at every size of ``batch_sizes``.
-
-    Args:
-        prompts: token id lists; ``cats``: the category of each (``"heldout"`` for 01's prompts).
-
-    Returns:
-        ``(runs, outputs)``: ``runs`` a list of dicts (engine, engine_version, drafter, k,
-        batch_size, category, tau, per_position_acceptance, cycles, counters, tokens_per_s,
-        plain_tokens_per_s, speedup, latency_s, plain_latency_s, greedy_mismatches (served output
-        vs the same engine's plain greedy output, same batch size)); ``outputs[(label, k, b)]``
-        the served outputs per prompt, ``outputs["plain", b]`` the plain ones.
-    """
-    info = client.info()
-    runs, outputs = [], {}
-    for label, (folder, label_ks, label_bs) in drafters.items():
-        for k in label_ks:
-            client.serve_acceptance(folder, [list(prompts[0])], k, 2, eos)  # warm-up
-            for b in label_bs:
-                outs, by_cat = [None] * len(prompts), {}
-                for cat in dict.fromkeys(cats):
-                    acc = {}
-                    for ch in _chunks([i for i, c in enumerate(cats) if c == cat], b):
-                        t0 = time.perf_counter()
-                        r = client.serve_acceptance(
-                            folder, [list(prompts[i]) for i in ch], k, max_new, eos
-                        )
-                        got = r["outputs"]
-                        _add(acc, r, time.perf_counter() - t0, sum(len(o) for o in got))
-                        for i, o in zip(ch, got):
-                            outs[i] = list(o)
-                    by_cat[cat] = acc
-                by_cat[ALL] = _merged(by_cat.values())
-                by_cat = {cat: _summary(acc, k) for cat, acc in by_cat.items()}
-                outputs[label, k, b] = outs
-                for cat, s in by_cat.items():
-                    runs.append(
-                        dict(
-                            engine=engine,
-                            engine_version=info["engine_version"],
-                            drafter=label,
-                            k=k,
-                            batch_size=b,
-                            category=cat,
-                            **s,
-                        )
-                    )
-    plain = _plain(client, prompts, cats, batch_sizes, max_new, eos)
-    for b, pr in plain.items():
-        outputs["plain", b] = pr["outputs"]
+def speed_of(runs: list[dict], k: int, b: int) -> dict | None:
+    """The trained drafter's speed block (``all`` row at ``k``, batch size ``b``): speedup over
+    rounds with its verdict (:mod:`eagle3nb.timing`), or None where none was timed."""
     for r in runs:
-        pa = plain[r["batch_size"]]["by_category"][r["category"]]
-        ptps = pa["tokens"] / pa["seconds"] if pa["seconds"] else None
-        r["plain_tokens_per_s"] = round(ptps, 2) if ptps else None
-        r["plain_latency_s"] = round(pa["seconds"] / max(pa["calls"], 1), 4)
-        r["speedup"] = round(r["tokens_per_s"] / ptps, 3) if r["tokens_per_s"] and ptps else None
-        served = outputs[r["drafter"], r["k"], r["batch_size"]]
-        plain_out = outputs["plain", r["batch_size"]]
-        idx = [i for i, c in enumerate(cats) if r["category"] in (c, ALL)]
-        r["greedy_mismatches"] = sum(served[i] != plain_out[i] for i in idx)
-    return runs, outputs
+        if (r["drafter"], r["k"], r["batch_size"], r["category"]) == ("trained", k, b, ALL):
+            return r.get("speed")
+    return None
 
 
 def served_block(runs: list[dict], sim: dict | None, k: int, b: int, category: str) -> dict:
@@ -372,6 +226,7 @@ def served_block(runs: list[dict], sim: dict | None, k: int, b: int, category: s
         "plain_tokens_per_s": t["plain_tokens_per_s"],
         "speedup_with_drafter": t["speedup"],
         "speed_note": SPEED_NOTE,
+        "speed": speed_of(runs, k, b),
     }
     for key in ("engine_counters", "engine_accept_length"):
         if key in t:

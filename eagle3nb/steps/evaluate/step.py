@@ -15,6 +15,7 @@ from eagle3nb.params import RunParams, resolve_device
 from eagle3nb.rundir import RunDir
 from eagle3nb.steps.evaluate import chat as eval_chat
 from eagle3nb.steps.evaluate import simulator as eval_sim
+from eagle3nb.steps.evaluate.progress import EvalLog, report_left_out, report_refused
 from eagle3nb.steps.shared.checks import template_of, use_thread_budget
 from eagle3nb.steps.evaluate.bench import (
     HELDOUT,
@@ -73,6 +74,7 @@ def eval_step(p: RunParams, progress=True) -> dict:
 
 def _eval(p: RunParams, progress: bool) -> dict:
     rd = RunDir(p)
+    log = EvalLog(rd.root / "eval.log")  # python -m eagle3nb.run echoes it (run.py)
     use_thread_budget(p, rd)
     device = resolve_device(p)
     path = models.resolve_model(p.model)
@@ -94,9 +96,11 @@ def _eval(p: RunParams, progress: bool) -> dict:
     # for this class (differs in the mismatch reproductions: params/mismatch.yaml, kimi_case.yaml)
     served = _served(p, cfg, n, dman.get("target", {}).get("architecture"))
     records, dblock = read_eval_dataset(p) if p.eval_dataset else ([], None)
+    report_refused(log, dblock)
     t0 = time.time()
     sim = None
     if "simulator" in engines:
+        log(f"simulator: {len(prompts)} held-out prompts, {len(records)} benchmark records")
         sim = eval_sim.simulate(
             p, rd, path, device, prompts, turns, eos, served, bnds, n, dman, records, progress, tok
         )
@@ -115,6 +119,7 @@ def _eval(p: RunParams, progress: bool) -> dict:
     serving = [e for e in serving if e in served]
     drafters = _served_drafters(p, rd, dman, bnds, n, served, serving)
     left_out.update(drop_vllm_id0(drafters, device, p.vllm_options))
+    report_left_out(log, p.eval_engines, left_out)
     runs, outs, prompt_set = serve_engines(
         p,
         rd,
@@ -127,6 +132,7 @@ def _eval(p: RunParams, progress: bool) -> dict:
         int(tcfg.get("max_position_embeddings") or 2048),
         tok,
         pending=None if sim else records,
+        log=log,
     )
     return eval_sim.assemble(
         p=p,

@@ -5,9 +5,9 @@ Sharded extraction: the samples are cut into shards exactly as one process would
 (:func:`eagle3nb.dataset.write.shard_plan`); worker ``w`` of ``W`` writes the shards ``i % W == w``
 with its own engine (HF transformers, loaded in the worker; on GPU machines worker ``w`` uses
 ``cuda:w % device_count``), recording each finished shard in ``dataset/workers/worker-w.json``.
-When all workers ended, :func:`eagle3nb.dataset.write.merge_workers` checks every shard's sha256 and
-writes one manifest. A lost worker leaves its remaining shards missing: the merge names them, and
-a rerun (any worker count) redoes only those, so no sample is written twice.
+When all workers ended, :func:`eagle3nb.dataset.write.merge_workers` checks every shard's sha256
+and writes one manifest. A lost worker's remaining shards are named by the merge; a rerun (any
+worker count) redoes only those.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from eagle3nb import timing
 from eagle3nb import threads
 from eagle3nb.dataset.layout import (
     check_writer_memory,
@@ -302,14 +303,12 @@ def capture_overhead(
     the target's plain decoder forward (no hooks) vs the engine's capture (hooks, clones, copies
     to CPU), same batches; the median of ``repeats`` alternating timings after a warm-up.
 
-    Returns:
-        ``{"engine", "plain_forward_tokens_per_s", "capture_tokens_per_s", "capture_overhead_ratio"
-        (capture time / plain time), "measured_on_tokens", "batch_size"}``.
-    """
+    Returns: ``{"capture_overhead" (per repeat, :mod:`eagle3nb.timing`), "engine",
+    "plain_forward_tokens_per_s", "capture_tokens_per_s", "capture_overhead_ratio" (capture time
+    / plain time, medians), "measured_on_tokens", "batch_size"}``."""
     import statistics
 
     import torch
-
     from eagle3nb.padding import pad_right
     from eagle3nb.target.capture import _decoder
 
@@ -349,7 +348,9 @@ def capture_overhead(
         tc.append(timed(captured))
     n_tok = sum(map(len, xs))
     p_s, c_s = statistics.median(tp), statistics.median(tc)
+    m = timing.summarize([c / q for c, q in zip(tc, tp)], "capture / plain time", neutral=1.0)
     return {
+        "capture_overhead": m.as_dict(),  # per repeat: median, spread, verdict
         "engine": engine.engine_name,
         "plain_forward_tokens_per_s": round(n_tok / p_s, 1),
         "capture_tokens_per_s": round(n_tok / c_s, 1),

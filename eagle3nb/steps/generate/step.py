@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from eagle3nb import timing
 from eagle3nb.manifest import atomic_write_json, provenance, sha256_file
 from eagle3nb.params import RunParams, resolve_device
 from eagle3nb.preflight import split_checked
@@ -78,6 +79,10 @@ def generate_step(p: RunParams, progress=True) -> dict:
         "generated_tokens": n_tok,
         "seconds": round(secs, 3),
         "tokens_per_s": round(n_tok / secs, 1) if secs else None,
+        # the wall time of the one pass that wrote the dataset: a number, not a measurement
+        "tokens_per_s_is": timing.summarize(
+            [n_tok / secs] if secs else [], "01's generation", unit="tokens/s"
+        ).text(1),
     }
     if p.generate_speed_engines:
         stats["speed_by_engine"] = _speed_by_engine(p, rd, model, tok, path, todo, eos, stats)
