@@ -144,3 +144,23 @@ def test_sglang_serves_no_ids_on_5_layers_as_one_state_the_audit_measures(
     assert _counters(got) == (sg["cycles"], sg["accepted_per_pos"])
     print("sglang no ids", got["num_drafts"], got["accepted_per_pos"], got["tau"], "trained tau",
           r["verdict"]["trained_tau"])  # fmt: skip
+
+
+@requires_engine("sglang")
+def test_sglang_cannot_serve_a_copy_the_audit_refused_it(sglang, target, trained_export, tmp_path):
+    """Issue 43 item 5: boundaries SGLang cannot capture (5 = N on the 5-layer Llama target): the
+    corrected copy's SGLang key holds the audit's mark, and SGLang stops instead of serving its
+    default ids. Last in the module: the engine restarts for whatever follows."""
+    from eagle3nb.audit.formats import loadable_copy, read_drafter_folder
+    from eagle3nb.audit.patch import REFUSED_MARK, write_patched
+
+    model, tok, _ = target
+    loadable = loadable_copy(read_drafter_folder(trained_export, 5), tmp_path / "l")
+    readings = {"sglang": {"version": "0.5.23"}, "vllm": {"version": "0.32.0"}}
+    got = write_patched(loadable, tmp_path / "c", [1, 3, 5], 5, "LlamaForCausalLM", readings, {})
+    assert "refused" in got["sglang"] and got["vllm"]["ok"]
+    held = heldout_prompt_ids(tok, n=2)
+    with pytest.raises(Exception) as e:
+        sglang.serve_acceptance(tmp_path / "c", held, K, 8, models.stop_token_ids(model, tok))
+    print("sglang on the marked copy:", type(e.value).__name__, str(e.value)[-400:])
+    assert REFUSED_MARK in str(e.value) or "concatenate str" in str(e.value), str(e.value)[-2000:]
