@@ -182,13 +182,29 @@ def test_03_adopts_fine_tunes_and_records_the_source(trained_export, tmp_path):
     shutil.rmtree(tmp_path / "runs")
 
 
+@pytest.fixture(scope="module")
+def seeded_export(target, tmp_path_factory):
+    """An untrained drafter for the target, exported by eagle3nb at TRAINED (its manifest names the
+    target by path and class): the folder checks below read no weights' values, so no training."""
+    from eagle3nb.drafter.export import export_drafter
+    from eagle3nb.drafter.model import DrafterConfig
+    from eagle3nb.drafter.vocab import build_draft_vocab
+
+    model, _, path = target
+    torch.manual_seed(0)
+    d = Eagle3Drafter(DrafterConfig.for_target(model.config, 256))
+    d.set_vocab(*build_draft_vocab(torch.arange(512), 256))
+    man = {"target": {"path": str(path), "architecture": "LlamaForCausalLM"}}
+    return export_drafter(d, tmp_path_factory.mktemp("seeded") / "d", TRAINED, 5, man)
+
+
 def test_a_manifest_naming_another_target_is_refused_or_warned(
-    trained_export, target, tcfg, tmp_path
+    seeded_export, target, tcfg, tmp_path
 ):
     """Issue 43 item 6: same shapes, another target by sha256 (base vs instruct): refused naming
     both; init_from_target: warn fine-tunes it with the same words as a warning."""
     _, tok, _ = target
-    folder = shutil.copytree(trained_export, tmp_path / "other")
+    folder = shutil.copytree(seeded_export, tmp_path / "other")
     man = json.loads((folder / "manifest.json").read_text())
     man["target"] = {"name": "stories260K-base", "sha256": "ab" * 32}
     (folder / "manifest.json").write_text(json.dumps(man))
@@ -214,7 +230,7 @@ def test_a_manifest_naming_another_target_is_refused_or_warned(
         adoption_plan(folder, tcfg, len(tok), TRAINED, target={"name": "stories260K-hd32"})
 
 
-def test_pytorch_model_bin_names_the_formats_and_the_conversion(trained_export, tmp_path):
+def test_pytorch_model_bin_names_the_formats_and_the_conversion(seeded_export, tmp_path):
     """Issue 43 item 6: a drafter shipped as pytorch_model.bin (EAGLE's official ones) is told
     what is read and how to convert; the command given converts it to the same weights."""
     import subprocess
@@ -224,8 +240,8 @@ def test_pytorch_model_bin_names_the_formats_and_the_conversion(trained_export, 
 
     folder = tmp_path / "eagle"
     folder.mkdir()
-    shutil.copy2(trained_export / "config.json", folder / "config.json")
-    sd = load_file(str(trained_export / "model.safetensors"))
+    shutil.copy2(seeded_export / "config.json", folder / "config.json")
+    sd = load_file(str(seeded_export / "model.safetensors"))
     torch.save(sd, folder / "pytorch_model.bin")
     with pytest.raises(FileNotFoundError) as e:
         read_drafter_folder(folder, 5)
