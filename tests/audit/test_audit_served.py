@@ -9,6 +9,8 @@ test_sglang_serve.py). Each case is skipped when its engine's venv is absent."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from conftest import TRAINED, with_identity_vocab, write_format
 
@@ -160,7 +162,17 @@ def test_sglang_cannot_serve_a_copy_the_audit_refused_it(sglang, target, trained
     got = write_patched(loadable, tmp_path / "c", [1, 3, 5], 5, "LlamaForCausalLM", readings, {})
     assert "refused" in got["sglang"] and got["vllm"]["ok"]
     held = heldout_prompt_ids(tok, n=2)
+    eos = models.stop_token_ids(model, tok)
     with pytest.raises(Exception) as e:
-        sglang.serve_acceptance(tmp_path / "c", held, K, 8, models.stop_token_ids(model, tok))
-    print("sglang on the marked copy:", type(e.value).__name__, str(e.value)[-400:])
-    assert REFUSED_MARK in str(e.value) or "concatenate str" in str(e.value), str(e.value)[-2000:]
+        sglang.serve_acceptance(tmp_path / "c", held, K, 8, eos)
+    # the scheduler stops at start (TypeError in set_eagle3_layers_to_capture, llama.py:941, in
+    # its own log); eagle3nb's worker reports it as the scheduler dying during initialization
+    assert "scheduler died during initialization" in str(e.value), str(e.value)[-2000:]
+    # control: the same copy without the mark (what the audit wrote before) starts and serves
+    # SGLang's default ids, the silent failure the mark prevents
+    cfg = json.loads((tmp_path / "c" / "config.json").read_text())
+    assert cfg["eagle_config"].pop("eagle_aux_hidden_state_layer_ids")[0].startswith(REFUSED_MARK)
+    (tmp_path / "c" / "config.json").write_text(json.dumps(cfg))
+    got = sglang.serve_acceptance(tmp_path / "c", held, K, 8, eos)
+    assert got["num_drafts"] > 0
+    print("sglang without the mark serves its default ids: tau", got["tau"])
