@@ -93,6 +93,7 @@ audit/              a drafter trained elsewhere: its boundaries, each engine's r
     flavour         the drafter's EAGLE-3.1 flavour, and tau of its weights read as the other
     measure         engine readings, candidate boundary sets, their tau by the simulator
     patch           the corrected copy (each engine's ids for the measured best), serving commands
+    servable        what each engine does with a folder: captured states, load refusals, CPU limits
     core            run_audit: read, refuse, measure, write; the summary lines
     __main__        python -m eagle3nb.audit DRAFTER --model TARGET [--engine] [--out]
 offline/            an engine for a GPU host with no package index: a bundle of parts built here

@@ -344,3 +344,70 @@ def test_malformed_benchmark_lines_are_refused_by_file_and_line():
         ("two_malformed_mtbench.jsonl:line 3", "empty field: turns"),
         ("two_malformed_mtbench.jsonl:line 6", "not JSON (Expecting ',' delimiter at column 72)"),
     ]
+
+
+# --- drafter folders the audit and init_from read (issue 43 items 3-6) ------------------------------
+# tests/bad_inputs/drafters/<case>/: config.json (and manifest.json) as published, expect.json: which
+# check refuses it ("readings": the audit's reading of each engine, "patched": its corrected copy,
+# "init_from", "read"), the engine and field, and the message (regex). Weights are made here from
+# config.json (safetensors are binary): a seeded drafter of those shapes, a draft vocab mapping
+# draft id i to target id i, written as expect.json's "weights" says.
+
+DRAFTER_FOLDERS = sorted(p.parent for p in (BAD / "drafters").glob("*/expect.json"))
+
+
+def _weights_for(folder: Path, dst: Path, how: str | None) -> None:
+    cfg = json.loads((folder / "config.json").read_text())
+    layer = {**cfg, **cfg.get("transformer_layer_config", {})}
+    keys = ("hidden_size", "target_hidden_size", "intermediate_size", "num_attention_heads",
+            "num_key_value_heads", "head_dim", "vocab_size", "draft_vocab_size")  # fmt: skip
+    torch.manual_seed(0)
+    d = Eagle3Drafter(DrafterConfig(**{k: int(layer[k]) for k in keys}))
+    tmp = export_drafter(d, dst.parent / f"{dst.name}-export", [1, 2, 4], 5, {"kind": "test"})
+    sd = load_file(str(tmp / "model.safetensors"))
+    if how == "identity_d2t":  # SpecForge writes them even for the full vocabulary
+        v = sd["lm_head.weight"].shape[0]
+        sd.update(d2t=torch.zeros(v, dtype=torch.long), t2d=torch.ones(v, dtype=torch.bool))
+    if how == "layers.0":  # speculators' decoder names
+        sd = {k.replace("midlayer.", "layers.0."): v for k, v in sd.items()}
+    if how == "pytorch_model.bin":
+        torch.save(sd, dst / "pytorch_model.bin")
+    else:
+        save_file(sd, str(dst / "model.safetensors"))
+
+
+@pytest.mark.parametrize("folder", DRAFTER_FOLDERS, ids=lambda p: p.name)
+def test_bad_drafter_folder(folder, tmp_path):
+    from eagle3nb.audit.formats import loadable_copy, read_drafter_folder
+    from eagle3nb.audit.measure import engine_readings
+    from eagle3nb.audit.patch import write_patched
+    from eagle3nb.audit.servable import annotate_readings
+    from eagle3nb.training.init_from import adoption_plan
+
+    exp = json.loads((folder / "expect.json").read_text())
+    dst = shutil.copytree(
+        folder, tmp_path / folder.name, ignore=shutil.ignore_patterns("expect.json")
+    )
+    _weights_for(folder, dst, exp.get("weights"))
+    tcfg = models.text_config(models.read_model_config(STORIES))
+    versions = {"sglang": "0.5.23", "vllm": "0.32.0"}
+    if exp["check"] == "read":
+        with pytest.raises(FileNotFoundError, match=exp["expect"]):
+            read_drafter_folder(dst, 5, "LlamaForCausalLM")
+        return
+    if exp["check"] == "init_from":
+        mine = {"name": "stories260K-hd32", "sha256": models.model_hash(STORIES)}
+        with pytest.raises(ValueError, match=exp["expect"]):
+            adoption_plan(dst, tcfg, 512, [1, 2, 4], target=mine)
+        return
+    f = read_drafter_folder(dst, 5, "LlamaForCausalLM")
+    if exp["check"] == "readings":
+        got = engine_readings(f.config, 5, "LlamaForCausalLM", versions)
+        annotate_readings(got, f, 3, True, "LlamaForCausalLM", tcfg)
+    else:  # the audit's corrected copy written for the set the folder declares
+        loadable = loadable_copy(f, tmp_path / "loadable")
+        readings = {e: {"version": v} for e, v in versions.items()}
+        got = write_patched(
+            loadable, tmp_path / "out", f.declared, 5, "LlamaForCausalLM", readings, {}
+        )
+    assert re.search(exp["expect"], got[exp["engine"]][exp["field"]] or ""), got[exp["engine"]]

@@ -65,3 +65,28 @@ def test_smoke_params_are_the_stored_notebooks_defaults():
 
     smoke = load_params(REPO_ROOT / "params" / "smoke.yaml")
     assert smoke.model_dump() == RunParams().model_dump()
+
+
+def test_set_errors_name_the_command_line_not_the_file(tmp_path):
+    """Issue 43 item 7: a bad value given by --set is attributed to --set; a file holding bad
+    values too gets each line tagged with where it came from."""
+    from eagle3nb.params import parse_sets
+
+    f = tmp_path / "p.yaml"
+    f.write_text("max_steps: 10\n")
+    with pytest.raises(ValueError) as e:
+        load_params(f, **parse_sets(["max_stepz=5"]))
+    assert str(e.value) == (
+        f"invalid parameters in --set (over {f}):\n  max_stepz=5: unknown key; did you mean "
+        "'max_steps'? (all keys with their help: the parameters cells of notebooks/*.ipynb, or "
+        "eagle3nb/params/schema.py RunParams)"
+    )
+    f.write_text("k: 0\n")
+    with pytest.raises(ValueError) as e:
+        load_params(f, **parse_sets(["max_steps=-1"]))
+    lines = str(e.value).splitlines()
+    assert lines[0] == f"invalid parameters in {f} and --set:"
+    assert sorted(x.split(":")[0] for x in lines[1:]) == [
+        f"  k=0 ({f})",
+        "  max_steps=-1 (--set)",
+    ]

@@ -21,13 +21,13 @@ def _cli(module: str, *args: str, timeout: int = 300) -> subprocess.CompletedPro
     [
         (
             ["--set", "max_stepz=3"],
-            "invalid parameters in params/smoke.yaml:\n  max_stepz=3: unknown key; did you mean "
+            "invalid parameters in --set (over params/smoke.yaml):\n  max_stepz=3: unknown key; did you mean "
             "'max_steps'? (all keys with their help: the parameters cells of notebooks/*.ipynb, or "
             "eagle3nb/params/schema.py RunParams)",
         ),
         (
             ["--set", "max_steps=-1"],
-            "invalid parameters in params/smoke.yaml:\n  max_steps=-1: Input should be greater "
+            "invalid parameters in --set (over params/smoke.yaml):\n  max_steps=-1: Input should be greater "
             "than or equal to 1; e.g. max_steps: 100 (the default)",
         ),
         (["--set", "max_steps"], "--set 'max_steps': write key=value, e.g. --set max_steps=200"),

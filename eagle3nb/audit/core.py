@@ -14,6 +14,7 @@ from eagle3nb.audit.flavour import flavour_reading
 from eagle3nb.audit.formats import check_belongs, loadable_copy, read_drafter_folder
 from eagle3nb.audit.measure import candidate_sets, engine_readings, measure_candidates, verdict
 from eagle3nb.audit.patch import commands, write_patched
+from eagle3nb.audit.servable import annotate_readings, unfused_drafter
 from eagle3nb.text.prompts import DEFAULT_PROMPTS, load_prompts, split_prompts
 
 __all__ = ["installed_versions", "heldout_prompt_ids", "check_drafter", "run_audit"]
@@ -119,8 +120,10 @@ def run_audit(
         emb = m.get_input_embeddings().weight.detach().float().cpu()
         d, _ = load_drafter(loadable, emb)
         d.to(next(m.parameters()).device)
-        extra = [r["boundaries"] for r in readings.values() if "boundaries" in r]
-        extra += [[2, n // 2, n - 3]]
+        width_ok = int(tcfg["hidden_size"]) == d.config.hidden_size
+        annotate_readings(readings, folder, d.config.n_aux, width_ok, arch, tcfg)
+        fed = [r["boundaries"] for r in readings.values() if "boundaries" in r and not r["unfused"]]
+        extra = [bs for bs in fed + [[2, n // 2, n - 3]] if _increasing(bs)]
         cands = candidate_sets(folder.declared, extra, n, d.config.n_aux, radius)
         sets = _prompt_sets(prompts_ids if prompts_ids is not None else heldout_prompt_ids(tok))
         ids = [q for qs in sets.values() for q in qs]
@@ -130,6 +133,12 @@ def run_audit(
         v = verdict(rows, folder.declared)
         flav = flavour_reading(m, d, v["recommended"], ids, k, max_new_tokens, eos)
         for r in readings.values():
+            if r.get("unfused"):  # SGLang's one state without fc: measured as it serves it
+                one = measure_candidates(
+                    m, unfused_drafter(d), [r["boundaries"]], ids, k, max_new_tokens, eos
+                )[0]
+                r.update({x: one[x] for x in ("tau", "cycles", "accepted_per_pos")})
+                continue
             r["tau"] = next(
                 (x["tau"] for x in rows if x["boundaries"] == r.get("boundaries")), None
             )
@@ -159,6 +168,10 @@ def run_audit(
     return result
 
 
+def _increasing(bs) -> bool:
+    return all(a < b for a, b in zip(bs, bs[1:]))
+
+
 def _prompt_sets(prompts) -> dict:
     """``{set name: prompt id lists}`` from a mapping, or one list named ``heldout``; empty sets
     are dropped (at least one prompt must remain: :func:`measure_candidates` refuses none)."""
@@ -179,7 +192,9 @@ def _write(result: dict, loadable: Path, out: Path, n: int, arch: str, target: s
     record.update(nll_margin=v["nll_margin"], tau=v["trained_tau"])
     record.update(declared_tau=v["declared_tau"], best_tau_set=v["best"], best_tau=v["best_tau"])
     dst = out / "drafter"
-    served = write_patched(loadable, dst, v["recommended"], n, arch, result["readings"], record)
+    served = write_patched(
+        loadable, dst, v["recommended"], n, arch, result["readings"], record, result["candidates"]
+    )
     result["patched"] = {"folder": str(dst), "engines": served}
     result["commands"] = commands(target, str(dst), k, served)
     (out / "serve_commands.json").write_text(json.dumps(result["commands"], indent=2) + "\n")
@@ -214,14 +229,32 @@ def summary_lines(result: dict) -> list[str]:
     for e, r in result["readings"].items():
         if result["engine"] and e != result["engine"]:
             continue
-        got = r.get("refused") or f"feeds {r['boundaries']} ({r['ids_source']}) tau {_f(r['tau'])}"
+        got = r.get("refused") or (
+            f"feeds {r['boundaries']} ({r['ids_source']}"
+            + (", one state without fc" if r.get("unfused") else "")
+            + f") tau {_f(r['tau'])}"
+        )
         inst = "" if r["installed"] else " (not installed: table rule)"
-        out.append(f"  {e} {r['version']}{inst}: {got}")
+        out.append(f"  {e} {r['version']}{inst}: {got}" + _cpu(r))
     if result["patched"]:
         out.append(f"corrected copy: {result['patched']['folder']}")
         for e, r in result["patched"]["engines"].items():
-            out.append(f"  {e}: " + (r.get("refused") or f"ids {r['ids']} -> {r['reads']}"))
+            if "refused" not in r:
+                out.append(f"  {e}: ids {r['ids']} -> {r['reads']}" + _cpu(r))
+                continue
+            out.append(f"  {e}: refused, the copy does not load in it: {r['refused']}")
+            if r.get("retrain"):
+                b = r["retrain"]
+                out.append(
+                    f"    to serve with {e}: retrain or fine-tune (init_from: this drafter, "
+                    f"init_boundaries: params) at {b['boundaries']}, the best set it can feed in "
+                    f"this table (tau {_f(b['tau'])} with these weights; {e} ids {b['ids']})"
+                )
     return out + [f"note: {x}" for x in result["notes"]]
+
+
+def _cpu(r: dict) -> str:
+    return f"; on CPU refused: {r['cpu_refused']}" if r.get("cpu_refused") else ""
 
 
 def _sets(result: dict) -> str:

@@ -43,6 +43,7 @@ from pathlib import Path
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from eagle3nb.audit.servable import full_vocab_without_d2t, weights_fix
 from eagle3nb.drafter import mla
 from eagle3nb.boundaries.engine_read import check_config_flags
 from eagle3nb.drafter.export import ARCH
@@ -127,7 +128,8 @@ def read_drafter_folder(
     :data:`eagle3nb.drafter.mla.MLA_ARCH`.
 
     Raises:
-        FileNotFoundError: no folder, config.json or model.safetensors (named).
+        FileNotFoundError: no folder, config.json or model.safetensors (named; with
+            ``pytorch_model.bin`` there, the command that converts it).
         ValueError: config.json is not a JSON object; ids that name no boundary of the target; MLA
             keys without the MLA architecture; a speculators folder with an MLA layer (module
             docstring).
@@ -135,9 +137,7 @@ def read_drafter_folder(
     p = Path(path)
     for f in (p / "config.json", p / "model.safetensors"):
         if not f.is_file():
-            raise FileNotFoundError(
-                f"drafter={str(p)!r}: {f.name} is missing; point at a drafter folder"
-            )
+            raise FileNotFoundError(f"drafter={str(p)!r}: {f.name} is missing; {weights_fix(p, f)}")
     cfg = json.loads((p / "config.json").read_text())
     if not isinstance(cfg, dict):
         raise ValueError(f"{p}/config.json is not a JSON object")
@@ -373,8 +373,8 @@ def loadable_copy(folder: DrafterFolder, out_dir: str | os.PathLike) -> Path:
     MLA drafter keeps :data:`eagle3nb.drafter.mla.MLA_ARCH` and its MLA keys) and ``layers.0.*``
     weights (speculators', SGLang's MLA checkpoints) renamed ``midlayer.*``
     (:func:`eagle3nb.drafter.mla.our_names`, as vLLM's and SGLang's load_weights map them), so
-    :func:`eagle3nb.drafter.export.load_drafter` reads it. Other files are copied unchanged.
-    Returns ``out_dir``."""
+    :func:`eagle3nb.drafter.export.load_drafter` reads it; a full vocabulary without ``d2t``/``t2d``
+    (:func:`eagle3nb.audit.servable.full_vocab_without_d2t`). Other files are copied unchanged."""
     out = Path(out_dir)
     if out.resolve() == folder.path.resolve():
         raise ValueError(f"out_dir={str(out)!r} is the drafter folder itself; never overwritten")
@@ -384,8 +384,13 @@ def loadable_copy(folder: DrafterFolder, out_dir: str | os.PathLike) -> Path:
         if f.is_file() and f.name not in ("config.json", "model.safetensors"):
             shutil.copy2(f, out / f.name)
     sd = load_file(str(folder.path / "model.safetensors"))
-    if any(k.startswith("layers.0.") for k in sd):
-        save_file(mla.our_names(sd), str(out / "model.safetensors"), metadata={"format": "pt"})
+    renamed = any(k.startswith("layers.0.") for k in sd)
+    c = folder.plain
+    full = int(c.get("draft_vocab_size") or c["vocab_size"]) == int(c["vocab_size"])
+    if renamed or (full and "d2t" in sd):
+        sd = mla.our_names(sd) if renamed else sd
+        sd = full_vocab_without_d2t(sd) if full else sd
+        save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
     else:
         shutil.copy2(folder.path / "model.safetensors", out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(folder.plain, indent=2) + "\n")

@@ -71,8 +71,8 @@ def candidate_sets(
 ) -> list[list[int]]:
     """The boundary sets to measure: every increasing set with each boundary within ``radius`` of
     the declared one (the engines' defaults 2, N//2, N-3 stand in when nothing is declared), plus
-    ``extra`` (each engine's reading, defaults; kept even with a repeated boundary, since that is
-    what the engine feeds), or every increasing set of ``n_aux`` boundaries in 0..N when there are
+    ``extra`` (each engine's reading, defaults; :func:`eagle3nb.audit.core.run_audit` passes only
+    increasing sets: a repeated boundary is one captured state, :mod:`eagle3nb.audit.servable`), or every increasing set of ``n_aux`` boundaries in 0..N when there are
     at most ``exhaustive_up_to`` of them. Sorted, without repeats, declared first.
 
     Raises:

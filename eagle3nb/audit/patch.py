@@ -8,12 +8,15 @@ import os
 import shutil
 from pathlib import Path
 
+from eagle3nb.audit.servable import best_capturable
 from eagle3nb.drafter.card import serve_commands
 from eagle3nb.boundaries.engine_read import read_as_engine
 from eagle3nb.boundaries.export_ids import engine_ids
 from eagle3nb.boundaries.rules import engine_rule
 
-__all__ = ["write_patched"]
+__all__ = ["write_patched", "REFUSED_MARK"]
+
+REFUSED_MARK = "refused by eagle3nb's audit, do not serve with SGLang"
 
 
 def write_patched(
@@ -24,6 +27,7 @@ def write_patched(
     arch: str,
     readings: dict,
     audit_record: dict,
+    rows: list[dict] | None = None,
 ) -> dict:
     """Copy ``loadable`` (the drafter in eagle3nb's form, :func:`eagle3nb.audit.formats.loadable_copy`)
     to ``out_dir`` with each engine's ids for ``boundaries``: SGLang's in
@@ -33,10 +37,17 @@ def write_patched(
     the boundaries and ``audit_record``.
 
     Returns:
-        ``{engine: {"ids", "reads", "ok"}}`` (``reads``: the written file read back as that engine
-        reads it, :func:`eagle3nb.boundaries.engine_read.read_as_engine`), or ``{"refused": why}`` for
-        an engine whose rule cannot feed ``boundaries`` (its key is then removed, so it is not
-        served silently wrong).
+        ``{engine: {"ids", "reads", "ok", "cpu_refused"}}`` (``reads``: the written file read back
+        as that engine reads it, :func:`eagle3nb.boundaries.engine_read.read_as_engine`;
+        ``cpu_refused``: why it cannot serve this drafter on CPU, or None, from ``readings``), or
+        ``{"refused": why, "retrain": best set it can feed or None}`` for an engine whose rule
+        cannot feed ``boundaries``. A refused engine cannot load the copy by mistake: vLLM's
+        top-level ids are removed; SGLang's nested ids hold :data:`REFUSED_MARK` and why (a
+        string, so SGLang stops at start in ``set_eagle3_layers_to_capture``, ``srt/models/
+        llama.py:941`` ``val + 1``; without ids it would serve its default ids, e.g. one state
+        unfused), and ``num_aux_hidden_states`` is written so that neither engine sizes ``fc``
+        from that list (vLLM ``llama_eagle3.py:209-216``, SGLang ``llama_eagle3.py:157-161``).
+        ``retrain``: :func:`eagle3nb.audit.servable.best_capturable` of ``rows``.
 
     Raises:
         ValueError: ``out_dir`` is the source folder.
@@ -59,8 +70,13 @@ def write_patched(
                 raise ValueError(rule.refused)
             ids, rec = engine_ids(engine, list(boundaries), n_layers, arch, v)
         except ValueError as e:
-            out[engine] = {"refused": f"{engine} {v} on {arch}: {e}"}
-            ec.pop("eagle_aux_hidden_state_layer_ids", None) if engine == "sglang" else None
+            best = best_capturable(rows or [], engine, v, arch, n_layers)
+            out[engine] = {"refused": f"{engine} {v} on {arch}: {e}", "retrain": best}
+            if engine == "sglang":
+                ec["eagle_aux_hidden_state_layer_ids"] = [
+                    f"{REFUSED_MARK}: {out[engine]['refused']}"
+                ]
+                cfg["num_aux_hidden_states"] = len(boundaries)
             continue
         if engine == "sglang":
             ec["eagle_aux_hidden_state_layer_ids"] = ids
@@ -85,6 +101,7 @@ def write_patched(
             rule = engine_rule(engine, readings[engine]["version"], arch)
             r["reads"] = read_as_engine(cfg, engine, n_layers, rule)["boundaries"]
             r["ok"] = r["reads"] == list(boundaries)
+        r["cpu_refused"] = readings[engine].get("cpu_refused")
     return out
 
 

@@ -147,3 +147,25 @@ def cpu_config_limit(engine: str, version: str, arch: str, cfg: dict, use: str) 
         if u == use and (why := test(cfg)):
             return why
     return None
+
+
+# vLLM 0.32's CPU attention (CPU_ATTN) head sizes, v1/attention/backends/cpu_attn.py:69-70
+# (get_supported_head_sizes); a drafter's layer runs on it as the target's do (issue 43 item 3)
+VLLM_CPU_HEAD_SIZES = {"0.32.0": (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)}
+
+
+def cpu_drafter_limit(engine: str, version: str, drafter_cfg: dict) -> str | None:
+    """Why ``engine`` at ``version`` cannot run the drafter whose config.json is ``drafter_cfg``
+    (eagle3nb's form: ``head_dim`` at the top level) on CPU: vLLM's CPU attention head sizes
+    (:data:`VLLM_CPU_HEAD_SIZES`; an MLA drafter runs on CPU_MLA, :data:`CPU_CONFIG_LIMITS`); None
+    where nothing is known to fail."""
+    sizes = VLLM_CPU_HEAD_SIZES.get(str(version).split("+")[0]) if engine == "vllm" else None
+    hd = drafter_cfg.get("head_dim")
+    if sizes is None or hd is None or "kv_lora_rank" in drafter_cfg or int(hd) in sizes:
+        return None
+    return (
+        f"the drafter's head_dim={hd} is not a head size of vLLM {version}'s CPU attention "
+        f"{list(sizes)} (v1/attention/backends/cpu_attn.py:69-70, checked at engine build: "
+        "'head_size not supported', v1/attention/backend.py:103, 300); serve it on GPU, or retrain with a head_dim it takes "
+        "(draft_num_heads so that hidden_size / heads is one of them)"
+    )

@@ -195,6 +195,11 @@ def _served_boundaries(conv, ids: list[int], n_layers: int, engine: str) -> list
     return conv.ids_to_boundaries(ids, n_layers)
 
 
+def ids_key_text(spec: dict, ids: list) -> str:
+    """``key=ids`` for a message (the ids as written, strings included)."""
+    return f"{spec['ids_key']}={ids}"
+
+
 def read_as_engine(cfg: dict, engine: str, target_n_layers: int, rule=None) -> dict:
     """What ``engine`` will use from a drafter ``config.json`` dict. Explicit ids are read by
     ``rule`` when given (an :class:`eagle3nb.boundaries.rules.EngineRule` of the engine's version
@@ -218,6 +223,8 @@ def read_as_engine(cfg: dict, engine: str, target_n_layers: int, rule=None) -> d
         ids, src = _vllm_ids(cfg)
     if ids is None:
         b, src = conv.default_boundaries(target_n_layers), "engine default"
+    elif any(isinstance(i, str) for i in ids):  # the audit's mark on an engine it refused
+        raise ValueError(f"{engine} cannot serve this config: {ids_key_text(spec, ids)}")
     else:
         b = _served_boundaries(conv, [int(i) for i in ids], target_n_layers, engine)
     flags = {k: cfg.get(k, ENGINE_ASSUMES.get(k)) for k in sorted(spec["flags"])}
@@ -280,7 +287,12 @@ def engine_report(
     out = {}
     refused = refused_engines(cfg)
     for engine in ENGINE_READS:
-        r = read_as_engine(cfg, engine, target_n_layers)
+        try:
+            r = read_as_engine(cfg, engine, target_n_layers)
+        except ValueError:  # the audit's mark on a refused engine's ids (it cannot load them)
+            if engine not in refused:
+                raise
+            r = {"boundaries": None, "ids_source": "refused"}
         ignored = [
             k
             for k, v in trainer_flags.items()

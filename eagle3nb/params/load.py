@@ -23,16 +23,24 @@ _HINTS = {
 }
 
 
-def _format_error(e: ValidationError, source: str) -> str:
-    lines = [f"invalid parameters in {source}:"]
-    for err in e.errors():
+def _format_error(e: ValidationError, source: str, overrides=()) -> str:
+    """The validation errors, one line each, under a header naming where the bad values came
+    from: ``source`` (the file), ``--set`` (a key in ``overrides``, the command line's), or both
+    (each line then says which)."""
+    errs = e.errors()
+    over = [bool(err["loc"]) and str(err["loc"][0]) in overrides for err in errs]
+    mixed = any(over) and not all(over)
+    where = f"--set (over {source})" if over and all(over) else source
+    lines = [f"invalid parameters in {where + ' and --set' if mixed else where}:"]
+    for err, is_set in zip(errs, over):
         key = ".".join(str(x) for x in err["loc"]) or "(file)"
         val = err.get("input")
+        tag = (" (--set)" if is_set else f" ({source})") if mixed else ""
         if err["type"] == "value_error":  # our validators' messages already name key, value and fix
-            lines.append(f"  {err['ctx']['error']}")
+            lines.append(f"  {err['ctx']['error']}{tag}")
             continue
         if err["type"] == "extra_forbidden" and str(err["loc"][0]) in RENAMED:
-            lines.append(f"  {key}={val!r}: renamed; write {RENAMED[str(err['loc'][0])]}")
+            lines.append(f"  {key}={val!r}{tag}: renamed; write {RENAMED[str(err['loc'][0])]}")
             continue
         if err["type"] == "extra_forbidden":
             near = difflib.get_close_matches(str(err["loc"][0]), list(RunParams.model_fields), n=1)
@@ -49,12 +57,13 @@ def _format_error(e: ValidationError, source: str) -> str:
                 hint += f"; e.g. {key}: {field.default_factory()!r} (the default)"
             elif field is not None and field.default is not None:
                 hint += f"; e.g. {key}: {field.default!r} (the default)"
-        lines.append(f"  {key}={val!r}: {hint}")
+        lines.append(f"  {key}={val!r}{tag}: {hint}")
     return "\n".join(lines)
 
 
 def load_params(path: str | os.PathLike, **overrides) -> RunParams:
-    """Read and validate a params YAML file (plus overrides).
+    """Read and validate a params YAML file (plus overrides, ``--set`` on the command line: an
+    invalid one is named as coming from ``--set``, not from the file).
 
     Raises:
         FileNotFoundError: no such file. ValueError: any invalid key or value (all listed).
@@ -69,7 +78,7 @@ def load_params(path: str | os.PathLike, **overrides) -> RunParams:
     try:
         return RunParams(**data)
     except ValidationError as e:
-        raise ValueError(_format_error(e, str(path))) from None
+        raise ValueError(_format_error(e, str(path), set(overrides))) from None
 
 
 def collect(namespace: dict) -> RunParams:

@@ -82,6 +82,11 @@ class RunParams(InputFields):
         "with init_from: keep (the boundaries it declares; refused unless this run's aux_boundaries equal them) or params (this run's boundaries: its fc's input side is re-initialised and re-trained)",
         [TRAIN],
     )
+    init_from_target: Literal["refuse", "warn"] = _p(
+        "refuse",
+        "with init_from: a drafter whose manifest.json names another target (sha256 where it has one, else the name) is refused, or with warn fine-tuned with a warning naming both",
+        [TRAIN],
+    )
     ttt_steps: int = _p(7, "training-time test unroll length k", [TRAIN, DRIFT], ge=1)
     loss_decay: float = _p(0.8, "TTT step j is weighted loss_decay**j", [TRAIN], gt=0, le=1)
     batch_size: int = _p(

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
@@ -43,7 +44,14 @@ from eagle3nb.drafter.vocab import count_loss_tokens, coverage
 from eagle3nb.manifest import sha256_file
 from eagle3nb.target.models import ARCH_ALIASES
 
-__all__ = ["INIT_BOUNDARIES", "INPUT_SIDE", "weights_sha256", "adoption_plan", "adopt_drafter"]
+__all__ = [
+    "INIT_BOUNDARIES",
+    "INPUT_SIDE",
+    "weights_sha256",
+    "other_target",
+    "adoption_plan",
+    "adopt_drafter",
+]
 
 INIT_BOUNDARIES = ("keep", "params")
 # parameter names of the part that reads the target's states (re-initialised when moved)
@@ -73,6 +81,37 @@ def _check_vocab_maps(folder) -> None:
         )
 
 
+def other_target(path: str | os.PathLike, target: dict) -> str | None:
+    """Why the drafter at ``path`` was trained for another target than ``target`` (``{"name",
+    "sha256"}``), from the ``target`` block of its manifest.json (eagle3nb's export writes name,
+    path and sha256 of config.json and weights, :func:`eagle3nb.target.models.model_hash`): the
+    sha256 where both have one (the same name can be another checkpoint: base vs instruct, another
+    quantisation), else the name (or the folder name of ``path``). None when they agree or the
+    folder has no manifest (a peer's drafter: only the shapes are checked, by
+    :func:`eagle3nb.audit.formats.check_belongs`)."""
+    import json
+
+    man = Path(path) / "manifest.json"
+    if not man.is_file():
+        return None
+    theirs = (json.loads(man.read_text()) or {}).get("target") or {}
+    t_name = theirs.get("name") or Path(str(theirs.get("path") or "")).name or None
+    t_sha, sha, name = theirs.get("sha256"), target.get("sha256"), target.get("name")
+    if t_sha and sha:
+        if t_sha == sha:
+            return None
+        why = f"sha256 {t_sha[:12]} vs this run's {sha[:12]}"
+    elif t_name and name and t_name != Path(str(name)).name:
+        why = "by name (no sha256 on one side)"
+    else:
+        return None
+    return (
+        f"init_from={str(path)!r} was trained for target {t_name!r} and this run's target is "
+        f"{name!r} ({why}; {man}): the shapes agree, but its weights learned another model's "
+        "hidden states. Use the drafter made for this target"
+    )
+
+
 def adoption_plan(
     path: str | os.PathLike,
     target_cfg: dict,
@@ -80,6 +119,8 @@ def adoption_plan(
     run_boundaries: Sequence[int],
     init_boundaries: str = "keep",
     layer_ids_hint: Callable[[list[int]], str | None] | None = None,
+    target: dict | None = None,
+    on_other_target: str = "refuse",
 ) -> dict:
     """Read and check the drafter at ``path`` for this target and run, before any work.
 
@@ -90,6 +131,9 @@ def adoption_plan(
         init_boundaries: ``keep`` or ``params`` (module docstring).
         layer_ids_hint: declared boundaries -> how to make the run capture them (e.g.
             ``layer_ids: [0, 1, 3] (convention sglang)``, or None), named in the keep refusal.
+        target: this run's target ``{"name", "sha256"}`` (either may be absent), compared with
+            the ``target`` of the folder's manifest.json where it has one (:func:`other_target`).
+        on_other_target: ``refuse`` or ``warn`` (params ``init_from_target``) when they differ.
 
     Returns:
         the manifest record ``{"path", "format", "sha256" (model.safetensors), "declared",
@@ -98,7 +142,9 @@ def adoption_plan(
 
     Raises:
         FileNotFoundError: no folder, config.json or model.safetensors.
-        ValueError: ``init_boundaries`` unknown; a drafter for another target, naming the field
+        ValueError: ``init_boundaries`` unknown; with ``on_other_target="refuse"`` a manifest
+            naming another target (:func:`other_target`, both named); a drafter for another
+            target, naming the field
             (``hidden_size``/``target_hidden_size``, ``vocab_size``, ``draft_vocab_size`` vs
             ``d2t``, ``eagle3nb.target_num_hidden_layers``, flags; an MLA drafter's ranks such as
             ``kv_lora_rank`` or a target without MLA; before any weight is read);
@@ -111,6 +157,13 @@ def adoption_plan(
     folder = read_drafter_folder(path, n, ARCH_ALIASES.get(arch, arch))
     check_belongs(folder, target_cfg, tokenizer_size)
     _check_vocab_maps(folder)
+    if on_other_target not in ("refuse", "warn"):
+        raise ValueError(f"init_from_target={on_other_target!r}: use refuse or warn")
+    other = other_target(folder.path, target or {})
+    if other and on_other_target == "refuse":
+        raise ValueError(f"{other}; or set init_from_target: warn to fine-tune it anyway")
+    if other:
+        warnings.warn(other, stacklevel=2)
     run, dec = [int(b) for b in run_boundaries], folder.declared
     where = f"init_from={str(folder.path)!r} ({folder.format} format, {folder.declared_how})"
     if init_boundaries == "keep" and dec is None:
@@ -144,6 +197,7 @@ def adoption_plan(
         "reinitialised": [p.rstrip(".") for p in INPUT_SIDE] if moved else [],  # those it has
         "n_aux": n_aux,
         "target_num_hidden_layers": n,
+        "other_target": other,
     }
 
 

@@ -17,6 +17,7 @@ from eagle3nb.text.prompts import load_prompts, split_prompts
 TRAINED = [1, 2, 4]  # boundaries the drafter is trained on (N = 5)
 STEPS, LR = 300, 8e-3  # the trained set then leads its neighbours by ~0.05 nats/token (NLL)
 CONTINUATION = 48  # target tokens per train prompt
+FULL_STEPS = 150  # the full-vocabulary drafter: trained enough for drafts to be accepted
 
 
 @pytest.fixture(autouse=True)
@@ -57,6 +58,42 @@ def _continued(model, prompts: list[list[int]], n: int) -> list[tuple]:
             input_ids=ids, attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=0
         )
     return [(i, q + out[i, width:].tolist(), [0] * len(q) + [1] * n) for i, q in enumerate(prompts)]
+
+
+@pytest.fixture(scope="session")
+def full_vocab_export(trained_export, target):
+    """A full-vocabulary drafter (draft vocab = the target's 512 tokens) trained briefly on the
+    dataset of ``trained_export`` (boundaries ``TRAINED``), exported by eagle3nb (no d2t/t2d)."""
+    from eagle3nb.dataset.read import AuxDataset
+    from eagle3nb.drafter.export import export_drafter
+    from eagle3nb.training.loop import TrainConfig, train_drafter
+
+    model, _, path = target
+    root = trained_export.parent
+    cfg = TrainConfig(
+        max_steps=FULL_STEPS, batch_size=16, eval_every=0, draft_intermediate_size=344,
+        warmup_steps=10, log_every=100, ttt_steps=2, lr=LR, draft_vocab_size=512,
+    )  # fmt: skip
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # see one_thread
+    try:
+        d, _ = train_drafter(AuxDataset(root / "ds"), model, cfg, root / "train-full", tracking=())
+    finally:
+        torch.set_num_threads(threads)
+    manifest = {"target": {"path": str(path), "architecture": "LlamaForCausalLM"}}
+    return export_drafter(d, root / "export-full", TRAINED, 5, manifest, num_speculative_tokens=4)
+
+
+def with_identity_vocab(export: Path, dst: Path) -> Path:
+    """``export`` (a full-vocabulary drafter) as SpecForge writes it: SGLang's nested ids only
+    (boundary - 1) and identity ``d2t`` (zeros) / ``t2d`` (all True) of the full vocabulary."""
+    folder = write_format(export, dst, "sglang", [b - 1 for b in TRAINED])
+    sd = load_file(str(folder / "model.safetensors"))
+    assert "d2t" not in sd  # eagle3nb's export writes none for a full vocabulary
+    v = sd["lm_head.weight"].shape[0]
+    sd.update(d2t=torch.zeros(v, dtype=torch.long), t2d=torch.ones(v, dtype=torch.bool))
+    save_file(sd, str(folder / "model.safetensors"))
+    return folder
 
 
 def _train_and_export(model, path, samples, root: Path) -> Path:

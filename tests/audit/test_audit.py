@@ -102,8 +102,13 @@ def test_wrong_ids_are_found_and_corrected(trained_export, target, held, tmp_pat
         assert r["patched"]["engines"][engine]["ok"]
     # the readings of the folder as it stands, by hand: vLLM's top-level ids = boundaries, else the
     # nested ones as its own; SGLang's nested ids + 1, else its default 2, N//2, N-3
-    vllm_expect = ids if ids is not None else [2, 2, 2]
-    assert r["readings"]["vllm"]["boundaries"] == vllm_expect
+    # default [2, 2, 2] on this 5-layer target is one captured state: vLLM crashes on it, SGLang
+    # serves it without fc (tests/audit/test_audit_servable.py)
+    if ids is not None:
+        assert r["readings"]["vllm"]["boundaries"] == ids
+    else:
+        assert "give 1 state [2]" in r["readings"]["vllm"]["refused"]
+        assert r["readings"]["sglang"]["boundaries"] == [2] and r["readings"]["sglang"]["unfused"]
     if fmt == "sglang":
         assert r["readings"]["sglang"].get("boundaries") in ([b + 1 for b in ids], None)
     cmds = json.loads((tmp_path / "out" / "serve_commands.json").read_text())

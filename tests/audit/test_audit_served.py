@@ -9,8 +9,10 @@ test_sglang_serve.py). Each case is skipped when its engine's venv is absent."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
-from conftest import TRAINED, write_format
+from conftest import TRAINED, with_identity_vocab, write_format
 
 from testkit import requires_engine, sglang_ctx
 from eagle3nb.audit.core import heldout_prompt_ids, run_audit
@@ -88,3 +90,89 @@ def test_serving_the_corrected_copy_restores_the_simulators_tau(
     print(engine, "fixed", fixed["num_drafts"], fixed["accepted_per_pos"], fixed["tau"],
           "as published", as_published["num_drafts"], as_published["accepted_per_pos"],
           as_published["tau"])  # fmt: skip
+
+
+def _counters(got: dict) -> tuple:
+    return got["num_drafts"], got["accepted_per_pos"]
+
+
+@requires_engine("vllm")
+def test_vllm_serves_the_full_vocab_copy_as_the_audit_predicts(
+    vllm, target, full_vocab_export, tmp_path
+):
+    """Issue 43 item 3: a SpecForge full-vocabulary folder (identity d2t/t2d) is refused for vLLM
+    as published; the corrected copy, without them, is served by vLLM on CPU with its own counters
+    equal to the audit's prediction at the boundaries the copy names."""
+    model, tok, path = target
+    folder = with_identity_vocab(full_vocab_export, tmp_path / "specforge")
+    held = heldout_prompt_ids(tok, n=6)
+    versions = {
+        "sglang": "0.5.23",
+        "vllm": installed_engine_version("vllm", DEFAULT_ENGINE_PYTHONS["vllm"]),
+    }
+    r = run_audit(
+        folder, path, tmp_path / "out", "vllm", held, K, NEW, versions=versions, target=target
+    )
+    assert "draft_id_to_target_id" in r["readings"]["vllm"]["refused"]
+    served = r["patched"]["engines"]["vllm"]
+    assert served["ok"] and served["cpu_refused"] is None
+    rec = r["verdict"]["recommended"]
+    sim = next(c for c in r["candidates"] if c["boundaries"] == rec)
+    got = vllm.serve_acceptance(
+        tmp_path / "out" / "drafter", held, K, NEW, models.stop_token_ids(model, tok)
+    )
+    assert _counters(got) == (sim["cycles"], sim["accepted_per_pos"])
+    assert got["tau"] == pytest.approx(sim["tau"], rel=1e-12, abs=0) and got["tau"] > 1
+    print("vllm full-vocab copy", got["num_drafts"], got["accepted_per_pos"], got["tau"])
+
+
+@requires_engine("sglang")
+def test_sglang_serves_no_ids_on_5_layers_as_one_state_the_audit_measures(
+    sglang, target, trained_export, tmp_path
+):
+    """Issue 43 item 4: no ids on the 5-layer target: SGLang's default [2, 2, 2] is one captured
+    state served without fc; its own counters equal the audit's reading of it."""
+    model, tok, path = target
+    folder = write_format(trained_export, tmp_path / "none", "none", None)
+    held = heldout_prompt_ids(tok, n=6)
+    versions = {
+        "vllm": "0.32.0",
+        "sglang": installed_engine_version("sglang", DEFAULT_ENGINE_PYTHONS["sglang"]),
+    }
+    r = run_audit(folder, path, None, "sglang", held, K, NEW, versions=versions, target=target)
+    sg = r["readings"]["sglang"]
+    assert sg["boundaries"] == [2] and sg["unfused"]
+    got = sglang.serve_acceptance(folder, held, K, NEW, models.stop_token_ids(model, tok))
+    assert _counters(got) == (sg["cycles"], sg["accepted_per_pos"])
+    print("sglang no ids", got["num_drafts"], got["accepted_per_pos"], got["tau"], "trained tau",
+          r["verdict"]["trained_tau"])  # fmt: skip
+
+
+@requires_engine("sglang")
+def test_sglang_cannot_serve_a_copy_the_audit_refused_it(sglang, target, trained_export, tmp_path):
+    """Issue 43 item 5: boundaries SGLang cannot capture (5 = N on the 5-layer Llama target): the
+    corrected copy's SGLang key holds the audit's mark, and SGLang stops instead of serving its
+    default ids. Last in the module: the engine restarts for whatever follows."""
+    from eagle3nb.audit.formats import loadable_copy, read_drafter_folder
+    from eagle3nb.audit.patch import REFUSED_MARK, write_patched
+
+    model, tok, _ = target
+    loadable = loadable_copy(read_drafter_folder(trained_export, 5), tmp_path / "l")
+    readings = {"sglang": {"version": "0.5.23"}, "vllm": {"version": "0.32.0"}}
+    got = write_patched(loadable, tmp_path / "c", [1, 3, 5], 5, "LlamaForCausalLM", readings, {})
+    assert "refused" in got["sglang"] and got["vllm"]["ok"]
+    held = heldout_prompt_ids(tok, n=2)
+    eos = models.stop_token_ids(model, tok)
+    with pytest.raises(Exception) as e:
+        sglang.serve_acceptance(tmp_path / "c", held, K, 8, eos)
+    # the scheduler stops at start (TypeError in set_eagle3_layers_to_capture, llama.py:941, in
+    # its own log); eagle3nb's worker reports it as the scheduler dying during initialization
+    assert "scheduler died during initialization" in str(e.value), str(e.value)[-2000:]
+    # control: the same copy without the mark (what the audit wrote before) starts and serves
+    # SGLang's default ids, the silent failure the mark prevents
+    cfg = json.loads((tmp_path / "c" / "config.json").read_text())
+    assert cfg["eagle_config"].pop("eagle_aux_hidden_state_layer_ids")[0].startswith(REFUSED_MARK)
+    (tmp_path / "c" / "config.json").write_text(json.dumps(cfg))
+    got = sglang.serve_acceptance(tmp_path / "c", held, K, 8, eos)
+    assert got["num_drafts"] > 0
+    print("sglang without the mark serves its default ids: tau", got["tau"])

@@ -180,3 +180,82 @@ def test_03_adopts_fine_tunes_and_records_the_source(trained_export, tmp_path):
     assert (man["init_boundaries"], man["moved"], man["boundaries"]) == ("keep", False, TRAINED)
     assert out["stats"]["init_from"]["sha256"] == man["sha256"]
     shutil.rmtree(tmp_path / "runs")
+
+
+@pytest.fixture(scope="module")
+def seeded_export(target, tmp_path_factory):
+    """An untrained drafter for the target, exported by eagle3nb at TRAINED (its manifest names the
+    target by path and class): the folder checks below read no weights' values, so no training."""
+    from eagle3nb.drafter.export import export_drafter
+    from eagle3nb.drafter.model import DrafterConfig
+    from eagle3nb.drafter.vocab import build_draft_vocab
+
+    model, _, path = target
+    torch.manual_seed(0)
+    d = Eagle3Drafter(DrafterConfig.for_target(model.config, 256))
+    d.set_vocab(*build_draft_vocab(torch.arange(512), 256))
+    man = {"target": {"path": str(path), "architecture": "LlamaForCausalLM"}}
+    return export_drafter(d, tmp_path_factory.mktemp("seeded") / "d", TRAINED, 5, man)
+
+
+def test_a_manifest_naming_another_target_is_refused_or_warned(
+    seeded_export, target, tcfg, tmp_path
+):
+    """Issue 43 item 6: same shapes, another target by sha256 (base vs instruct): refused naming
+    both; init_from_target: warn fine-tunes it with the same words as a warning."""
+    _, tok, _ = target
+    folder = shutil.copytree(seeded_export, tmp_path / "other")
+    man = json.loads((folder / "manifest.json").read_text())
+    man["target"] = {"name": "stories260K-base", "sha256": "ab" * 32}
+    (folder / "manifest.json").write_text(json.dumps(man))
+    mine = {"name": "stories260K-hd32", "sha256": "cd" * 32}
+    want = (
+        f"init_from='{folder}' was trained for target 'stories260K-base' and this run's target is "
+        f"'stories260K-hd32' (sha256 abababababab vs this run's cdcdcdcdcdcd; {folder}/manifest."
+        "json): the shapes agree, but its weights learned another model's hidden states. Use the "
+        "drafter made for this target"
+    )
+    with pytest.raises(ValueError) as e:
+        adoption_plan(folder, tcfg, len(tok), TRAINED, target=mine)
+    assert str(e.value) == want + "; or set init_from_target: warn to fine-tune it anyway"
+    with pytest.warns(UserWarning) as w:
+        plan = adoption_plan(folder, tcfg, len(tok), TRAINED, target=mine, on_other_target="warn")
+    assert [str(x.message) for x in w] == [want] and plan["other_target"] == want
+    # the same sha256: adopted without a word; no sha256 on one side: the names are compared
+    assert (
+        adoption_plan(folder, tcfg, len(tok), TRAINED, target={"sha256": "ab" * 32})["other_target"]
+        is None
+    )
+    with pytest.raises(ValueError, match=r"\(by name \(no sha256 on one side\);"):
+        adoption_plan(folder, tcfg, len(tok), TRAINED, target={"name": "stories260K-hd32"})
+
+
+def test_pytorch_model_bin_names_the_formats_and_the_conversion(seeded_export, tmp_path):
+    """Issue 43 item 6: a drafter shipped as pytorch_model.bin (EAGLE's official ones) is told
+    what is read and how to convert; the command given converts it to the same weights."""
+    import subprocess
+    import sys
+
+    from eagle3nb.audit.formats import read_drafter_folder
+
+    folder = tmp_path / "eagle"
+    folder.mkdir()
+    shutil.copy2(seeded_export / "config.json", folder / "config.json")
+    sd = load_file(str(seeded_export / "model.safetensors"))
+    torch.save(sd, folder / "pytorch_model.bin")
+    with pytest.raises(FileNotFoundError) as e:
+        read_drafter_folder(folder, 5)
+    cmd = (
+        "import torch; from safetensors.torch import save_file; sd = torch.load("
+        f"'{folder}/pytorch_model.bin', map_location='cpu', weights_only=True); save_file({{k: "
+        f"v.contiguous() for k, v in sd.items()}}, '{folder}/model.safetensors', {{'format': 'pt'}})"
+    )
+    assert str(e.value) == (
+        f"drafter='{folder}': model.safetensors is missing; eagle3nb reads drafter weights from "
+        "model.safetensors only, and this folder has pytorch_model.bin: convert it once (torch's "
+        f'safe loader, no code runs from the file): python -c "{cmd}"'
+    )
+    subprocess.run([sys.executable, "-c", cmd], check=True, timeout=120)
+    got = load_file(str(folder / "model.safetensors"))
+    assert got.keys() == sd.keys() and all(torch.equal(got[k], sd[k]) for k in sd)
+    assert read_drafter_folder(folder, 5).declared == TRAINED

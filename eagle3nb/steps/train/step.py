@@ -144,7 +144,21 @@ def adoption_for(p: RunParams) -> dict:
             return None
         return f"layer_ids: {ids} (convention {p.convention})"
 
-    return adoption_plan(resolve_path(p.init_from), tcfg, tok_n, bnds, p.init_boundaries, hint)
+    folder = resolve_path(p.init_from)
+    target = {"name": p.model}
+    if _manifest_has_sha(folder):  # hashing the target's weights only where it compares
+        target["sha256"] = models.model_hash(path)
+    return adoption_plan(
+        folder, tcfg, tok_n, bnds, p.init_boundaries, hint, target, p.init_from_target
+    )
+
+
+def _manifest_has_sha(folder) -> bool:
+    import json
+    from pathlib import Path
+
+    man = Path(folder) / "manifest.json"
+    return man.is_file() and bool((json.loads(man.read_text()).get("target") or {}).get("sha256"))
 
 
 def _train_config(p: RunParams) -> TrainConfig:
