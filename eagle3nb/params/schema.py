@@ -398,6 +398,17 @@ class RunParams(InputFields):
         return self
 
     @model_validator(mode="after")
+    def _online_engine_one_trainer(self):
+        world = self.nproc_per_node * self.nnodes
+        if self.training_mode == "online" and self.online_engine != "hf" and world > 1:
+            raise ValueError(
+                f"online_engine={self.online_engine!r} with {world} training processes "
+                f"(nproc_per_node={self.nproc_per_node}, nnodes={self.nnodes}): one engine worker "
+                "feeds one trainer here; use nproc_per_node: 1 and nnodes: 1, or online_engine: hf"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _target_shard(self):
         if self.online_target_shard == "fsdp":  # auto is resolved with the target's size in 03
             from eagle3nb.training.shard_target import resolve_target_shard

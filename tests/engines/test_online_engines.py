@@ -49,14 +49,16 @@ def runs(tmp_path_factory):
     return out, p
 
 
-def _online(runs, name, **kw):
-    """A run folder holding only 01's output (copied), trained online."""
+def _with_data(runs, name, **kw):
+    """Parameters of a new run folder holding only 01's output (copied)."""
     out, p0 = runs
-    q = params.RunParams(
-        outputs_dir=str(out), run_name=name, training_mode="online", **dict(BASE, **kw)
-    )
+    q = params.RunParams(outputs_dir=str(out), run_name=name, **dict(BASE, **kw))
     shutil.copytree(RunDir(p0).root / "data", RunDir(q).root / "data")
     return q
+
+
+def _online(runs, name, **kw):
+    return _with_data(runs, name, training_mode="online", **kw)
 
 
 def _weights(p):
@@ -83,7 +85,7 @@ def _compare(a, b, atol):
 @requires_engine("vllm")
 def test_online_from_vllm_equals_offline_and_resumes_after_kill(runs):
     out, p0 = runs
-    p_off = p0.model_copy(update={"train_on": "vllm"})
+    p_off = _with_data(runs, "offline-vllm", train_on="vllm")
     extract_vllm_step(p_off, progress=False)
     train_step(p_off, progress=False)
     q = _online(runs, "online-vllm", online_engine="vllm")
@@ -122,7 +124,7 @@ def test_online_from_vllm_equals_offline_and_resumes_after_kill(runs):
 @requires_engine("sglang")
 def test_online_from_sglang_equals_offline(runs):
     out, p0 = runs
-    p_off = p0.model_copy(update={"train_on": "sglang", "extract_engine": "sglang"})
+    p_off = _with_data(runs, "offline-sglang", train_on="sglang", extract_engine="sglang")
     extract_sglang_step(p_off, progress=False)
     train_step(p_off, progress=False)
     q = _online(runs, "online-sglang", online_engine="sglang")

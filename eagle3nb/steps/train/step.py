@@ -83,7 +83,7 @@ def train_step(p: RunParams, progress=True) -> dict:
     ctx = distributed.init_from_env(resolve_device(p))
     init = adoption_for(p) if p.init_from else None  # refused before any weight loads
     if p.training_mode == "online" and p.online_engine != "hf" and ctx.world > 1:
-        raise ValueError(
+        raise ValueError(  # RunParams refuses it; a torchrun started by hand gets here
             f"online_engine={p.online_engine!r} with {ctx.world} training processes: one engine "
             "worker feeds one trainer here; use nproc_per_node: 1 and nnodes: 1, or "
             "online_engine: hf (docs/training.md#online-from-the-serving-engine)"
