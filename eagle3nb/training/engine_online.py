@@ -67,6 +67,7 @@ class EngineOnlineSource(OnlineSource):
             new engine). None: no restart.
         restartable: exception classes that mean the engine died.
         transport: a :class:`BatchTransport` factory ``(capacity_bytes) -> transport``.
+        on_close: called by :meth:`close` after the transport is closed (stops the engine).
 
     Raises:
         ValueError: no sample with a loss-bearing token.
@@ -84,6 +85,7 @@ class EngineOnlineSource(OnlineSource):
         restart: Callable | None = None,
         restartable: tuple = (),
         transport: Callable[[int], BatchTransport] = ByteBoundedQueue,
+        on_close: Callable | None = None,
     ):
         self.items = [
             {
@@ -111,7 +113,7 @@ class EngineOnlineSource(OnlineSource):
         self.capture_fn, self.restart_fn, self.restartable = capture, restart, tuple(restartable)
         self.prefetch_bytes, self.recheck_every = int(prefetch_bytes), int(recheck_every)
         self.exact, self.recheck_tol = bool(exact), float(recheck_tol)
-        self.make_transport = transport
+        self.make_transport, self.on_close = transport, on_close
         self.plan = None
         self.capture_seconds, self.captured_tokens, self.nonfinite_rows = 0.0, 0, 0
         self.restarts: list[dict] = []
@@ -127,6 +129,14 @@ class EngineOnlineSource(OnlineSource):
         key = [e.get("name"), e.get("version"), self.manifest.get("layer_ids")]
         h.update(json.dumps(key, default=str).encode())
         return h.hexdigest()
+
+    def close(self) -> None:
+        """Stop the capture thread (its next put fails) and then the engine (``on_close``);
+        called by 03 after training, also when training raised."""
+        if self.transport is not None:
+            self.transport.close()
+        if self.on_close is not None:
+            self.on_close()
 
     # ---- capture side ------------------------------------------------------------------------
     def _capture(self, idx: list[int], step: int) -> list:

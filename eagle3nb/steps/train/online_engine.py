@@ -99,8 +99,8 @@ def engine_online_source(p: RunParams, rd: RunDir, model, tok, path, device: str
         recheck_tol=0.0 if exact else RECHECK_TOL[p.dtype],
         restart=restart,
         restartable=(EngineError,),
+        on_close=lambda: holder["client"].close(),
     )
-    src.close = lambda: holder["client"].close()
     return src
 
 
