@@ -167,3 +167,29 @@ def test_resume_after_interruption_equals_uninterrupted(target, offline, tmp_pat
     for (k, a), b in zip(d_off.state_dict().items(), d_res.state_dict().values()):
         assert torch.equal(a, b), k
     assert r_res["history"] == r_off["history"]
+
+
+def test_final_from_hf_rechecked_within_its_tolerance(target, offline, tmp_path):
+    """final_tol (SGLang: boundary N from HF in this process) lets a 1e-6 change of final pass
+    and still stops at one of 1e-2; aux stays bit-exact."""
+    model = target[0]
+    s = offline[0]
+
+    def nudging(delta):
+        class Nudge(ByteBoundedQueue):
+            def get(self):
+                b = super().get()
+                if b is not None:
+                    b["final"][0, 0, 0] += delta
+                return b
+
+        return Nudge
+
+    src = _source(s, _one_by_one(model), recheck_every=4, transport=nudging(1e-6), final_tol=1e-4)
+    train_drafter(src, model, CFG, tmp_path / "ok")
+    assert [r["step"] for r in src.rechecks] == [3, 7] and 0 < src.rechecks[0][
+        "max_abs_diff"
+    ] < 1e-4
+    src = _source(s, _one_by_one(model), recheck_every=1, transport=nudging(1e-2), final_tol=1e-4)
+    with pytest.raises(RecheckError, match="streamed final .* tolerance 0.0001"):
+        train_drafter(src, model, CFG, tmp_path / "bad")
