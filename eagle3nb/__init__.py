@@ -43,6 +43,8 @@ training/           training the drafter with training-time test (TTT)
     fastpath        how training runs on its device: bf16-mixed precision, compiled layer, fused AdamW
     distributed     process group, DDP/FSDP wrapping, per-rank checkpoints, torchrun launch
     online          online training: the target captures each batch's aux states in the loop
+    engine_online   online training fed by the serving engine: batches captured ahead, re-checked
+    transport       captured batches handed to the trainer: put / get / close, bounded in bytes
     shard_target    online training with the target sharded over the ranks (FSDP2)
     progress        progress lines (stdout, train.log), bar postfix, tensorboard/wandb/mlflow
     monitor         after each step: history entry, progress line, held-out evaluation, best
@@ -119,6 +121,7 @@ steps/              one folder per notebook, called from its cells and from eagl
     train/          03_train
         step        03's step, also from the command line and on every torchrun rank
         heldout_slice  03's held-out slice (01's held-out prompts) for evaluation during training
+        online_engine  03 online from vLLM or SGLang: the engine started and proven as in 02a/02b
     evaluate/       04_eval_acceptance
         step        04's step: who measures (eval_engines), then the simulator and engines
         simulator   04's simulator over an HF copy of the target; 04's result and metrics assembled

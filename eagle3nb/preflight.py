@@ -61,7 +61,7 @@ def check_against_model(p: RunParams) -> dict:
             f"layer_ids={p.layer_ids} (convention {p.convention!r}) do not fit model={p.model!r} with "
             f"num_hidden_layers={n}: {e}"
         ) from None
-    if p.extract_engine == "sglang":
+    if p.extract_engine == "sglang" or _online_from(p, "sglang"):
         try:
             conventions.get_convention("sglang").boundaries_to_ids(b, n)
         except ValueError as e:
@@ -105,6 +105,11 @@ def check_against_model(p: RunParams) -> dict:
         "boundaries": b,
         "engines": engines,
     }
+
+
+def _online_from(p: RunParams, engine: str) -> bool:
+    """Whether 03 trains online on states ``engine`` captures (``online_engine``)."""
+    return p.training_mode == "online" and getattr(p, "online_engine", "hf") == engine
 
 
 def _uses_vllm(p: RunParams, key: str) -> bool:
@@ -151,6 +156,13 @@ def check_engine_rules(
         uses.append(
             ("sglang", "extract_engine='sglang'", py, "set extract_engine: hf", ["capture"])
         )
+    if _online_from(p, "sglang"):  # 03 captures through SGLang while training
+        py = DEFAULT_ENGINE_PYTHONS["sglang"] if p.sglang_python is None else p.sglang_python
+        fix = "set online_engine: hf, or training_mode: offline"
+        uses.append(("sglang", "online_engine='sglang'", py, fix, ["capture"]))
+    if _online_from(p, "vllm"):
+        fix = "set online_engine: hf, or training_mode: offline"
+        uses.append(("vllm", "online_engine='vllm'", vllm_python(p), fix, ["capture"]))
     if "sglang" in p.eval_engines and p.extract_engine != "sglang":  # [auto] skips, never refuses
         py = DEFAULT_ENGINE_PYTHONS["sglang"] if p.sglang_python is None else p.sglang_python
         fix = "leave sglang out of eval_engines"

@@ -72,7 +72,7 @@ def run_notebooks(
     ):  # 03 captures each batch itself: no dataset to extract
         names = [n for n in names if not n.startswith("02")]
         print(
-            f"[eagle3nb] training_mode=online: skipping {[n for n in NOTEBOOKS if n.startswith('02')]} (the target runs inside 03)",
+            f"[eagle3nb] training_mode=online: skipping {[n for n in NOTEBOOKS if n.startswith('02')]} (03 captures with online_engine={p.online_engine})",
             flush=True,
         )
     rd = RunDir(p).make()

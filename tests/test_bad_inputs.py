@@ -52,6 +52,7 @@ def test_every_params_kind_is_present():
         "dataset_empty",
         "heldout_split_prompts",
         "heldout_split_dataset",
+        "online_engine_torchrun",
     } <= names
 
 

@@ -30,6 +30,7 @@ def vllm_steps(p) -> list[str]:
         for nb, on in (
             ("01_generate", p.generate_engine == "vllm"),
             ("02a_extract_vllm", p.vllm_extract),
+            ("03_train", p.training_mode == "online" and p.online_engine == "vllm"),
             ("04_eval_acceptance", "vllm" in p.eval_engines),  # auto skips what cannot run
             ("05_drift", p.drift_matrix and any(s.startswith("vllm") for s in p.drift_sources)),
         )

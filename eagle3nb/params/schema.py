@@ -41,6 +41,23 @@ class RunParams(InputFields):
         "offline (02's stored dataset) or online (the target captures each batch here; needs only 01's output)",
         [TRAIN],
     )
+    online_engine: Literal["hf", "vllm", "sglang"] = _p(
+        "hf",
+        "online: who captures each batch: vllm or sglang (the serving engine in its worker, 02a/02b's ids, dtype and options) or hf (the target in this process)",
+        [TRAIN],
+    )
+    online_prefetch_mib: int = _p(
+        64,
+        "online from vllm/sglang: MiB of captured batches held ahead of the trainer (the engine waits when full)",
+        [TRAIN],
+        ge=1,
+    )
+    online_recheck_every: int = _p(
+        50,
+        "online from vllm/sglang: steps between re-checks of a streamed batch against the engine's own capture of it (0 = none)",
+        [TRAIN],
+        ge=0,
+    )
     draft_vocab_size: int = _p(
         256, "draft vocabulary size (most frequent loss-bearing tokens)", [TRAIN, DRIFT], ge=1
     )
@@ -396,6 +413,17 @@ class RunParams(InputFields):
         if self.node_rank >= self.nnodes:
             raise ValueError(
                 f"node_rank={self.node_rank} must be below nnodes={self.nnodes}; node ranks count 0..nnodes-1"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _online_engine_one_trainer(self):
+        world = self.nproc_per_node * self.nnodes
+        if self.training_mode == "online" and self.online_engine != "hf" and world > 1:
+            raise ValueError(
+                f"online_engine={self.online_engine!r} with {world} training processes "
+                f"(nproc_per_node={self.nproc_per_node}, nnodes={self.nnodes}): one engine worker "
+                "feeds one trainer here; use nproc_per_node: 1 and nnodes: 1, or online_engine: hf"
             )
         return self
 

@@ -313,6 +313,7 @@ def train_drafter(
     if heldout is not None:
         evaluate = lambda: evaluate_during_training(heldout, model, drafter, mode, ctx, dev)  # noqa: E731
     mon = TrainMonitor(cfg, ctx, out_dir, step, progress, evaluate, tracking, stream, clock, best)
+    mon.status = getattr(source, "progress_status", None)  # engine-fed online: the prefetch queue
     batches = iter(source.batches(step, cfg.max_steps, ctx.rank, ctx.world, dev.type == "cuda"))
     rebalance = threads.Rebalancer(cpu=dev.type == "cpu")  # fewer threads beside other work
     while True:

@@ -67,6 +67,7 @@ class TrainMonitor:
         for b, why in self.tracker.skipped.items():
             self.log.write(f"[train] tracking: {b} skipped: {why}")
         self.eval_seconds = 0.0
+        self.status = None  # () -> str appended to progress lines (an online source's queue)
 
     def after_step(self, step: int, r, lr: float, tokens: int, history: list) -> list[str]:
         """Account for optimizer step ``step`` (1-based) with TTT result ``r`` (this rank's
@@ -103,7 +104,7 @@ class TrainMonitor:
         self.last_loss = entry["loss"]
         if due:
             history.append(entry)
-        self.log.step_line(entry, tokens)
+        self.log.step_line(entry, tokens, self.status() if self.status is not None else "")
         tps = tokens / max(self.log.clock() - self.log.t0, 1e-9)
         self.tracker.scalars(step, _train_scalars(entry, tps))
         if not evaluate:

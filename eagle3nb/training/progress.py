@@ -106,10 +106,10 @@ class ProgressLog:
         if self.file is not None:
             self.file.write(text + "\n")
 
-    def step_line(self, entry: dict, tokens: int) -> str:
+    def step_line(self, entry: dict, tokens: int, extra: str = "") -> str:
         """Write the line of history ``entry`` (step, loss, lr, step_acc) after ``tokens``
-        loss-token-steps (global) of this call; returns it. tokens/s and ETA from this call's
-        clock time."""
+        loss-token-steps (global) of this call, with ``extra`` appended (online from an engine:
+        its prefetch queue); returns it. tokens/s and ETA from this call's clock time."""
         step = entry["step"]
         el = self.clock() - self.t0
         done = step - self.start
@@ -121,6 +121,7 @@ class ProgressLog:
             f"lr {entry['lr']:.2e} {tps:,.0f} tok-steps/s elapsed {fmt_seconds(el)} "
             f"ETA {fmt_seconds(eta)}"
         )
+        line += f"; {extra}" if extra else ""
         self.write(line)
         return line
 

@@ -31,6 +31,7 @@ from eagle3nb.rundir import RunDir, read_metrics, update_metrics
 from eagle3nb.repo_paths import REPO_ROOT
 from eagle3nb.steps.extract import sharded as extract
 from eagle3nb.steps.train.heldout_slice import heldout_eval, heldout_stats
+from eagle3nb.steps.train.online_engine import engine_online_source
 from eagle3nb.steps.shared.checks import (
     check_alignment,
     checked_generation,
@@ -81,12 +82,20 @@ def train_step(p: RunParams, progress=True) -> dict:
         return _train_with_torchrun(p, rd)
     ctx = distributed.init_from_env(resolve_device(p))
     init = adoption_for(p) if p.init_from else None  # refused before any weight loads
+    if p.training_mode == "online" and p.online_engine != "hf" and ctx.world > 1:
+        raise ValueError(  # RunParams refuses it; a torchrun started by hand gets here
+            f"online_engine={p.online_engine!r} with {ctx.world} training processes: one engine "
+            "worker feeds one trainer here; use nproc_per_node: 1 and nnodes: 1, or "
+            "online_engine: hf (docs/training.md#online-from-the-serving-engine)"
+        )
     ds_dir = rd.dataset_vllm if p.train_on == "vllm" else rd.dataset
     ds = AuxDataset(ds_dir, mmap=True) if p.training_mode == "offline" else None
     device = distributed.local_device(resolve_device(p), ctx)
     model, tok, path, head = _load_target(p, device, ctx)  # head: beside a sharded target
-    if ds is None:
+    if ds is None and p.online_engine == "hf":
         ds = _online_source(p, rd, model, tok, path)
+    elif ds is None:  # the serving engine captures each batch (steps/train/online_engine.py)
+        ds = engine_online_source(p, rd, model, tok, path, device)
     if not p.allow_manifest_mismatch:
         _check_dataset(p, rd, ds.manifest, ds_dir, model, tok, path)
     serve_b = _served_boundaries(p, ds.manifest, ds_dir, n_layers_of(model))
@@ -101,7 +110,13 @@ def train_step(p: RunParams, progress=True) -> dict:
     cfg = _train_config(p)
     ev = heldout_eval(p, rd, model, tok, ds.manifest["aux_boundaries"])
     bar = progress_bar() if progress else None
-    drafter, rep = train_drafter(ds, head or model, cfg, rd.train, bar, ev, p.tracking, init=init)
+    try:
+        drafter, rep = train_drafter(
+            ds, head or model, cfg, rd.train, bar, ev, p.tracking, init=init
+        )
+    finally:  # the engine of online training is not needed for the export
+        if hasattr(ds, "close"):
+            ds.close()
     if not ctx.is_main:
         return {"history": rep["history"], "stats": None, "export_dir": rd.drafter}
     atomic_write_json(rd.train / "history.json", rep["history"])
@@ -260,7 +275,7 @@ def _check_dataset(p: RunParams, rd: RunDir, man: dict, ds_dir, model, tok, path
         ManifestMismatch: one differs (kwargs: a manifest without them counts as {}).
     """
     # 02a stores vLLM's ids (convention vllm); the boundaries are compared below either way
-    from_vllm = p.train_on == "vllm" and p.training_mode == "offline"
+    from_vllm = (p.train_on if p.training_mode == "offline" else p.online_engine) == "vllm"
     want = {
         "target": {"sha256": models.model_hash(path, rd.root)},
         "dtype": p.dtype,
@@ -312,7 +327,9 @@ def _export(p: RunParams, rd: RunDir, man: dict, drafter, rep, cfg, tok, serve_b
         kind="eagle3nb-drafter",
         training_mode=p.training_mode,
         target=man["target"],
-        dataset_engine=man["engine"],
+        dataset_engine=man["engine"],  # online from an engine: its block, "online": true
+        final_state=man.get("final_state"),  # which engine gave boundary N
+        twin_check=man.get("twin_check"),  # how the engine's id rule is known (02a/02b, online)
         convention=man["convention"],
         layer_ids=man["layer_ids"],
         aux_boundaries=bnds,
@@ -385,9 +402,14 @@ def _record_checks(p: RunParams, rd: RunDir, man: dict, ds_dir, serve_b, engines
     if p.training_mode == "offline":
         data = f"dataset {ds_dir.name}/ (engine {man['engine']['name']}): "
         data += f"{len(man['shards'])} shard sha256 verified at load"
-    else:
+    elif p.online_engine == "hf":
         data = "online: the target captured every batch (no dataset on disk); its sha256 and "
         data += "template match 01's output"
+    else:
+        e = man["engine"]
+        data = f"online: {e['name']} {e['version']} captured every batch (no states on disk; "
+        data += "twin proof and probe vs HF before the first step, re-checks in metrics.json"
+        data += "[train][online])"
     serve = f"exported ids serve the trained boundaries {bnds}"
     if serve_b != list(bnds):
         serve = "SERVE MISMATCH (allowed by allow_manifest_mismatch): trained at boundaries "
