@@ -4,9 +4,15 @@ Package map (one line per subpackage and module; tests/test_layout.py checks it 
 
 boundaries/         the ground floor: boundary b and each engine's layer ids (imports no other folder)
     conventions     each engine's and trainer's layer ids <-> physical boundaries
-    rules           the id rule per (engine, engine version, architecture class), refusals
-    vllm_0_26_0     vLLM 0.26.0's rows of that table, with the source lines they were read at
-    cpu_limits      classes and configs each engine version is measured not to run on CPU
+    rules           the id rule per (engine, engine version, architecture class), refusals; the lookup
+    version_file    the shape of one engine version's file: id rules, CPU limits, flags read, sources
+    versions/       one file per engine version read from source (adding a version is adding a file)
+        sglang_0_5_23  SGLang 0.5.23: id rule per class, CPU limits, variant flags, source lines
+        vllm_0_32_0  vLLM 0.32.0 (CPU build): id rule per class, CPU limits, variant flags, source lines
+        vllm_0_26_0  vLLM 0.26.0 (the GPU host's engine): id rule per class, variant flags, source lines
+    cpu_limits      classes and configs each engine version is measured not to run on CPU (gathered)
+    cpu_checks      config-dependent CPU limits (MLA latent width, YaRN factor, chunk size)
+    config_ids      where each engine reads and writes its layer ids in a drafter config.json
     export_ids      the ids written per engine: its rule for the target class, or its convention
     engine_read     read an exported config as each serving engine does; what it ignores
     flavours        which engine version reads which variant flag (EAGLE-3.1 flavours)

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 from eagle3nb.drafter.card import serve_commands
+from eagle3nb.boundaries.config_ids import pop_ids, set_ids
 from eagle3nb.boundaries.engine_read import read_as_engine
 from eagle3nb.boundaries.export_ids import engine_ids
 from eagle3nb.boundaries.rules import engine_rule
@@ -49,7 +50,7 @@ def write_patched(
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp)
     out = {}
-    ec = cfg.setdefault("eagle_config", {"use_aux_hidden_state": True})
+    cfg.setdefault("eagle_config", {"use_aux_hidden_state": True})
     meta = cfg.setdefault("eagle3nb", {})
     for engine in ("sglang", "vllm"):
         v = readings[engine]["version"]
@@ -60,16 +61,13 @@ def write_patched(
             ids, rec = engine_ids(engine, list(boundaries), n_layers, arch, v)
         except ValueError as e:
             out[engine] = {"refused": f"{engine} {v} on {arch}: {e}"}
-            ec.pop("eagle_aux_hidden_state_layer_ids", None) if engine == "sglang" else None
+            pop_ids(cfg, "sglang") if engine == "sglang" else None
             continue
-        if engine == "sglang":
-            ec["eagle_aux_hidden_state_layer_ids"] = ids
-        else:
-            cfg["eagle_aux_hidden_state_layer_ids"] = ids
+        set_ids(cfg, engine, ids)
         meta.setdefault("engine_ids", {})[engine] = {"ids": ids, **rec}
         out[engine] = {"ids": ids}
     if "vllm" in out and "refused" in out["vllm"]:
-        cfg.pop("eagle_aux_hidden_state_layer_ids", None)
+        pop_ids(cfg, "vllm")
     meta.update(
         aux_boundaries=list(boundaries),
         target_num_hidden_layers=n_layers,

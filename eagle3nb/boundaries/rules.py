@@ -7,44 +7,10 @@ boundary N = the last layer's output before the final norm), which boundaries th
 or be served, and refusals with their reason. A key the table lacks is never assumed: it is refused
 with a message saying how to measure the rule (:func:`engine_rule`).
 
-Read in the installed engine sources (``~/.cache/eagle3nb/engines/*/lib/python3.11/site-packages``)
-and measured on tiny random-weight models (``../shared/reference/architectures.md``):
-
-SGLang 0.5.23 (``sglang/srt/...``); explicit ids become ``layers_to_capture`` in each model's
-``set_eagle3_layers_to_capture``, captured in the layer loop *before* layer i for i in that list; the
-capture-only mode refuses ids >= N (``model_runner_components/spec_aux_hidden_state.py:113-130``)
-and negative or duplicate ids (``arg_groups/validation_hook.py``):
-
-- ``models/llama.py:929-941`` (Llama; Mistral ``mistral.py:33`` and Llama-4 text ``llama4.py:546``
-  subclass it), ``qwen2.py:781-794``, ``qwen3.py:778-791``, ``glm4_moe.py:1269-1281``,
-  ``minimax_m2.py:1067-1080``: ``[val + 1 for val in layer_ids]`` -> id L = boundary L+1; the final
-  norm captures nothing (``llama.py:497-499``), so boundaries 1..N-1.
-- ``qwen3_moe.py:1128-1143`` the same +1, but ``qwen2_moe.py:1153-1156`` sets a flag on
-  ``self.layers[id]``: boundary N (layer index N) raises ``IndexError`` at engine start.
-- ``deepseek_v2.py:3458-3473`` (DeepSeek-V3, and Kimi-K2.5 through ``kimi_k25.py:928-941``):
-  ``if layer_ids and layer_ids[0] == 1: [val + 1 ...] else: list(layer_ids)`` -> +1 **only when the
-  first id is 1**, otherwise ids are boundaries (measured: ids [0..4] -> b0..b4, [1..4] -> b2..b5).
-- ``gpt_oss.py:1337-1352``: unshifted if ``max(layer_ids) == num_layers`` else +1; the final norm
-  captures at ``end_layer`` (``gpt_oss.py:722-739``), so id N-1 (or N) gives boundary N.
-- ``gemma3_causal.py:634-672`` (rule ``917-926``; wrapper ``gemma3_mm.py:543-545``) appends the
-  previous layer's MLP-branch output without the residual: refused (sglang PR #39286).
-- ``mixtral.py:341`` (``MixtralForCausalLM``, also eagle3nb's MoE copy of a Llama) has no
-  ``set_eagle3_layers_to_capture``: ``model_runner_components/attention_backend_setup.py:55-61``
-  raises, so capture and EAGLE-3 serving are refused (plain generation runs).
-
-vLLM 0.32.0 (``vllm/...``): ``model_executor/models/interfaces.py:1601-1611``
-``_maybe_add_hidden_state`` appends ``hidden_states + residual`` before the loop (index
-``start_layer``) and after each layer (index idx+1) -> id L = boundary L, 0..N (``llama.py:427-441``
-also Mistral and ``Llama4ForCausalLM`` ``llama4.py:708``; ``qwen2.py:422-433``, Qwen3 ``qwen3.py:280``;
-``qwen3_moe.py:505-515``; ``gpt_oss.py:527-533``; ``minimax_m2.py:403-410``). DeepSeek
-(``deepseek_v2.py:1545-1568``, end ``1586-1587``; Kimi-K2.5 ``kimi_k25.py:291``) adds
-``hidden_states + residual`` before layer idx with ``residual = None`` at layer 0 (``1525``): id 0
-raises ``TypeError``. GLM-4.5 (``glm4_moe.py:534``) and Gemma-3 (``gemma3.py:367``,
-``gemma3_mm.py:500``) and Mixtral (``mixtral.py:375``) lack ``SupportsEagle3``:
-``v1/worker/gpu_model_runner.py:5234-5238`` raises (plain generation runs).
-
-vLLM 0.26.0 (the GPU host's engine): the same rule per class, read in its own sources at its own
-lines (:data:`eagle3nb.boundaries.vllm_0_26_0.VLLM_0260`).
+Each engine version's rows, with the source lines they were read at, live in its own file in
+:mod:`eagle3nb.boundaries.versions` (``sglang_0_5_23.py``, ``vllm_0_32_0.py``, ``vllm_0_26_0.py``);
+:data:`RULES` gathers them. Measured on tiny random-weight models too
+(``../shared/reference/architectures.md``).
 """
 
 from __future__ import annotations
@@ -58,7 +24,7 @@ from eagle3nb.boundaries.cpu_limits import (  # re-exported: the CPU refusals pr
     cpu_config_limit,
     cpu_limit,
 )
-from eagle3nb.boundaries.vllm_0_26_0 import VLLM_0260
+from eagle3nb.boundaries.versions import VERSIONS
 
 __all__ = [
     "EngineRule",
@@ -77,8 +43,8 @@ MEASURE_HOWTO = (
     "tests/target/tiny_archs.py does), capture it through that engine version at a few ids (e.g. "
     "eagle3nb.engines.<engine>_backend Backend.capture), name every slot by the HF boundary it "
     "equals (eagle3nb.boundaries.alignment; adjacent boundaries differ by >= 0.45 relative), read the "
-    "model file's set_eagle3_layers_to_capture in the installed engine, then add the rule to RULES "
-    "in eagle3nb/boundaries/rules.py"
+    "model file's set_eagle3_layers_to_capture in the installed engine, then add its file to "
+    "eagle3nb/boundaries/versions/ (one VersionFile per engine version)"
 )
 
 
@@ -191,91 +157,15 @@ class EngineRule:
 
 
 def _rules() -> dict[tuple[str, str, str], EngineRule]:
-    sg, vl = "sglang/srt/models/", "vllm/model_executor/models/"
-    gemma_sg = (
-        "it captures each layer's MLP-branch output without the residual (0.7-1.7 relative from "
-        "every boundary; upstream sglang PR #39286, open); vLLM 0.32 has no EAGLE-3 support for "
-        "Gemma-3 either, so set extract_engine: hf"
-    )
-    no_eagle3 = (
-        "the model class does not implement SupportsEagle3, so capture and EAGLE-3 serving raise "
-        "'Model does not support EAGLE3 interface' (vllm/v1/worker/gpu_model_runner.py:5234-5238); "
-        "turn vllm_extract off and leave vllm out of eval_engines, or serve with SGLang"
-    )
-    mixtral_sg = (  # its plain generation also takes head_dim = hidden / heads (mixtral.py:151)
-        "no set_eagle3_layers_to_capture in models/mixtral.py: capture and EAGLE-3 serving raise "
-        "(model_runner_components/attention_backend_setup.py:55-61); set extract_engine: hf, and "
-        "generate_engine hf or vllm when the config sets its own head_dim (eagle3nb's MoE copy)"
-    )
-    mixtral_vl = (
-        "no SupportsEagle3: capture and EAGLE-3 serving raise 'Model does not support EAGLE3 "
-        "interface' (v1/worker/gpu_model_runner.py:5234-5238); turn vllm_extract off and leave vllm out of eval_engines"
-    )
-    no_n = "the final norm captures nothing, so boundary N never comes back"
-    moe_n = "boundary N (layer index N) raises IndexError at engine start, qwen2_moe.py:1156"
-    ds_n = "ids must lie below N (spec_aux_hidden_state.py:113-130) and layer N has no capture"
-    ds0 = "id 0 raises TypeError: residual is None before layer 0 (deepseek_v2.py:1525, 1562)"
-    sglang = {
-        "LlamaForCausalLM": ("plus1", 1, 1, sg + "llama.py:929-941", no_n),
-        "MistralForCausalLM": ("plus1", 1, 1, sg + "mistral.py:33 -> llama.py:929-941", no_n),
-        "Qwen2ForCausalLM": ("plus1", 1, 1, sg + "qwen2.py:781-794", no_n),
-        "Qwen3ForCausalLM": ("plus1", 1, 1, sg + "qwen3.py:778-791", no_n),
-        "Qwen3MoeForCausalLM": (
-            "plus1",
-            1,
-            1,
-            sg + "qwen3_moe.py:1128-1143, qwen2_moe.py:1153-1156",
-            moe_n,
-        ),
-        "Glm4MoeForCausalLM": ("plus1", 1, 1, sg + "glm4_moe.py:1269-1281", no_n),
-        "Llama4ForCausalLM": ("plus1", 1, 1, sg + "llama4.py:546 -> llama.py:929-941", no_n),
-        "MiniMaxM2ForCausalLM": ("plus1", 1, 1, sg + "minimax_m2.py:1067-1080", no_n),
-        "DeepseekV3ForCausalLM": ("first_id_1", 0, 1, sg + "deepseek_v2.py:3458-3473", ds_n),
-        "Kimi_K25ForConditionalGeneration": (
-            "first_id_1",
-            0,
-            1,
-            sg + "kimi_k25.py:928-941 -> deepseek_v2.py:3458-3473",
-            ds_n,
-        ),
-        "GptOssForCausalLM": ("unless_n", 0, 0, sg + "gpt_oss.py:1337-1352, 722-739", ""),
-        "MixtralForCausalLM": ("refused", 0, 0, sg + "mixtral.py:341", mixtral_sg),
-        "Gemma3ForCausalLM": ("refused", 0, 0, sg + "gemma3_causal.py:634-672, 917-926", ""),
-        "Gemma3ForConditionalGeneration": (
-            "refused",
-            0,
-            0,
-            sg + "gemma3_mm.py:543-545 -> gemma3_causal.py:634-672",
-            "",
-        ),
-    }
-    ds = vl + "deepseek_v2.py:1525, 1545-1568, 1586-1587"
-    vllm = {
-        "LlamaForCausalLM": ("same", 0, 0, vl + "llama.py:427-441", ""),
-        "MistralForCausalLM": ("same", 0, 0, vl + "mistral.py:236 -> llama.py:427-441", ""),
-        "Qwen2ForCausalLM": ("same", 0, 0, vl + "qwen2.py:422-433", ""),
-        "Qwen3ForCausalLM": ("same", 0, 0, vl + "qwen3.py:280 -> qwen2.py:422-433", ""),
-        "Qwen3MoeForCausalLM": ("same", 0, 0, vl + "qwen3_moe.py:505-515", ""),
-        "GptOssForCausalLM": ("same", 0, 0, vl + "gpt_oss.py:527-533", ""),
-        "Llama4ForCausalLM": ("same", 0, 0, vl + "llama4.py:708 -> llama.py:427-441", ""),
-        "MiniMaxM2ForCausalLM": ("same", 0, 0, vl + "minimax_m2.py:403-410", ""),
-        "DeepseekV3ForCausalLM": ("same", 1, 0, ds, ds0),
-        "Kimi_K25ForConditionalGeneration": ("same", 1, 0, vl + "kimi_k25.py:291 -> " + ds, ds0),
-        "Glm4MoeForCausalLM": ("refused", 0, 0, vl + "glm4_moe.py:534", ""),
-        "MixtralForCausalLM": ("refused", 0, 0, vl + "mixtral.py:375", mixtral_vl),
-        "Gemma3ForCausalLM": ("refused", 0, 0, vl + "gemma3.py:367", ""),
-        "Gemma3ForConditionalGeneration": ("refused", 0, 0, vl + "gemma3_mm.py:500", ""),
-    }
     out = {}
-    tables = (("sglang", "0.5.23", sglang), ("vllm", "0.32.0", vllm), ("vllm", "0.26.0", VLLM_0260))
-    for engine, version, table in tables:
-        for arch, (kind, lo, hi_below, src, limit) in table.items():
+    for (engine, version), vf in VERSIONS.items():
+        for arch, (kind, lo, hi_below, src, limit) in vf.rules.items():
             why = None
-            if kind == "refused":  # a refused row's last field, when set, is its own reason
-                why = limit or (gemma_sg if engine == "sglang" else no_eagle3)
-                limit = ""
-            key = (engine, version, arch)
-            out[key] = EngineRule(engine, version, arch, kind, lo, hi_below, src, why, limit)
+            if kind == "refused":  # a refused row's last field is its reason
+                why, limit = limit, ""
+            out[(engine, version, arch)] = EngineRule(
+                engine, version, arch, kind, lo, hi_below, src, why, limit
+            )
     return out
 
 
