@@ -13,6 +13,8 @@ boundaries/         the ground floor: boundary b and each engine's layer ids (im
     cpu_limits      classes and configs each engine version is measured not to run on CPU (gathered)
     cpu_checks      config-dependent CPU limits (MLA latent width, YaRN factor, chunk size)
     config_ids      where each engine reads and writes its layer ids in a drafter config.json
+    measured        a rule derived from a twin's id -> boundary matrix (no version file for the key)
+    measured_store  measured rules kept per user, one JSON file per (engine, version, class)
     export_ids      the ids written per engine: its rule for the target class, or its convention
     engine_read     read an exported config as each serving engine does; what it ignores
     flavours        which engine version reads which variant flag (EAGLE-3.1 flavours)
@@ -79,6 +81,7 @@ engines/            real engines (vLLM, SGLang) behind one interface, across a p
     versions        the version of an engine installed for a python, read without starting it
     adapter         notebook side: an EngineClient as a CaptureEngine for the dataset writer
     twin_check      notebook side: an engine's id rule measured on a twin, against engine_rules
+    twin_measure    notebook side: an engine version's id rule measured on a twin (preflight, 02)
     twin_cache      notebook side: the twin proof's measurement cached on disk, keyed by all it depends on
     vllm_helpers    notebook side: vLLM parameters and start
     speed           notebook side: an engine's extraction, prefill and generation speed (vLLM, SGLang)
@@ -148,6 +151,7 @@ threads             thread budget per process (affinity, cgroup quota): kernel a
 repo_paths          REPO_ROOT and paths resolved against it (a leaf: standard library only)
 rundir              one run's folder outputs/<run_name>/: artefact paths, metrics.json
 preflight           checks before any notebook runs: parameters vs the target's config, engines
+rules               python -m eagle3nb.rules: the support matrix of the engines installed (class x version)
 manifest            what produced an artefact, so a later step can refuse a mismatch
 run                 papermill driver: python -m eagle3nb.run PARAMS.yaml
 report              run browser: runs with their metrics and figures, two runs compared

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 from eagle3nb.boundaries.config_ids import IDS_KEY, IDS_PATH, get_ids, vllm_ids
 from eagle3nb.boundaries.conventions import get_convention
-from eagle3nb.boundaries.rules import engine_rule
+from eagle3nb.boundaries.rules import EngineRule, engine_rule
 
 __all__ = [
     "ENGINE_READS",
@@ -145,6 +145,8 @@ def _id_rule(cfg: dict, engine: str):
     meta = cfg.get("eagle3nb") or {}
     rec = (meta.get("engine_ids") or {}).get(engine) or {}
     if meta.get("target_architecture") and rec.get("rule") and not rec.get("refused"):
+        if rec.get("rule_record"):  # a measured rule, carried by the config itself
+            return EngineRule.from_record(rec["rule_record"])
         return engine_rule(engine, rec["version"], meta["target_architecture"])
     return get_convention(engine)
 

@@ -15,7 +15,8 @@ Each engine version's rows, with the source lines they were read at, live in its
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from eagle3nb.boundaries.cpu_limits import (  # re-exported: the CPU refusals preflight reads
@@ -24,6 +25,7 @@ from eagle3nb.boundaries.cpu_limits import (  # re-exported: the CPU refusals pr
     cpu_config_limit,
     cpu_limit,
 )
+from eagle3nb.boundaries.measured_store import MEASURED, load_record, store_record
 from eagle3nb.boundaries.versions import VERSIONS
 
 __all__ = [
@@ -36,7 +38,14 @@ __all__ = [
     "engine_rule",
     "known_versions",
     "MEASURE_HOWTO",
+    "READ_FROM_SOURCE",
+    "register_measured",
+    "check_against",
+    "hidden_keys",
+    "table_rule",
 ]
+
+READ_FROM_SOURCE = "read from source"
 
 MEASURE_HOWTO = (
     "measure it: build a tiny random-weight model of this class from its config (as "
@@ -59,8 +68,13 @@ class EngineRule:
             (SGLang gpt-oss: id = boundary when the ids include N, else +1), or ``"refused"``.
         lo, hi_below_n: lowest boundary, and how far below N the highest lies (0: N itself).
         refused: why this combination is refused (None where it is supported).
-        source: the installed engine's file and lines the rule was read from.
+        source: the installed engine's file and lines the rule was read from, or for a rule
+            measured on the running engine ``"measured on a <n>-layer twin (<device>, <dtype>)"``
+            (:mod:`eagle3nb.boundaries.measured`).
         limit: why the capturable range stops where it does.
+        measured: a measured rule's record (engine, version, torch, device, dtype, arch,
+            model_file and its sha256, eagle3nb commit, date, the probes and their matrix); None
+            for a rule read from source.
     """
 
     engine: str
@@ -72,6 +86,53 @@ class EngineRule:
     source: str
     refused: Optional[str] = None
     limit: str = ""  # why the range stops where it does (named in range errors)
+    measured: Optional[dict] = field(default=None, compare=False, repr=False)
+
+    @property
+    def known_by(self) -> str:
+        """``"measured"`` or ``"read from source"``: how this rule is known (manifests name it)."""
+        return MEASURED if self.measured is not None else READ_FROM_SOURCE
+
+    def same_rule(self, other: "EngineRule") -> bool:
+        """Whether ``other`` names the same boundaries: kind, range, refused or not."""
+        a = (self.kind, self.lo, self.hi_below_n, bool(self.refused))
+        b = (other.kind, other.lo, other.hi_below_n, bool(other.refused))
+        return a == b if self.kind != "refused" else self.kind == other.kind
+
+    def summary(self) -> str:
+        """``kind, boundaries lo..N-k`` (or ``refused``), one phrase for messages and matrices."""
+        if self.refused:
+            return "refused"
+        return f"{self.kind}, boundaries {self.lo}..N" + (
+            f"-{self.hi_below_n}" if self.hi_below_n else ""
+        )
+
+    def as_record(self) -> dict:
+        """JSON form for manifests and the measured-rule store (:meth:`from_record` reads it)."""
+        keys = ("engine", "version", "arch", "kind", "lo", "hi_below_n", "source", "refused")
+        out = {k: getattr(self, k) for k in keys}
+        out.update(limit=self.limit, known_by=self.known_by)
+        if self.measured is not None:
+            out["measured"] = self.measured
+        return out
+
+    @classmethod
+    def from_record(cls, d: dict) -> "EngineRule":
+        """The rule of a record written by :meth:`as_record`.
+
+        Raises:
+            ValueError: a record without the rule's keys (names the missing ones).
+        """
+        keys = ("engine", "version", "arch", "kind", "lo", "hi_below_n", "source")
+        miss = [k for k in keys if k not in (d or {})]
+        if miss:
+            raise ValueError(f"rule record lacks {miss}: not written by EngineRule.as_record")
+        return cls(
+            **{k: d[k] for k in keys},
+            refused=d.get("refused"),
+            limit=d.get("limit", ""),
+            measured=d.get("measured"),
+        )
 
     def _name(self) -> str:
         return f"{self.engine} {self.version} on {self.arch}"
@@ -172,32 +233,115 @@ def _rules() -> dict[tuple[str, str, str], EngineRule]:
 RULES: dict[tuple[str, str, str], EngineRule] = _rules()
 
 
+# in-process measured rules (engine, version, class) -> rule, beside the per-user store
+_MEASURED: dict[tuple[str, str, str], EngineRule] = {}
+
+
+def hidden_keys() -> list[tuple[str, ...]]:
+    """Version-file rows hidden by ``$EAGLE3NB_HIDE_RULES`` (``"vllm 0.32.0"`` hides a version,
+    ``"vllm 0.32.0 LlamaForCausalLM"`` one class; entries separated by ``,`` or ``;``): the lookup
+    then treats them as unknown and falls back to a measured rule, as for a version no file holds
+    (tests and the engine-versions bench check measured rules against rows this way)."""
+    out = []
+    for part in os.environ.get("EAGLE3NB_HIDE_RULES", "").replace(";", ",").split(","):
+        if part.split():
+            out.append(tuple(part.split()))
+    return out
+
+
+def _hidden(engine: str, version: str, arch: str) -> bool:
+    return any(
+        h == (engine, version)[: len(h)] or h == (engine, version, arch) for h in hidden_keys()
+    )
+
+
+def table_rule(engine: str, version: str, arch: str) -> Optional[EngineRule]:
+    """The version file's row of this key (read from source), or None (absent or hidden)."""
+    v = str(version).split("+")[0]
+    return None if _hidden(engine, v, arch) else RULES.get((engine, v, arch))
+
+
+def check_against(measured: Optional[EngineRule], table: Optional[EngineRule]) -> None:
+    """Stop where a measured rule and a version file's row of the same key disagree.
+
+    Raises:
+        ValueError: naming both rules, the row's source and the measured matrix.
+    """
+    if table is None or measured is None or measured.same_rule(table):
+        return
+    raise ValueError(
+        f"{measured.engine} {measured.version} on {measured.arch}: the rule measured on the "
+        f"running engine ({measured.summary()}) disagrees with its version file's row "
+        f"({table.summary()}, read from source: {table.source}); the engine does not capture what "
+        "its file says: re-read the model file in the installed engine and fix "
+        f"eagle3nb/boundaries/versions/{measured.engine}_{measured.version.replace('.', '_')}.py\n"
+        + str((measured.measured or {}).get("matrix", ""))
+    )
+
+
+def register_measured(rule: EngineRule, keep: bool = True):
+    """Use a measured ``rule`` for its key from now on in this process, and (``keep``) in the
+    per-user store (:func:`eagle3nb.boundaries.measured_store.store_record`). Returns the stored
+    file or None.
+
+    Raises:
+        ValueError: not a measured rule, or one that disagrees with the version file's row of
+            the same key (:func:`check_against`, hidden rows included: a test hides a row to
+            measure it, and the two must agree).
+    """
+    if rule.measured is None:
+        raise ValueError(f"{rule._name()}: source={rule.source!r} is not a measured rule")
+    check_against(rule, RULES.get((rule.engine, rule.version, rule.arch)))
+    _MEASURED[(rule.engine, rule.version, rule.arch)] = rule
+    return store_record(rule.as_record()) if keep else None
+
+
+def measured_rule(engine: str, version: str, arch: str) -> Optional[EngineRule]:
+    """The measured rule of this key: registered in this process, else kept per user; None."""
+    v = str(version).split("+")[0]
+    rule = _MEASURED.get((engine, v, arch))
+    if rule is None:
+        rec = load_record(engine, v, arch)
+        rule = EngineRule.from_record(rec) if rec else None
+    return rule
+
+
 def known_versions(engine: str) -> list[str]:
     """Versions of ``engine`` the table holds rules for."""
     return sorted({v for e, v, _ in RULES if e == engine})
 
 
-def engine_rule(engine: str, version: str, arch: str) -> EngineRule:
-    """The rule of ``engine`` at ``version`` for architecture class ``arch``.
+def engine_rule(engine: str, version: str, arch: str, measured: bool = True) -> EngineRule:
+    """The rule of ``engine`` at ``version`` for architecture class ``arch``: the version file's
+    row (read from source), else (``measured``) a rule measured on the running engine
+    (:func:`measured_rule`: registered in this process or kept per user).
 
     ``version`` may carry a local suffix (``0.32.0+cpu``), which is ignored. A refused combination is
     returned (its methods raise with the reason), so callers can show it in a support matrix.
 
     Raises:
-        ValueError: an engine, version or class the table does not hold, naming what it holds and
-            how to measure the missing rule (:data:`MEASURE_HOWTO`); never assumed from a neighbour.
+        ValueError: an engine, version or class neither a version file nor a measurement holds,
+            naming what the files hold and how the rule gets measured (:data:`MEASURE_HOWTO`);
+            never assumed from a neighbour. A measured rule that disagrees with the row
+            (:func:`check_against`).
     """
     v = str(version).split("+")[0]
-    rule = RULES.get((engine, v, arch))
-    if rule is None:
-        versions = known_versions(engine)
-        archs = sorted({a for e, vv, a in RULES if e == engine and vv == v})
-        what = (
-            f"engine={engine!r} is unknown (known: sglang, vllm)"
-            if not versions
-            else f"{engine} {version} is not in the table (known versions: {versions})"
-            if not archs
-            else f"{engine} {version} has no rule for {arch} (known classes: {archs})"
-        )
-        raise ValueError(f"{what}; the layer-id rule is never assumed, {MEASURE_HOWTO}")
-    return rule
+    row = table_rule(engine, v, arch)
+    got = measured_rule(engine, v, arch) if measured else None
+    check_against(got, RULES.get((engine, v, arch)))
+    if row is not None or got is not None:
+        return row or got
+    versions = known_versions(engine)
+    archs = sorted({a for e, vv, a in RULES if e == engine and vv == v})
+    what = (
+        f"engine={engine!r} is unknown (known: sglang, vllm)"
+        if engine not in ("sglang", "vllm")
+        else f"{engine} {version} is not in the table (known versions: {versions})"
+        if not archs or _hidden(engine, v, "")
+        else f"{engine} {version} has no rule for {arch} (known classes: {archs})"
+    )
+    raise ValueError(
+        f"{what} and was not measured here; the layer-id rule is never assumed: run preflight or "
+        f"02 with the engine installed (twin_check on: it measures the rule on the running engine "
+        f"and keeps it), or {MEASURE_HOWTO}"
+    )
