@@ -43,6 +43,7 @@ __all__ = [
     "check_against",
     "hidden_keys",
     "table_rule",
+    "rule_known",
 ]
 
 READ_FROM_SOURCE = "read from source"
@@ -345,3 +346,13 @@ def engine_rule(engine: str, version: str, arch: str, measured: bool = True) -> 
         f"02 with the engine installed (twin_check on: it measures the rule on the running engine "
         f"and keeps it), or {MEASURE_HOWTO}"
     )
+
+
+def rule_known(engine: str, version, arch) -> dict:
+    """``{"rule_known_by": "read from source" | "measured", "rule_source"}`` of this key's rule
+    (:func:`engine_rule`), for reports (04's served rows); ``{}`` where none is known."""
+    try:
+        rule = engine_rule(engine, str(version), arch) if arch and version else None
+    except ValueError:
+        return {}
+    return {"rule_known_by": rule.known_by, "rule_source": rule.source} if rule else {}
