@@ -44,6 +44,7 @@ __all__ = [
     "hidden_keys",
     "table_rule",
     "rule_known",
+    "register_recorded",
 ]
 
 READ_FROM_SOURCE = "read from source"
@@ -356,3 +357,20 @@ def rule_known(engine: str, version, arch) -> dict:
     except ValueError:
         return {}
     return {"rule_known_by": rule.known_by, "rule_source": rule.source} if rule else {}
+
+
+def register_recorded(manifest: dict) -> list[EngineRule]:
+    """Register (in this process, not kept) the measured rule a dataset manifest recorded in its
+    twin check (``manifest["twin_check"]["engine_rule"]``, written by 02), so later steps (03's
+    export, 04) read the rule the capture used even without the per-user store. Returns the rules
+    registered.
+
+    Raises:
+        ValueError: a recorded rule that disagrees with the version file's row (:func:`check_against`).
+    """
+    rec = ((manifest or {}).get("twin_check") or {}).get("engine_rule") or {}
+    if not rec.get("measured"):
+        return []
+    rule = EngineRule.from_record(rec)
+    register_measured(rule, keep=False)
+    return [rule]

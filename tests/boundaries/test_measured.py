@@ -189,3 +189,13 @@ def test_export_writes_and_records_the_measured_rule():
         },
     }
     assert read_as_engine(cfg, "sglang", N)["boundaries"] == [1, 3, 5]
+
+
+def test_a_rule_recorded_in_a_dataset_manifest_is_used_without_the_store(monkeypatch):
+    from eagle3nb.boundaries.rules import register_recorded
+
+    monkeypatch.setenv("EAGLE3NB_MEASURED_RULES", "off")
+    man = {"twin_check": {"engine_rule": _sglang_llama().as_record()}}
+    assert [r.kind for r in register_recorded(man)] == ["plus1"]
+    assert engine_rule("sglang", "0.9.0", "LlamaForCausalLM").known_by == "measured"
+    assert register_recorded({"twin_check": None}) == []
