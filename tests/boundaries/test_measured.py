@@ -199,3 +199,25 @@ def test_a_rule_recorded_in_a_dataset_manifest_is_used_without_the_store(monkeyp
     assert [r.kind for r in register_recorded(man)] == ["plus1"]
     assert engine_rule("sglang", "0.9.0", "LlamaForCausalLM").known_by == "measured"
     assert register_recorded({"twin_check": None}) == []
+
+
+def test_support_matrix_names_how_each_rule_is_known():
+    from eagle3nb.rules import support_matrix
+
+    register_measured(_sglang_llama(), keep=False)
+    engines = [("sglang", "0.9.0", "py"), ("vllm", "0.32.0", "py")]
+    rows = {(r["arch"], r["engine"]): r for r in support_matrix(engines, 32, [2, 16, 29])}
+    sg, vl = rows[("LlamaForCausalLM", "sglang")], rows[("LlamaForCausalLM", "vllm")]
+    assert (sg["known_by"], sg["rule"], sg["ids"], sg["reads"]) == (
+        "measured",
+        "plus1",
+        [1, 15, 28],
+        [2, 16, 29],
+    )
+    assert (vl["known_by"], vl["ids"], vl["reads"]) == (
+        "read from source",
+        [2, 16, 29],
+        [2, 16, 29],
+    )
+    assert rows[("Qwen3ForCausalLM", "sglang")]["known_by"] == "not measured"
+    assert rows[("Gemma3ForCausalLM", "vllm")]["rule"] == "refused"
