@@ -41,7 +41,7 @@ if [ ! -f "$SGL/.ready" ]; then
   touch "$SGL/.ready"
 fi
 # vLLM 0.26.0's model sources (the GPU host's engine, not installed here): the layer-id rules cite
-# their lines (eagle3nb/boundaries/vllm_0_26_0.py, eagle3nb/engines/vllm_eager.py); the tests
+# their lines (eagle3nb/boundaries/versions/vllm_0_26_0.py, eagle3nb/engines/vllm_eager.py); the tests
 # tests/boundaries/test_rules.py and tests/engines/test_vllm_eager.py read them.
 # The PyPI sdist (38 MB), pinned by sha256; its files equal the x86_64 wheel's.
 SRC=$ROOT/vllm-src-0.26.0

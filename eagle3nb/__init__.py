@@ -4,10 +4,18 @@ Package map (one line per subpackage and module; tests/test_layout.py checks it 
 
 boundaries/         the ground floor: boundary b and each engine's layer ids (imports no other folder)
     conventions     each engine's and trainer's layer ids <-> physical boundaries
-    rules           the id rule per (engine, engine version, architecture class), refusals
-    vllm_0_26_0     vLLM 0.26.0's rows of that table, with the source lines they were read at
-    sglang_0_5_17   SGLang 0.5.17's rows of that table, read in its wheel at its own lines
-    cpu_limits      classes and configs each engine version is measured not to run on CPU
+    rules           the id rule per (engine, engine version, architecture class), refusals; the lookup
+    version_file    the shape of one engine version's file: id rules, CPU limits, flags read, sources
+    versions/       one file per engine version read from source (adding a version is adding a file)
+        sglang_0_5_17  SGLang 0.5.17 (the GPU host's): id rule per class, source lines (its wheel)
+        sglang_0_5_23  SGLang 0.5.23: id rule per class, CPU limits, variant flags, source lines
+        vllm_0_32_0  vLLM 0.32.0 (CPU build): id rule per class, CPU limits, variant flags, source lines
+        vllm_0_26_0  vLLM 0.26.0 (the GPU host's engine): id rule per class, variant flags, source lines
+    cpu_limits      classes and configs each engine version is measured not to run on CPU (gathered)
+    cpu_checks      config-dependent CPU limits (MLA latent width, YaRN factor, chunk size)
+    config_ids      where each engine reads and writes its layer ids in a drafter config.json
+    measured        a rule derived from a twin's id -> boundary matrix (no version file for the key)
+    measured_store  measured rules kept per user, one JSON file per (engine, version, class)
     export_ids      the ids written per engine: its rule for the target class, or its convention
     engine_read     read an exported config as each serving engine does; what it ignores
     flavours        which engine version reads which variant flag (EAGLE-3.1 flavours)
@@ -80,6 +88,7 @@ engines/            real engines (vLLM, SGLang) behind one interface, across a p
     versions        the version of an engine installed for a python, read without starting it
     adapter         notebook side: an EngineClient as a CaptureEngine for the dataset writer
     twin_check      notebook side: an engine's id rule measured on a twin, against engine_rules
+    twin_measure    notebook side: an engine version's id rule measured on a twin (preflight, 02)
     twin_cache      notebook side: the twin proof's measurement cached on disk, keyed by all it depends on
     vllm_helpers    notebook side: vLLM parameters and start
     speed           notebook side: an engine's extraction, prefill and generation speed (vLLM, SGLang)
@@ -156,6 +165,7 @@ rundir              one run's folder outputs/<run_name>/: artefact paths, metric
 preflight           checks before any notebook runs: parameters vs the target's config, engines
 manifest            what produced an artefact, so a later step can refuse a mismatch
 run                 papermill driver: python -m eagle3nb.run PARAMS.yaml
+rules               python -m eagle3nb.rules: the support matrix of the engines installed (class x version)
 report              run browser: runs with their metrics and figures, two runs compared
 results_page        docs/results.md generated from bench/reference_*.json (python -m eagle3nb.report results)
 """

@@ -133,7 +133,8 @@ def check_engine_rules(
     Raises:
         ValueError: naming the parameter, the class, engine and version: a combination the table
             refuses (Gemma-3 on SGLang 0.5.23; GLM-4.5 and Gemma-3 on vLLM 0.32), a version or class
-            the table lacks (with how to measure it), boundaries the rule cannot capture (vLLM
+            no version file holds, with ``twin_check: off`` (else it is measured on the installed
+            engine, :func:`_rule_or_measure`) or whose measurement is refused, boundaries the rule cannot capture (vLLM
             DeepSeek boundary 0, SGLang boundary N), or ids that the engine's rule for this class
             maps to other boundaries (SGLang 0.5.23 DeepSeek/Kimi with a first boundary other
             than 2).
@@ -148,7 +149,7 @@ def check_engine_rules(
     from eagle3nb.engines.versions import installed_engine_version
     from eagle3nb.engines.vllm_helpers import vllm_python
     from eagle3nb.boundaries.conventions import get_convention
-    from eagle3nb.boundaries.rules import cpu_config_limit, engine_rule
+    from eagle3nb.boundaries.rules import cpu_config_limit
 
     uses = []
     if p.extract_engine == "sglang":
@@ -185,8 +186,8 @@ def check_engine_rules(
         version = installed_engine_version(engine, python)
         head = f"{param} on model={p.model!r} ({arch}, {n} layers, boundaries {boundaries})"
         try:
-            rule = engine_rule(engine, version, arch)
             ids = get_convention(engine).boundaries_to_ids(boundaries, n)
+            rule = _rule_or_measure(p, engine, version, arch, python, ids, on_cpu)
             got = rule.ids_to_boundaries(ids, n)
         except ValueError as e:
             raise ValueError(f"{head}: {e}; or {fix}") from None
@@ -206,8 +207,43 @@ def check_engine_rules(
                     f"{head}: {engine} {version} cannot {use} {arch} on CPU: {why}; {fix}, or "
                     "run on a GPU (device: cuda)"
                 )
-        out[engine] = {"version": version, "ids": ids, "rule": rule.kind, "source": rule.source}
+        out[engine] = {
+            "version": version,
+            "ids": ids,
+            "rule": rule.kind,
+            "source": rule.source,
+            "known_by": rule.known_by,
+        }
     return out
+
+
+def _rule_or_measure(p: RunParams, engine, version, arch, python, ids, on_cpu):
+    """The engine's rule for ``arch``: its version file's row or a kept measurement
+    (:func:`eagle3nb.boundaries.rules.engine_rule`); for a key neither holds, measured now on the
+    installed engine (twin_check not off: :func:`eagle3nb.engines.twin_measure.measure_in_preflight`,
+    kept per user so 02-05 read it back).
+
+    Raises:
+        ValueError: the lookup's refusal with ``twin_check: off``; a measurement's refusal.
+    """
+    import tempfile
+
+    from eagle3nb.boundaries.rules import engine_rule
+    from eagle3nb.target import models
+
+    try:
+        return engine_rule(engine, version, arch)
+    except ValueError:
+        if p.twin_check == "off":
+            raise
+    from eagle3nb.engines.twin_measure import measure_in_preflight
+
+    device = "cpu" if on_cpu else "cuda"
+    with tempfile.TemporaryDirectory(prefix="eagle3nb-measure-") as work:
+        path = models.resolve_model(p.model)
+        got = measure_in_preflight(engine, python, path, ids, p.dtype, device, work, p.seed)
+    print(f"preflight: {engine} {version} on {arch}: rule measured ({got['rule'].summary()})")
+    return got["rule"]
 
 
 def check_inputs(p: RunParams) -> dict:

@@ -9,6 +9,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -180,14 +182,32 @@ def test_engine_rules_accept_and_return_each_engines_ids(tmp_path):
 
 
 def test_unknown_engine_version_is_refused_with_how_to_measure(tmp_path, monkeypatch):
+    """With twin_check off nothing measures it: refused, saying how; otherwise preflight measures
+    it on the installed engine (here a fake measurement standing in for
+    eagle3nb.engines.twin_measure.measure_in_preflight, which starts the engine: real ones in
+    tests/steps/test_measured_run.py), and uses it."""
+    import eagle3nb.engines.twin_measure as twin_measure
     import eagle3nb.engines.versions as versions
+    from eagle3nb.boundaries.rules import RULES
 
     monkeypatch.setattr(versions, "installed_engine_version", lambda engine, python: "0.5.99")
+    monkeypatch.setenv("EAGLE3NB_MEASURED_RULES", str(tmp_path / "kept"))
     m = _folder(tmp_path, _cfg("LlamaForCausalLM"), "llama")
+    kw = dict(extract_engine="sglang", convention="vllm", layer_ids=[1, 2])
     with pytest.raises(ValueError, match=r"sglang 0\.5\.99 is not in the table.*measure it"):
-        check_against_model(
-            _params(m, extract_engine="sglang", convention="vllm", layer_ids=[1, 2])
-        )
+        check_against_model(_params(m, twin_check="off", **kw))
+    calls = []
+
+    def fake_measurement(engine, python, path, ids, dtype, device, work, seed):
+        calls.append((engine, ids))
+        row = RULES[("sglang", "0.5.23", "LlamaForCausalLM")]
+        rule = replace(row, version="0.5.99", source="measured (fake)", measured={"fake": True})
+        return {"rule": rule, "known_by": rule.known_by, "measured_now": True}
+
+    monkeypatch.setattr(twin_measure, "measure_in_preflight", fake_measurement)
+    info = check_against_model(_params(m, **kw))
+    assert calls == [("sglang", [0, 1])]
+    assert info["engines"]["sglang"]["known_by"] == "measured"
 
 
 @pytest.mark.parametrize(

@@ -45,6 +45,8 @@ from safetensors.torch import load_file, save_file
 
 from eagle3nb.audit.servable import full_vocab_without_d2t, weights_fix
 from eagle3nb.drafter import mla
+from eagle3nb.boundaries.config_ids import IDS_PATH, get_ids
+from eagle3nb.boundaries.conventions import get_convention
 from eagle3nb.boundaries.engine_read import check_config_flags
 from eagle3nb.drafter.export import ARCH
 from eagle3nb.drafter.model import DrafterConfig
@@ -86,9 +88,9 @@ def _detect(cfg: dict) -> str:
         return "eagle3nb"
     if "speculators_config" in cfg or SPECULATORS_ARCH in (cfg.get("architectures") or []):
         return "speculators"
-    if cfg.get("eagle_aux_hidden_state_layer_ids"):
+    if get_ids(cfg, "vllm"):
         return "vllm"
-    if (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"):
+    if get_ids(cfg, "sglang"):
         return "sglang"
     return "none"
 
@@ -146,14 +148,12 @@ def read_drafter_folder(
     declared, how, key = None, "no ids in config.json", None
     if fmt == "eagle3nb":
         declared, how = list(cfg["eagle3nb"]["aux_boundaries"]), "eagle3nb.aux_boundaries"
-    elif fmt in ("vllm", "speculators") and cfg.get("eagle_aux_hidden_state_layer_ids"):
-        key = "eagle_aux_hidden_state_layer_ids"
-        ids = cfg[key]
+    elif fmt in ("vllm", "speculators") and get_ids(cfg, "vllm"):
+        key, ids = IDS_PATH["vllm"], get_ids(cfg, "vllm")
         declared = [int(i) for i in ids]  # vLLM: id L = boundary L (interfaces.py:1601-1611)
         how = f"{key}={ids} read as vLLM ids (id = boundary)"
     elif fmt == "sglang":
-        key = "eagle_config.eagle_aux_hidden_state_layer_ids"
-        ids = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+        key, ids = IDS_PATH["sglang"], get_ids(cfg, "sglang")
         declared, reading = _sglang_reading([int(i) for i in ids], n_layers, arch)
         how = f"{key}={ids} read as {reading}"
     if declared is not None and not all(0 <= b <= n_layers for b in declared):
@@ -218,7 +218,7 @@ def _sglang_reading(ids: list[int], n_layers: int, arch: str | None) -> tuple[li
     except ValueError:  # a class the table does not hold
         rule = None
     if rule is None or rule.refused or rule.kind == "plus1":
-        return [i + 1 for i in ids], "SGLang ids (boundary = id + 1)"
+        return get_convention("sglang").shift_boundaries(ids), "SGLang ids (boundary = id + 1)"
     wide = replace(rule, lo=0, hi_below_n=0)  # the rule's shift alone
     how = f"SGLang {rule.version} ids on {arch} (rule {rule.kind}, {rule.source})"
     try:

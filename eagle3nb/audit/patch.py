@@ -10,6 +10,7 @@ from pathlib import Path
 
 from eagle3nb.audit.servable import best_capturable
 from eagle3nb.drafter.card import serve_commands
+from eagle3nb.boundaries.config_ids import IDS_KEY, pop_ids, set_ids
 from eagle3nb.boundaries.engine_read import read_as_engine
 from eagle3nb.boundaries.export_ids import engine_ids
 from eagle3nb.boundaries.rules import engine_rule
@@ -60,7 +61,7 @@ def write_patched(
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.copytree(src, tmp)
     out = {}
-    ec = cfg.setdefault("eagle_config", {"use_aux_hidden_state": True})
+    cfg.setdefault("eagle_config", {"use_aux_hidden_state": True})
     meta = cfg.setdefault("eagle3nb", {})
     for engine in ("sglang", "vllm"):
         v = readings[engine]["version"]
@@ -72,20 +73,18 @@ def write_patched(
         except ValueError as e:
             best = best_capturable(rows or [], engine, v, arch, n_layers)
             out[engine] = {"refused": f"{engine} {v} on {arch}: {e}", "retrain": best}
-            if engine == "sglang":
-                ec["eagle_aux_hidden_state_layer_ids"] = [
+            if engine == "sglang":  # a copy SGLang cannot load by mistake (issue 43 item 5)
+                mark = [
                     f"{REFUSED_MARK}: {out[engine]['refused']}"
-                ]
+                ]  # a string: SGLang fails at start
+                cfg.setdefault("eagle_config", {})[IDS_KEY] = mark
                 cfg["num_aux_hidden_states"] = len(boundaries)
             continue
-        if engine == "sglang":
-            ec["eagle_aux_hidden_state_layer_ids"] = ids
-        else:
-            cfg["eagle_aux_hidden_state_layer_ids"] = ids
+        set_ids(cfg, engine, ids)
         meta.setdefault("engine_ids", {})[engine] = {"ids": ids, **rec}
         out[engine] = {"ids": ids}
     if "vllm" in out and "refused" in out["vllm"]:
-        cfg.pop("eagle_aux_hidden_state_layer_ids", None)
+        pop_ids(cfg, "vllm")
     meta.update(
         aux_boundaries=list(boundaries),
         target_num_hidden_layers=n_layers,

@@ -9,7 +9,7 @@ Sources (read November 2026, see ``../shared/reference/conventions.md``):
 - SGLang 0.5.x ``srt/models/llama.py`` ``set_eagle3_layers_to_capture``: explicit ids are stored as
   ``layers_to_capture = [val + 1 ...]`` and captured inside the layer loop *before* layer ``val+1``
   runs (so id L = boundary L+1; ids >= N-1 are never reached); the default ``[2, N//2, N-3]`` is
-  stored unshifted. Reads only the nested ``eagle_config.eagle_aux_hidden_state_layer_ids``.
+  stored unshifted. Reads only its nested key (:mod:`eagle3nb.boundaries.config_ids`).
 - vLLM ``model_executor/models/llama.py`` + ``eagle3_utils.py``: id L = boundary L (captured before
   layer L, id N = final pre-norm state); default ``(2, N//2, N-3)``; reads the top-level key.
 - speculators <= 0.4 ``VllmHiddenStatesGenerator``: id L = output of layer L = boundary L+1, default
@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
+
+from eagle3nb.boundaries.config_ids import IDS_PATH
 
 __all__ = [
     "Convention",
@@ -103,6 +105,17 @@ class Convention:
             )
         return [int(b) - self.offset for b in boundaries]
 
+    def shift_ids(self, boundaries: Sequence[int]) -> list[int]:
+        """Ids ``boundary - offset`` with no range check: what an engine's model file serves where
+        its capture-only mode would refuse (SGLang 0.5.23 serves id -1 as boundary 0, its
+        ``llama.py:929-941`` adding 1 to every id; only ``arg_groups/validation_hook.py`` of the
+        capture-only mode refuses negative ids)."""
+        return [int(b) - self.offset for b in boundaries]
+
+    def shift_boundaries(self, ids: Sequence[int]) -> list[int]:
+        """Boundaries ``id + offset`` with no range check (the inverse of :meth:`shift_ids`)."""
+        return [int(i) + self.offset for i in ids]
+
     def default_boundaries(self, n_layers: int) -> list[int]:
         """Boundaries the engine captures when the config names no ids (may be broken for small N:
         callers that need valid ones use :func:`check_boundaries`)."""
@@ -125,7 +138,7 @@ CONVENTIONS: dict[str, Convention] = {
             default_shifted=False,
             # captured inside the loop before layer val+1, so val+1 must be a layer index 1..N-1
             capturable=lambda n: (1, n - 1),
-            config_key="eagle_config.eagle_aux_hidden_state_layer_ids",
+            config_key=IDS_PATH["sglang"],
             source="sglang/srt/models/llama.py (0.5.x) set_eagle3_layers_to_capture",
         ),
         Convention(
@@ -134,7 +147,7 @@ CONVENTIONS: dict[str, Convention] = {
             default_ids=lambda n: [2, n // 2, n - 3],
             default_shifted=True,
             capturable=_before_layers_and_final,
-            config_key="eagle_aux_hidden_state_layer_ids",
+            config_key=IDS_PATH["vllm"],
             source="vllm/model_executor/models/llama.py + eagle3_utils.py (0.3x)",
         ),
         Convention(
@@ -152,7 +165,7 @@ CONVENTIONS: dict[str, Convention] = {
             default_ids=lambda n: [2, n // 2, n - 3],  # plus N for the final state
             default_shifted=True,
             capturable=_before_layers_and_final,
-            config_key="eagle_aux_hidden_state_layer_ids",
+            config_key=IDS_PATH["vllm"],
             source="speculators>=0.5 via vLLM extract_hidden_states",
         ),
         Convention(
@@ -161,7 +174,7 @@ CONVENTIONS: dict[str, Convention] = {
             default_ids=lambda n: [1, n // 2 - 1, n - 4],
             default_shifted=True,
             capturable=lambda n: (1, n),
-            config_key="eagle_config.eagle_aux_hidden_state_layer_ids",
+            config_key=IDS_PATH["sglang"],
             source="SpecForge modeling/target (HF hidden_states[L+1])",
         ),
         Convention(

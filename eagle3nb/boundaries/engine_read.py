@@ -3,18 +3,15 @@
 An exported flag only matters if the serving engine reads it. These readers mirror what the
 engines' EAGLE-3 model files read (``../shared/reference/conventions.md`` section 2):
 
-- SGLang ``srt/models/llama_eagle3.py`` + ``llama.py`` (0.5.x): ids only from the nested
-  ``eagle_config.eagle_aux_hidden_state_layer_ids`` (id = boundary - 1; absent -> its default
+- SGLang ``srt/models/llama_eagle3.py`` + ``llama.py`` (0.5.x): ids only from its nested key
+  (:mod:`eagle3nb.boundaries.config_ids`; id = boundary - 1; absent -> its default
   ``[2, N//2, N-3]`` unshifted), ``draft_vocab_size``, ``target_hidden_size`` (fc input width /
   n_aux). It does not read ``norm_before_residual`` (residual = un-normed hidden).
 - vLLM ``model_executor/models/llama_eagle3.py`` (0.3x): ``draft_vocab_size``,
   ``target_hidden_size``, ``norm_before_residual``; ids (id = boundary) as 0.32.0's
-  ``v1/worker/gpu_model_runner.py:5251-5285`` ``_get_eagle3_aux_layers_from_config`` reads them:
-  the top-level ``eagle_aux_hidden_state_layer_ids``; when that is absent or empty, DFlash's
-  ``dflash_config.target_layer_ids`` + 1, then (overriding it) the nested
-  ``eagle_config.eagle_aux_hidden_state_layer_ids`` when ``eagle_config`` is a dict; none ->
-  ``(2, N//2, N-3)`` (``model_executor/models/interfaces.py:1712-1733``). So a config carrying only
-  SGLang's nested ids (boundary - 1) is read by vLLM as boundaries one lower.
+  ``_get_eagle3_aux_layers_from_config`` reads them (:func:`eagle3nb.boundaries.config_ids.vllm_ids`);
+  none -> ``(2, N//2, N-3)`` (``model_executor/models/interfaces.py:1712-1733``). So a config
+  carrying only SGLang's nested ids (boundary - 1) is read by vLLM as boundaries one lower.
 
 - vLLM given the *drafter* as its model (``vllm serve DRAFTER``, 0.32
   ``transformers_utils/config.py`` ``maybe_override_with_speculators``): when config.json has
@@ -52,8 +49,9 @@ Versions change: when an engine is upgraded, re-read its source and update the t
 
 from __future__ import annotations
 
+from eagle3nb.boundaries.config_ids import IDS_KEY, IDS_PATH, get_ids, vllm_ids
 from eagle3nb.boundaries.conventions import get_convention
-from eagle3nb.boundaries.rules import engine_rule
+from eagle3nb.boundaries.rules import EngineRule, engine_rule
 
 __all__ = [
     "ENGINE_READS",
@@ -71,7 +69,7 @@ __all__ = [
 # flag -> engines that read it (flags the trainer sets that change the computed function)
 ENGINE_READS = {
     "sglang": {
-        "ids_key": "eagle_config.eagle_aux_hidden_state_layer_ids",
+        "ids_key": IDS_PATH["sglang"],
         "flags": {
             "draft_vocab_size",
             "target_hidden_size",
@@ -88,7 +86,7 @@ ENGINE_READS = {
         },
     },
     "vllm": {
-        "ids_key": "eagle_aux_hidden_state_layer_ids",
+        "ids_key": IDS_PATH["vllm"],
         "flags": {
             "draft_vocab_size",
             "target_hidden_size",
@@ -133,34 +131,11 @@ _READ_OR_INERT = {
     "vocab_size", "draft_vocab_size", "target_hidden_size", "bos_token_id", "eos_token_id",
     "pad_token_id", "torch_dtype", "dtype", "transformers_version", "_name_or_path",
     "initializer_range", "use_cache", "attention_dropout", "pretraining_tp", "eagle_config",
-    "eagle_aux_hidden_state_layer_ids", "eagle3nb", "speculators_model_type",
+    IDS_KEY, "eagle3nb", "speculators_model_type",
     "speculators_config", "transformer_layer_config", "speculators_version",
     "use_aux_norm",  # SGLang's legacy fc_norm (185-187): checked against fc_norm below
 }  # fmt: skip
-_EAGLE_CONFIG_KEYS = {"eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state", "norm_before_fc"}
-
-
-def _get(cfg: dict, dotted: str):
-    for part in dotted.split("."):
-        cfg = cfg.get(part) if isinstance(cfg, dict) else None
-    return cfg
-
-
-def _vllm_ids(cfg: dict) -> tuple[list[int] | None, str]:
-    """The ids vLLM 0.32.0 reads from a drafter config and where from, mirroring
-    ``v1/worker/gpu_model_runner.py:5251-5285`` (a falsy value counts as absent there)."""
-    ids, src = cfg.get("eagle_aux_hidden_state_layer_ids"), "config"
-    if not ids:
-        dflash, eagle = cfg.get("dflash_config"), cfg.get("eagle_config")
-        if dflash and isinstance(dflash, dict):
-            ids = [i + 1 for i in (dflash.get("target_layer_ids") or [])]
-            src = "config (dflash_config.target_layer_ids + 1)"
-        if eagle and isinstance(eagle, dict):
-            ids = eagle.get("eagle_aux_hidden_state_layer_ids")
-            src = "config (nested eagle_config: no top-level key)"
-    if ids and isinstance(ids, (list, tuple)):
-        return list(ids), src
-    return None, "engine default"
+_EAGLE_CONFIG_KEYS = {IDS_KEY, "use_aux_hidden_state", "norm_before_fc"}
 
 
 def _id_rule(cfg: dict, engine: str):
@@ -170,6 +145,8 @@ def _id_rule(cfg: dict, engine: str):
     meta = cfg.get("eagle3nb") or {}
     rec = (meta.get("engine_ids") or {}).get(engine) or {}
     if meta.get("target_architecture") and rec.get("rule") and not rec.get("refused"):
+        if rec.get("rule_record"):  # a measured rule, carried by the config itself
+            return EngineRule.from_record(rec["rule_record"])
         return engine_rule(engine, rec["version"], meta["target_architecture"])
     return get_convention(engine)
 
@@ -218,9 +195,9 @@ def read_as_engine(cfg: dict, engine: str, target_n_layers: int, rule=None) -> d
         raise ValueError(f"engine={engine!r}: known engines are {sorted(ENGINE_READS)}")
     spec = ENGINE_READS[engine]
     conv = rule or _id_rule(cfg, engine)
-    ids, src = _get(cfg, spec["ids_key"]), "config"
+    ids, src = get_ids(cfg, engine), "config"
     if engine == "vllm":
-        ids, src = _vllm_ids(cfg)
+        ids, src = vllm_ids(cfg)
     if ids is None:
         b, src = conv.default_boundaries(target_n_layers), "engine default"
     elif any(isinstance(i, str) for i in ids):  # the audit's mark on an engine it refused

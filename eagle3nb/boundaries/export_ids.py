@@ -29,7 +29,10 @@ def engine_ids(
     applies when it reads them (``ids_written_by: convention``).
 
     Returns:
-        ``(ids, record)``; ``record`` names the version, rule kind and source, or why the plain
+        ``(ids, record)``; ``record`` names the version, rule kind, source and ``known_by``
+        (``"read from source"`` or ``"measured"``, then with the measured rule's whole record
+        ``rule_record``: engine, version, torch, device, dtype, class, model file sha256, commit,
+        date, matrix), or why the plain
         convention of :mod:`eagle3nb.boundaries.conventions` was used (no class, no rule, refused).
 
     Raises:
@@ -43,7 +46,9 @@ def engine_ids(
         rule = engine_rule(engine, v, arch)
     except ValueError as e:  # version or class the table lacks
         return conv(boundaries, n_layers), {"version": v, "convention": engine, "why": str(e)}
-    rec = {"version": v, "rule": rule.kind, "source": rule.source}
+    rec = {"version": v, "rule": rule.kind, "source": rule.source, "known_by": rule.known_by}
+    if rule.measured is not None:  # the whole rule: a later reader needs no per-user store
+        rec["rule_record"] = rule.as_record()
     if rule.refused:
         rec.update(convention=engine, refused=rule.refused)
         return conv(boundaries, n_layers), rec

@@ -7,50 +7,16 @@ boundary N = the last layer's output before the final norm), which boundaries th
 or be served, and refusals with their reason. A key the table lacks is never assumed: it is refused
 with a message saying how to measure the rule (:func:`engine_rule`).
 
-Read in the installed engine sources (``~/.cache/eagle3nb/engines/*/lib/python3.11/site-packages``)
-and measured on tiny random-weight models (``../shared/reference/architectures.md``):
-
-SGLang 0.5.23 (``sglang/srt/...``); explicit ids become ``layers_to_capture`` in each model's
-``set_eagle3_layers_to_capture``, captured in the layer loop *before* layer i for i in that list; the
-capture-only mode refuses ids >= N (``model_runner_components/spec_aux_hidden_state.py:113-130``)
-and negative or duplicate ids (``arg_groups/validation_hook.py``):
-
-- ``models/llama.py:929-941`` (Llama; Mistral ``mistral.py:33`` and Llama-4 text ``llama4.py:546``
-  subclass it), ``qwen2.py:781-794``, ``qwen3.py:778-791``, ``glm4_moe.py:1269-1281``,
-  ``minimax_m2.py:1067-1080``: ``[val + 1 for val in layer_ids]`` -> id L = boundary L+1; the final
-  norm captures nothing (``llama.py:497-499``), so boundaries 1..N-1.
-- ``qwen3_moe.py:1128-1143`` the same +1, but ``qwen2_moe.py:1153-1156`` sets a flag on
-  ``self.layers[id]``: boundary N (layer index N) raises ``IndexError`` at engine start.
-- ``deepseek_v2.py:3458-3473`` (DeepSeek-V3, and Kimi-K2.5 through ``kimi_k25.py:928-941``):
-  ``if layer_ids and layer_ids[0] == 1: [val + 1 ...] else: list(layer_ids)`` -> +1 **only when the
-  first id is 1**, otherwise ids are boundaries (measured: ids [0..4] -> b0..b4, [1..4] -> b2..b5).
-- ``gpt_oss.py:1337-1352``: unshifted if ``max(layer_ids) == num_layers`` else +1; the final norm
-  captures at ``end_layer`` (``gpt_oss.py:722-739``), so id N-1 (or N) gives boundary N.
-- ``gemma3_causal.py:634-672`` (rule ``917-926``; wrapper ``gemma3_mm.py:543-545``) appends the
-  previous layer's MLP-branch output without the residual: refused (sglang PR #39286).
-- ``mixtral.py:341`` (``MixtralForCausalLM``, also eagle3nb's MoE copy of a Llama) has no
-  ``set_eagle3_layers_to_capture``: ``model_runner_components/attention_backend_setup.py:55-61``
-  raises, so capture and EAGLE-3 serving are refused (plain generation runs).
-
-vLLM 0.32.0 (``vllm/...``): ``model_executor/models/interfaces.py:1601-1611``
-``_maybe_add_hidden_state`` appends ``hidden_states + residual`` before the loop (index
-``start_layer``) and after each layer (index idx+1) -> id L = boundary L, 0..N (``llama.py:427-441``
-also Mistral and ``Llama4ForCausalLM`` ``llama4.py:708``; ``qwen2.py:422-433``, Qwen3 ``qwen3.py:280``;
-``qwen3_moe.py:505-515``; ``gpt_oss.py:527-533``; ``minimax_m2.py:403-410``). DeepSeek
-(``deepseek_v2.py:1545-1568``, end ``1586-1587``; Kimi-K2.5 ``kimi_k25.py:291``) adds
-``hidden_states + residual`` before layer idx with ``residual = None`` at layer 0 (``1525``): id 0
-raises ``TypeError``. GLM-4.5 (``glm4_moe.py:534``) and Gemma-3 (``gemma3.py:367``,
-``gemma3_mm.py:500``) and Mixtral (``mixtral.py:375``) lack ``SupportsEagle3``:
-``v1/worker/gpu_model_runner.py:5234-5238`` raises (plain generation runs).
-
-vLLM 0.26.0 and SGLang 0.5.17 (the GPU host's engines): the same rule per class as 0.32.0 and
-0.5.23, read in their own sources at their own lines (:data:`eagle3nb.boundaries.vllm_0_26_0.VLLM_0260`,
-:data:`eagle3nb.boundaries.sglang_0_5_17.SGLANG_0517`).
+Each engine version's rows, with the source lines they were read at, live in its own file in
+:mod:`eagle3nb.boundaries.versions` (``sglang_0_5_23.py``, ``vllm_0_32_0.py``, ``vllm_0_26_0.py``);
+:data:`RULES` gathers them. Measured on tiny random-weight models too
+(``../shared/reference/architectures.md``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from eagle3nb.boundaries.cpu_limits import (  # re-exported: the CPU refusals preflight reads
@@ -59,8 +25,8 @@ from eagle3nb.boundaries.cpu_limits import (  # re-exported: the CPU refusals pr
     cpu_config_limit,
     cpu_limit,
 )
-from eagle3nb.boundaries.sglang_0_5_17 import SGLANG_0517
-from eagle3nb.boundaries.vllm_0_26_0 import VLLM_0260
+from eagle3nb.boundaries.measured_store import MEASURED, load_record, store_record
+from eagle3nb.boundaries.versions import VERSIONS
 
 __all__ = [
     "EngineRule",
@@ -72,15 +38,24 @@ __all__ = [
     "engine_rule",
     "known_versions",
     "MEASURE_HOWTO",
+    "READ_FROM_SOURCE",
+    "register_measured",
+    "check_against",
+    "hidden_keys",
+    "table_rule",
+    "rule_known",
+    "register_recorded",
 ]
+
+READ_FROM_SOURCE = "read from source"
 
 MEASURE_HOWTO = (
     "measure it: build a tiny random-weight model of this class from its config (as "
     "tests/target/tiny_archs.py does), capture it through that engine version at a few ids (e.g. "
     "eagle3nb.engines.<engine>_backend Backend.capture), name every slot by the HF boundary it "
     "equals (eagle3nb.boundaries.alignment; adjacent boundaries differ by >= 0.45 relative), read the "
-    "model file's set_eagle3_layers_to_capture in the installed engine, then add the rule to RULES "
-    "in eagle3nb/boundaries/rules.py"
+    "model file's set_eagle3_layers_to_capture in the installed engine, then add its file to "
+    "eagle3nb/boundaries/versions/ (one VersionFile per engine version)"
 )
 
 
@@ -95,8 +70,13 @@ class EngineRule:
             (SGLang gpt-oss: id = boundary when the ids include N, else +1), or ``"refused"``.
         lo, hi_below_n: lowest boundary, and how far below N the highest lies (0: N itself).
         refused: why this combination is refused (None where it is supported).
-        source: the installed engine's file and lines the rule was read from.
+        source: the installed engine's file and lines the rule was read from, or for a rule
+            measured on the running engine ``"measured on a <n>-layer twin (<device>, <dtype>)"``
+            (:mod:`eagle3nb.boundaries.measured`).
         limit: why the capturable range stops where it does.
+        measured: a measured rule's record (engine, version, torch, device, dtype, arch,
+            model_file and its sha256, eagle3nb commit, date, the probes and their matrix); None
+            for a rule read from source.
     """
 
     engine: str
@@ -108,6 +88,53 @@ class EngineRule:
     source: str
     refused: Optional[str] = None
     limit: str = ""  # why the range stops where it does (named in range errors)
+    measured: Optional[dict] = field(default=None, compare=False, repr=False)
+
+    @property
+    def known_by(self) -> str:
+        """``"measured"`` or ``"read from source"``: how this rule is known (manifests name it)."""
+        return MEASURED if self.measured is not None else READ_FROM_SOURCE
+
+    def same_rule(self, other: "EngineRule") -> bool:
+        """Whether ``other`` names the same boundaries: kind, range, refused or not."""
+        a = (self.kind, self.lo, self.hi_below_n, bool(self.refused))
+        b = (other.kind, other.lo, other.hi_below_n, bool(other.refused))
+        return a == b if self.kind != "refused" else self.kind == other.kind
+
+    def summary(self) -> str:
+        """``kind, boundaries lo..N-k`` (or ``refused``), one phrase for messages and matrices."""
+        if self.refused:
+            return "refused"
+        return f"{self.kind}, boundaries {self.lo}..N" + (
+            f"-{self.hi_below_n}" if self.hi_below_n else ""
+        )
+
+    def as_record(self) -> dict:
+        """JSON form for manifests and the measured-rule store (:meth:`from_record` reads it)."""
+        keys = ("engine", "version", "arch", "kind", "lo", "hi_below_n", "source", "refused")
+        out = {k: getattr(self, k) for k in keys}
+        out.update(limit=self.limit, known_by=self.known_by)
+        if self.measured is not None:
+            out["measured"] = self.measured
+        return out
+
+    @classmethod
+    def from_record(cls, d: dict) -> "EngineRule":
+        """The rule of a record written by :meth:`as_record`.
+
+        Raises:
+            ValueError: a record without the rule's keys (names the missing ones).
+        """
+        keys = ("engine", "version", "arch", "kind", "lo", "hi_below_n", "source")
+        miss = [k for k in keys if k not in (d or {})]
+        if miss:
+            raise ValueError(f"rule record lacks {miss}: not written by EngineRule.as_record")
+        return cls(
+            **{k: d[k] for k in keys},
+            refused=d.get("refused"),
+            limit=d.get("limit", ""),
+            measured=d.get("measured"),
+        )
 
     def _name(self) -> str:
         return f"{self.engine} {self.version} on {self.arch}"
@@ -193,96 +220,92 @@ class EngineRule:
 
 
 def _rules() -> dict[tuple[str, str, str], EngineRule]:
-    sg, vl = "sglang/srt/models/", "vllm/model_executor/models/"
-    gemma_sg = (
-        "it captures each layer's MLP-branch output without the residual (0.7-1.7 relative from "
-        "every boundary; upstream sglang PR #39286, open); vLLM 0.32 has no EAGLE-3 support for "
-        "Gemma-3 either, so set extract_engine: hf"
-    )
-    no_eagle3 = (
-        "the model class does not implement SupportsEagle3, so capture and EAGLE-3 serving raise "
-        "'Model does not support EAGLE3 interface' (vllm/v1/worker/gpu_model_runner.py:5234-5238); "
-        "turn vllm_extract off and leave vllm out of eval_engines, or serve with SGLang"
-    )
-    mixtral_sg = (  # its plain generation also takes head_dim = hidden / heads (mixtral.py:151)
-        "no set_eagle3_layers_to_capture in models/mixtral.py: capture and EAGLE-3 serving raise "
-        "(model_runner_components/attention_backend_setup.py:55-61); set extract_engine: hf, and "
-        "generate_engine hf or vllm when the config sets its own head_dim (eagle3nb's MoE copy)"
-    )
-    mixtral_vl = (
-        "no SupportsEagle3: capture and EAGLE-3 serving raise 'Model does not support EAGLE3 "
-        "interface' (v1/worker/gpu_model_runner.py:5234-5238); turn vllm_extract off and leave vllm out of eval_engines"
-    )
-    no_n = "the final norm captures nothing, so boundary N never comes back"
-    moe_n = "boundary N (layer index N) raises IndexError at engine start, qwen2_moe.py:1156"
-    ds_n = "ids must lie below N (spec_aux_hidden_state.py:113-130) and layer N has no capture"
-    ds0 = "id 0 raises TypeError: residual is None before layer 0 (deepseek_v2.py:1525, 1562)"
-    sglang = {
-        "LlamaForCausalLM": ("plus1", 1, 1, sg + "llama.py:929-941", no_n),
-        "MistralForCausalLM": ("plus1", 1, 1, sg + "mistral.py:33 -> llama.py:929-941", no_n),
-        "Qwen2ForCausalLM": ("plus1", 1, 1, sg + "qwen2.py:781-794", no_n),
-        "Qwen3ForCausalLM": ("plus1", 1, 1, sg + "qwen3.py:778-791", no_n),
-        "Qwen3MoeForCausalLM": (
-            "plus1",
-            1,
-            1,
-            sg + "qwen3_moe.py:1128-1143, qwen2_moe.py:1153-1156",
-            moe_n,
-        ),
-        "Glm4MoeForCausalLM": ("plus1", 1, 1, sg + "glm4_moe.py:1269-1281", no_n),
-        "Llama4ForCausalLM": ("plus1", 1, 1, sg + "llama4.py:546 -> llama.py:929-941", no_n),
-        "MiniMaxM2ForCausalLM": ("plus1", 1, 1, sg + "minimax_m2.py:1067-1080", no_n),
-        "DeepseekV3ForCausalLM": ("first_id_1", 0, 1, sg + "deepseek_v2.py:3458-3473", ds_n),
-        "Kimi_K25ForConditionalGeneration": (
-            "first_id_1",
-            0,
-            1,
-            sg + "kimi_k25.py:928-941 -> deepseek_v2.py:3458-3473",
-            ds_n,
-        ),
-        "GptOssForCausalLM": ("unless_n", 0, 0, sg + "gpt_oss.py:1337-1352, 722-739", ""),
-        "MixtralForCausalLM": ("refused", 0, 0, sg + "mixtral.py:341", mixtral_sg),
-        "Gemma3ForCausalLM": ("refused", 0, 0, sg + "gemma3_causal.py:634-672, 917-926", ""),
-        "Gemma3ForConditionalGeneration": (
-            "refused",
-            0,
-            0,
-            sg + "gemma3_mm.py:543-545 -> gemma3_causal.py:634-672",
-            "",
-        ),
-    }
-    ds = vl + "deepseek_v2.py:1525, 1545-1568, 1586-1587"
-    vllm = {
-        "LlamaForCausalLM": ("same", 0, 0, vl + "llama.py:427-441", ""),
-        "MistralForCausalLM": ("same", 0, 0, vl + "mistral.py:236 -> llama.py:427-441", ""),
-        "Qwen2ForCausalLM": ("same", 0, 0, vl + "qwen2.py:422-433", ""),
-        "Qwen3ForCausalLM": ("same", 0, 0, vl + "qwen3.py:280 -> qwen2.py:422-433", ""),
-        "Qwen3MoeForCausalLM": ("same", 0, 0, vl + "qwen3_moe.py:505-515", ""),
-        "GptOssForCausalLM": ("same", 0, 0, vl + "gpt_oss.py:527-533", ""),
-        "Llama4ForCausalLM": ("same", 0, 0, vl + "llama4.py:708 -> llama.py:427-441", ""),
-        "MiniMaxM2ForCausalLM": ("same", 0, 0, vl + "minimax_m2.py:403-410", ""),
-        "DeepseekV3ForCausalLM": ("same", 1, 0, ds, ds0),
-        "Kimi_K25ForConditionalGeneration": ("same", 1, 0, vl + "kimi_k25.py:291 -> " + ds, ds0),
-        "Glm4MoeForCausalLM": ("refused", 0, 0, vl + "glm4_moe.py:534", ""),
-        "MixtralForCausalLM": ("refused", 0, 0, vl + "mixtral.py:375", mixtral_vl),
-        "Gemma3ForCausalLM": ("refused", 0, 0, vl + "gemma3.py:367", ""),
-        "Gemma3ForConditionalGeneration": ("refused", 0, 0, vl + "gemma3_mm.py:500", ""),
-    }
     out = {}
-    tables = (("sglang", "0.5.23", sglang), ("vllm", "0.32.0", vllm), ("vllm", "0.26.0", VLLM_0260),
-              ("sglang", "0.5.17", SGLANG_0517))  # fmt: skip
-    for engine, version, table in tables:
-        for arch, (kind, lo, hi_below, src, limit) in table.items():
+    for (engine, version), vf in VERSIONS.items():
+        for arch, (kind, lo, hi_below, src, limit) in vf.rules.items():
             why = None
-            if kind == "refused":  # a refused row's last field, when set, is its own reason
-                why = limit or (gemma_sg if engine == "sglang" else no_eagle3)
-                limit = ""
-            key = (engine, version, arch)
-            out[key] = EngineRule(engine, version, arch, kind, lo, hi_below, src, why, limit)
+            if kind == "refused":  # a refused row's last field is its reason
+                why, limit = limit, ""
+            out[(engine, version, arch)] = EngineRule(
+                engine, version, arch, kind, lo, hi_below, src, why, limit
+            )
     return out
 
 
 RULES: dict[tuple[str, str, str], EngineRule] = _rules()
+
+
+# in-process measured rules (engine, version, class) -> rule, beside the per-user store
+_MEASURED: dict[tuple[str, str, str], EngineRule] = {}
+
+
+def hidden_keys() -> list[tuple[str, ...]]:
+    """Version-file rows hidden by ``$EAGLE3NB_HIDE_RULES`` (``"vllm 0.32.0"`` hides a version,
+    ``"vllm 0.32.0 LlamaForCausalLM"`` one class; entries separated by ``,`` or ``;``): the lookup
+    then treats them as unknown and falls back to a measured rule, as for a version no file holds
+    (tests and the engine-versions bench check measured rules against rows this way)."""
+    out = []
+    for part in os.environ.get("EAGLE3NB_HIDE_RULES", "").replace(";", ",").split(","):
+        if part.split():
+            out.append(tuple(part.split()))
+    return out
+
+
+def _hidden(engine: str, version: str, arch: str) -> bool:
+    return any(
+        h == (engine, version)[: len(h)] or h == (engine, version, arch) for h in hidden_keys()
+    )
+
+
+def table_rule(engine: str, version: str, arch: str) -> Optional[EngineRule]:
+    """The version file's row of this key (read from source), or None (absent or hidden)."""
+    v = str(version).split("+")[0]
+    return None if _hidden(engine, v, arch) else RULES.get((engine, v, arch))
+
+
+def check_against(measured: Optional[EngineRule], table: Optional[EngineRule]) -> None:
+    """Stop where a measured rule and a version file's row of the same key disagree.
+
+    Raises:
+        ValueError: naming both rules, the row's source and the measured matrix.
+    """
+    if table is None or measured is None or measured.same_rule(table):
+        return
+    raise ValueError(
+        f"{measured.engine} {measured.version} on {measured.arch}: the rule measured on the "
+        f"running engine ({measured.summary()}) disagrees with its version file's row "
+        f"({table.summary()}, read from source: {table.source}); the engine does not capture what "
+        "its file says: re-read the model file in the installed engine and fix "
+        f"eagle3nb/boundaries/versions/{measured.engine}_{measured.version.replace('.', '_')}.py\n"
+        + str((measured.measured or {}).get("matrix", ""))
+    )
+
+
+def register_measured(rule: EngineRule, keep: bool = True):
+    """Use a measured ``rule`` for its key from now on in this process, and (``keep``) in the
+    per-user store (:func:`eagle3nb.boundaries.measured_store.store_record`). Returns the stored
+    file or None.
+
+    Raises:
+        ValueError: not a measured rule, or one that disagrees with the version file's row of
+            the same key (:func:`check_against`, hidden rows included: a test hides a row to
+            measure it, and the two must agree).
+    """
+    if rule.measured is None:
+        raise ValueError(f"{rule._name()}: source={rule.source!r} is not a measured rule")
+    check_against(rule, RULES.get((rule.engine, rule.version, rule.arch)))
+    _MEASURED[(rule.engine, rule.version, rule.arch)] = rule
+    return store_record(rule.as_record()) if keep else None
+
+
+def measured_rule(engine: str, version: str, arch: str) -> Optional[EngineRule]:
+    """The measured rule of this key: registered in this process, else kept per user; None."""
+    v = str(version).split("+")[0]
+    rule = _MEASURED.get((engine, v, arch))
+    if rule is None:
+        rec = load_record(engine, v, arch)
+        rule = EngineRule.from_record(rec) if rec else None
+    return rule
 
 
 def known_versions(engine: str) -> list[str]:
@@ -290,27 +313,64 @@ def known_versions(engine: str) -> list[str]:
     return sorted({v for e, v, _ in RULES if e == engine})
 
 
-def engine_rule(engine: str, version: str, arch: str) -> EngineRule:
-    """The rule of ``engine`` at ``version`` for architecture class ``arch``.
+def engine_rule(engine: str, version: str, arch: str, measured: bool = True) -> EngineRule:
+    """The rule of ``engine`` at ``version`` for architecture class ``arch``: the version file's
+    row (read from source), else (``measured``) a rule measured on the running engine
+    (:func:`measured_rule`: registered in this process or kept per user).
 
     ``version`` may carry a local suffix (``0.32.0+cpu``), which is ignored. A refused combination is
     returned (its methods raise with the reason), so callers can show it in a support matrix.
 
     Raises:
-        ValueError: an engine, version or class the table does not hold, naming what it holds and
-            how to measure the missing rule (:data:`MEASURE_HOWTO`); never assumed from a neighbour.
+        ValueError: an engine, version or class neither a version file nor a measurement holds,
+            naming what the files hold and how the rule gets measured (:data:`MEASURE_HOWTO`);
+            never assumed from a neighbour. A measured rule that disagrees with the row
+            (:func:`check_against`).
     """
     v = str(version).split("+")[0]
-    rule = RULES.get((engine, v, arch))
-    if rule is None:
-        versions = known_versions(engine)
-        archs = sorted({a for e, vv, a in RULES if e == engine and vv == v})
-        what = (
-            f"engine={engine!r} is unknown (known: sglang, vllm)"
-            if not versions
-            else f"{engine} {version} is not in the table (known versions: {versions})"
-            if not archs
-            else f"{engine} {version} has no rule for {arch} (known classes: {archs})"
-        )
-        raise ValueError(f"{what}; the layer-id rule is never assumed, {MEASURE_HOWTO}")
-    return rule
+    row = table_rule(engine, v, arch)
+    got = measured_rule(engine, v, arch) if measured else None
+    check_against(got, RULES.get((engine, v, arch)))
+    if row is not None or got is not None:
+        return row or got
+    versions = known_versions(engine)
+    archs = sorted({a for e, vv, a in RULES if e == engine and vv == v})
+    what = (
+        f"engine={engine!r} is unknown (known: sglang, vllm)"
+        if engine not in ("sglang", "vllm")
+        else f"{engine} {version} is not in the table (known versions: {versions})"
+        if not archs or _hidden(engine, v, "")
+        else f"{engine} {version} has no rule for {arch} (known classes: {archs})"
+    )
+    raise ValueError(
+        f"{what} and was not measured here; the layer-id rule is never assumed: run preflight or "
+        f"02 with the engine installed (twin_check on: it measures the rule on the running engine "
+        f"and keeps it), or {MEASURE_HOWTO}"
+    )
+
+
+def rule_known(engine: str, version, arch) -> dict:
+    """``{"rule_known_by": "read from source" | "measured", "rule_source"}`` of this key's rule
+    (:func:`engine_rule`), for reports (04's served rows); ``{}`` where none is known."""
+    try:
+        rule = engine_rule(engine, str(version), arch) if arch and version else None
+    except ValueError:
+        return {}
+    return {"rule_known_by": rule.known_by, "rule_source": rule.source} if rule else {}
+
+
+def register_recorded(manifest: dict) -> list[EngineRule]:
+    """Register (in this process, not kept) the measured rule a dataset manifest recorded in its
+    twin check (``manifest["twin_check"]["engine_rule"]``, written by 02), so later steps (03's
+    export, 04) read the rule the capture used even without the per-user store. Returns the rules
+    registered.
+
+    Raises:
+        ValueError: a recorded rule that disagrees with the version file's row (:func:`check_against`).
+    """
+    rec = ((manifest or {}).get("twin_check") or {}).get("engine_rule") or {}
+    if not rec.get("measured"):
+        return []
+    rule = EngineRule.from_record(rec)
+    register_measured(rule, keep=False)
+    return [rule]

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import shlex
 
+from eagle3nb.boundaries.config_ids import IDS_PATH, get_ids
+
 __all__ = ["serve_commands", "serve_commands_markdown", "vllm_command_args", "model_card"]
 
 
@@ -61,17 +63,16 @@ def vllm_command_args(cmd: str) -> dict:
 def _ids_line(cfg: dict) -> str:
     b = cfg.get("eagle3nb", {}).get("aux_boundaries")
     refused = (cfg.get("eagle3nb") or {}).get("refused_engines") or {}
-    sg = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    vl = cfg.get("eagle_aux_hidden_state_layer_ids")
+    sg, vl = get_ids(cfg, "sglang"), get_ids(cfg, "vllm")
     sg_txt = (
         f"SGLang: NOT servable ({refused['sglang']})"
         if "sglang" in refused
-        else f"SGLang ids {sg} (`eagle_config.eagle_aux_hidden_state_layer_ids`, id = boundary - 1)"
+        else f"SGLang ids {sg} (`{IDS_PATH['sglang']}`, id = boundary - 1)"
     )
     vl_txt = (
         f"vLLM: NOT servable ({refused['vllm']})"
         if "vllm" in refused
-        else f"vLLM ids {vl} (top-level `eagle_aux_hidden_state_layer_ids`, id = boundary)"
+        else f"vLLM ids {vl} (top-level `{IDS_PATH['vllm']}`, id = boundary)"
     )
     return (
         f"trained on the target's residual stream at boundaries {b} (boundary L = output of "

@@ -56,6 +56,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eagle3nb.boundaries.conventions import check_boundaries
+from eagle3nb.boundaries.config_ids import get_ids, set_ids
 from eagle3nb.boundaries.rules import known_versions
 from eagle3nb.boundaries.export_ids import engine_ids
 from eagle3nb.boundaries.engine_read import check_config_flags, trainer_flags
@@ -188,10 +189,9 @@ def drafter_config_json(
     if isinstance(c, mla.MLAConfig):  # both engines' MLA drafter class (drafter/mla.py)
         cfg.update(mla.mla_config_json(c))
         verifier = None  # vLLM's speculators reader would build a Llama layer from them
-    if "sglang" in ids:
-        cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = ids["sglang"]
-    if "vllm" in ids:
-        cfg["eagle_aux_hidden_state_layer_ids"] = ids["vllm"]
+    for engine in ("sglang", "vllm"):
+        if engine in ids:
+            set_ids(cfg, engine, ids[engine])
     if refused:
         cfg["eagle3nb"]["refused_engines"] = refused
     if verifier is not None:
@@ -348,8 +348,8 @@ def load_drafter(
         cfg.get("num_aux_hidden_states")
         or cfg.get("eagle3nb", {}).get("n_aux")
         or len(
-            cfg.get("eagle_aux_hidden_state_layer_ids")
-            or (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+            get_ids(cfg, "vllm")
+            or get_ids(cfg, "sglang")
             or [0, 0, 0]  # both engines' default count (vLLM llama_eagle3.py:216, SGLang 161)
         )
     )

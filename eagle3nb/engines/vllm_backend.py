@@ -237,6 +237,8 @@ class Backend(OtherModelCapture):
         vllm_eager.refuse_id0(ids, torch.cuda.is_available(), self._eager, "capture")
         path = os.path.join(wd, "vllm_hidden_states")
         os.makedirs(path, exist_ok=True)
+        # the id key spelled out: the engine side runs in the engine's venv and may not import
+        # eagle3nb.boundaries (tests/test_layout.py ENGINE_SIDE); config_ids.IDS_KEY names it
         spec = {
             "method": "extract_hidden_states",
             "num_speculative_tokens": 1,
@@ -375,6 +377,7 @@ class Backend(OtherModelCapture):
         spec = {"method": "eagle3", "model": str(drafter_dir), "num_speculative_tokens": int(k)}
         with open(os.path.join(str(drafter_dir), "config.json")) as f:
             dcfg = json.load(f)
+        # vLLM's top-level key (config_ids.IDS_PATH["vllm"]), spelled out on the engine side
         ids = dcfg.get("eagle_aux_hidden_state_layer_ids") or []
         vllm_eager.refuse_id0(ids, torch.cuda.is_available(), self._eager, str(drafter_dir))
         if self._cpu_mla and dcfg.get("kv_lora_rank"):  # an MLA drafter on CPU: vLLM picks its

@@ -1,4 +1,4 @@
-"""SGLang 0.5.17's rules (eagle3nb/boundaries/sglang_0_5_17.py) against its wheel: every range a
+"""SGLang 0.5.17's rules (eagle3nb/boundaries/versions/sglang_0_5_17.py) against its wheel: every range a
 rule cites holds the code the rule rests on (read inside the PyPI wheel in the offline bundle's
 cache; skipped where it was not downloaded: ``python -m eagle3nb.offline build --engine sglang``),
 and the ids map to the boundaries 0.5.23's rows give (the bodies are identical, the reference's 2d)."""

@@ -15,6 +15,8 @@ import shutil
 from pathlib import Path
 
 from eagle3nb.boundaries import engine_read
+from eagle3nb.boundaries.config_ids import set_ids
+from eagle3nb.boundaries.conventions import get_convention
 from eagle3nb.boundaries.export_ids import engine_ids
 from eagle3nb.drafter.model import flavour_of, swap_norm_flavour
 from eagle3nb.engines.vllm_eager import id0_hazard
@@ -103,12 +105,9 @@ def offset_drafter_dir(drafter_dir, out_dir, moved: list[int], n: int, arch: str
         try:
             ids, _ = engine_ids(engine, moved, n, arch)
         except ValueError:
-            ids = [b - 1 for b in moved] if engine == "sglang" else list(moved)
+            ids = get_convention(engine).shift_ids(moved)  # SGLang: id -1 serves boundary 0
             shifted.add(engine)
-        if engine == "sglang":
-            cfg.setdefault("eagle_config", {})["eagle_aux_hidden_state_layer_ids"] = ids
-        else:
-            cfg["eagle_aux_hidden_state_layer_ids"] = ids
+        set_ids(cfg, engine, ids)
     cfg.setdefault("eagle3nb", {})["offset_of"] = cfg["eagle3nb"].get("aux_boundaries")
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2))
     shutil.rmtree(dst, ignore_errors=True)

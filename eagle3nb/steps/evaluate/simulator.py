@@ -12,6 +12,7 @@ from eagle3nb.drafter.ksweep import sweep_from_positions
 from eagle3nb.drafter.model import swapped_drafter
 from eagle3nb.drafter.acceptance import greedy_generate
 from eagle3nb.drafter.shared_eval import evaluate_shared
+from eagle3nb.boundaries.rules import rule_known
 from eagle3nb.manifest import read_json
 from eagle3nb.params import RunParams
 from eagle3nb.rundir import RunDir, update_metrics
@@ -232,6 +233,9 @@ def assemble(
     engines_of = {label: SIMULATOR for label in results}
     blocks: dict = {}
     _engine_results(p, runs, served, bnds, results, engines_of, blocks, sim, held_n, outs)
+    arch = (dman.get("target") or {}).get("architecture")
+    for e, blk in blocks.items():  # the rule its ids rest on: read from source or measured
+        blk.update(rule_known(e, blk["engine_version"], arch))
     if not results:
         raise RuntimeError(
             f"eval_engines={p.eval_engines}: nobody measured acceptance here ({left_out}); list "
@@ -337,6 +341,8 @@ def _record_checks(p: RunParams, rd: RunDir, n_prompts: int, stats: dict, blocks
             f"(boundaries {b['boundaries']}): output vs its plain greedy: "
             f"{b['greedy_mismatches_vs_engine_plain']} mismatches"
         )
+        if b.get("rule_known_by") == "measured":
+            line += f" [ids by a measured rule: {b['rule_source']}]"
         if "abs_diff_per_position" in b:
             line += (
                 f", vs HF greedy: {b.get('mismatches_vs_hf_greedy')}; per-position |engine - "

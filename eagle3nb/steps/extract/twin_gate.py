@@ -19,8 +19,9 @@ def run_twin_check(
     engine is the one the run captures with, in the same worker (no new process). The record
     (without the error matrix) goes to ``metrics.json["twin_check"][engine]``.
 
-    A real engine's measurement is cached (:mod:`eagle3nb.engines.twin_cache`,
-    ``$EAGLE3NB_TWIN_PROOFS=off`` bypasses it): a later run with the same key (engine, version,
+    A key no version file holds is measured on this engine first (``twin_measure.rule_for_run``,
+    kept per user; ``"engine_rule"`` with ``known_by: measured`` in the record). A real engine's
+    proof is cached (``twin_cache``, ``$EAGLE3NB_TWIN_PROOFS=off`` bypasses it): a later run with the same key (engine, version,
     torch version, twin config and weights, ids, dtype) reads it instead of starting the engine on
     the twin, and the record's ``"cache"`` says so, with when and at which eagle3nb commit it was
     measured. A client that is not an :class:`~eagle3nb.engines.client.EngineClient` of the engine
@@ -40,17 +41,20 @@ def run_twin_check(
     """
     from eagle3nb.engines import twin_cache
     from eagle3nb.engines.twin_check import TWIN_ENGINE_OPTIONS, twin_proof
+    from eagle3nb.engines.twin_measure import rule_for_run
 
     if p.twin_check == "off":
         return None
     info = client.info()
     engine, version = info["engine_name"], info["engine_version"]
+    real = _real_engine(client, engine)
+    got = rule_for_run(client, path, engine_ids, p.dtype, rd.root / "twin", p.seed, keep=real)
 
     def capture(model_path, samples, ids):
         return client.capture_model(model_path, samples, ids, TWIN_ENGINE_OPTIONS.get(engine))
 
     cache, extra = None, None
-    if _real_engine(client, engine):
+    if real:
         cache = twin_cache.cache_dir()
         extra = {
             "torch_version": info.get("torch_version"),
@@ -69,7 +73,8 @@ def run_twin_check(
         extra,
         device=info.get("device", "cpu"),  # an engine on CUDA: TF32 kernels, a wider tolerance
     )
-    rec.update(run_boundaries=list(bnds), mode=p.twin_check)
+    rec.update(run_boundaries=list(bnds), mode=p.twin_check, engine_rule=got["rule"].as_record())
+    rec.update(rule_known_by=got["known_by"], rule_measured_now=got["measured_now"])
     rec["run_boundaries_match"] = rec["target_boundaries"] == list(bnds)
     update_metrics(rd.metrics, "twin_check", {engine: twin_summary(rec)})
     if not rec["agrees"]:
@@ -80,8 +85,8 @@ def run_twin_check(
         )
         if p.twin_check == "enforce":
             raise ValueError(
-                f"{msg}. Fix engine_rules (eagle3nb/boundaries/rules.py) after checking the "
-                "engine's source, pick other layer_ids, or set twin_check: warn to continue"
+                f"{msg}. Fix its file in eagle3nb/boundaries/versions/ after checking the engine's "
+                "source, pick other layer_ids, or set twin_check: warn to continue"
             )
         warnings.warn(msg + " (twin_check: warn, continuing)", stacklevel=2)
     return rec

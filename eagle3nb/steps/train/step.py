@@ -23,6 +23,7 @@ import typer
 
 from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.boundaries.engine_read import engine_report, trainer_flags
+from eagle3nb.boundaries.rules import register_recorded
 from eagle3nb.drafter.export import export_drafter, load_drafter
 from eagle3nb.manifest import atomic_write_json, check_compatible, provenance, read_json
 from eagle3nb.manifest import rendered_kwargs, template_fields, with_template_kwargs
@@ -342,6 +343,7 @@ def _export(p: RunParams, rd: RunDir, man: dict, drafter, rep, cfg, tok, serve_b
     bos, eos = tok.bos_token_id, tok.eos_token_id
     by_rule = p.export_layer_ids != "convention"  # convention: the per-class mismatch, reproduced
     vers = engine_versions(p)
+    register_recorded(man)  # a rule 02 measured: the export writes ids by it (manifest-carried)
     export_drafter(drafter, rd.drafter, bnds, n, dman, bos, eos, serve_b, p.k, vers, by_rule)
     _, cfg_json = load_drafter(rd.drafter)  # refuses a folder missing a tensor or contradicting
     engines = engine_report(cfg_json, bnds, n, trainer_flags(drafter.config))

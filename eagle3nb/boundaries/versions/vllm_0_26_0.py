@@ -1,4 +1,5 @@
-"""vLLM 0.26.0's layer-id rules (the newest vLLM whose pin, torch 2.11.0, matches the offline H200
+"""vLLM 0.26.0: its layer-id rules, drafter flags (no CPU limits measured: the GPU host's engine;
+the newest vLLM whose pin, torch 2.11.0, matches the offline H200
 image: ``../shared/reference/gpu_engines_h200.md``), read in its sources (the PyPI sdist
 ``vllm-0.26.0.tar.gz``, sha256 23e9fa19...8502, whose files are byte-identical to the x86_64
 wheel's; ``.ci/setup_engines.sh`` extracts them for the tests).
@@ -20,7 +21,9 @@ language model as ``DeepseekV2ForCausalLM`` (``kimi_k25.py:371-375``). GLM-4.5
 
 from __future__ import annotations
 
-__all__ = ["VLLM_0260"]
+from eagle3nb.boundaries.version_file import VersionFile
+
+__all__ = ["VERSION"]
 
 _VL = "vllm/model_executor/models/"
 _NO_EAGLE3 = (
@@ -32,8 +35,7 @@ _DS0 = "id 0 raises TypeError: residual is None before layer 0 (deepseek_v2.py:1
 _DS = _VL + "deepseek_v2.py:1430, 1450-1475, 1495-1496"
 _LLAMA = "llama.py:419-428"
 
-# class -> (kind, lo, hi_below_n, source, limit or refusal reason), as engine_rules.RULES reads it
-VLLM_0260: dict[str, tuple[str, int, int, str, str]] = {
+_RULES = {
     "LlamaForCausalLM": ("same", 0, 0, _VL + _LLAMA, ""),
     "MistralForCausalLM": ("same", 0, 0, _VL + "mistral.py:230 -> " + _LLAMA, ""),
     "Qwen2ForCausalLM": ("same", 0, 0, _VL + "qwen2.py:415-422", ""),
@@ -55,3 +57,15 @@ VLLM_0260: dict[str, tuple[str, int, int, str, str]] = {
     "Gemma3ForCausalLM": ("refused", 0, 0, _VL + "gemma3.py:380", _NO_EAGLE3),
     "Gemma3ForConditionalGeneration": ("refused", 0, 0, _VL + "gemma3_mm.py:470-472", _NO_EAGLE3),
 }
+
+VERSION = VersionFile(
+    engine="vllm",
+    version="0.26.0",
+    read_from="the PyPI sdist vllm-0.26.0.tar.gz (= the x86_64 wheel's files; .ci/setup_engines.sh)",
+    rules=_RULES,
+    flag_reads={  # read from the 0.26.0 wheel (pip download vllm==0.26.0 --no-deps)
+        "norm_before_fc": "model_executor/models/llama_eagle3.py:150-152, 367-368",
+        "fc_norm": "model_executor/models/llama_eagle3.py:197-206, 370-376",
+        "norm_output": "model_executor/models/llama_eagle3.py:218, 251-252",
+    },
+)

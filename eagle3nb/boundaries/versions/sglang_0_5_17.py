@@ -1,4 +1,4 @@
-"""SGLang 0.5.17's layer-id rules (the newest SGLang whose pin, torch 2.11.0, matches the offline GPU
+"""SGLang 0.5.17: its layer-id rules (the newest SGLang whose pin, torch 2.11.0, matches the offline GPU
 image: ``../shared/reference/gpu_engines_h200.md``), read in the PyPI wheel
 ``sglang-0.5.17-cp312-cp312-manylinux_2_34_x86_64.whl`` (``sglang/srt/models/...``; its Python files
 are those of the cp311 wheel). 0.5.17 has no aux-capture API: eagle3nb captures through its
@@ -29,7 +29,9 @@ The rule bodies of llama, qwen2/3, qwen3_moe, deepseek_v2, glm4_moe and kimi_k25
 
 from __future__ import annotations
 
-__all__ = ["SGLANG_0517"]
+from eagle3nb.boundaries.version_file import VersionFile
+
+__all__ = ["VERSION"]
 
 _SG = "sglang/srt/models/"
 _NO_N = "the final norm captures nothing (llama.py:454 in 0.5.17), so boundary N never comes back"
@@ -41,9 +43,12 @@ _MIXTRAL = (
     "extract_engine: hf"
 )
 _LLAMA = "llama.py:885-897, 434-437"
+_GEMMA = (
+    "it captures each layer's MLP-branch output without the residual, as 0.5.23 does (upstream "
+    "sglang PR #39286); set extract_engine: hf"
+)
 
-# class -> (kind, lo, hi_below_n, source, limit or refusal reason), as boundaries.rules reads it
-SGLANG_0517: dict[str, tuple[str, int, int, str, str]] = {
+_RULES = {
     "LlamaForCausalLM": ("plus1", 1, 1, _SG + _LLAMA, _NO_N),
     "MistralForCausalLM": ("plus1", 1, 1, _SG + "mistral.py:30 -> " + _LLAMA, _NO_N),
     "Qwen2ForCausalLM": ("plus1", 1, 1, _SG + "qwen2.py:747-760", _NO_N),
@@ -68,12 +73,21 @@ SGLANG_0517: dict[str, tuple[str, int, int, str, str]] = {
     ),
     "GptOssForCausalLM": ("unless_n", 0, 0, _SG + "gpt_oss.py:1328-1343, 726-737", ""),
     "MixtralForCausalLM": ("refused", 0, 0, _SG + "mixtral.py:338", _MIXTRAL),
-    "Gemma3ForCausalLM": ("refused", 0, 0, _SG + "gemma3_causal.py:636-676, 920-929", ""),
+    "Gemma3ForCausalLM": ("refused", 0, 0, _SG + "gemma3_causal.py:636-676, 920-929", _GEMMA),
     "Gemma3ForConditionalGeneration": (
         "refused",
         0,
         0,
         _SG + "gemma3_mm.py:498-500 -> gemma3_causal.py:636-676",
-        "",
+        _GEMMA,
     ),
 }
+
+VERSION = VersionFile(
+    engine="sglang",
+    version="0.5.17",
+    read_from="the PyPI wheel sglang-0.5.17-cp312-cp312-manylinux_2_34_x86_64.whl (not installed here)",
+    rules=_RULES,
+    # no CPU limits: not installed on CPU here (its torch pin, 2.11.0, is the GPU image's)
+    # flag reads of its llama_eagle3.py not recorded: an export setting a variant flag refuses it
+)
