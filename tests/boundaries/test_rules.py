@@ -193,7 +193,9 @@ def test_cited_source_lines_exist_in_the_installed_engines():
     }
     if not all(roots.values()):
         pytest.skip(f"engine sources absent: {roots} (bash .ci/setup_engines.sh)")
-    assert {(e, v) for e, v, _ in RULES} == set(roots)
+    # the versions beyond these three have their own venvs, outside CI: test_rules_versions.py
+    extra = {("vllm", "0.31.0"), ("sglang", "0.5.22")}
+    assert {(e, v) for e, v, _ in RULES} == set(roots) | extra
     words = (
         "set_eagle3_layers_to_capture",
         "_maybe_add_hidden_state",
@@ -203,7 +205,7 @@ def test_cited_source_lines_exist_in_the_installed_engines():
         "residual",
         "architectures=",
     )
-    for rule in RULES.values():
+    for rule in (r for r in RULES.values() if (r.engine, r.version) in roots):
         for rel, lo, hi in _cited_ranges(rule.source):
             text = _read_range(roots[(rule.engine, rule.version)], rel, lo, hi)
             assert any(w in text for w in words), f"{rule.source}: {rel}:{lo}-{hi} = {text!r}"
