@@ -10,7 +10,7 @@ version's own sources (``eagle3nb/boundaries/<engine>_<version>.py``), and the j
 Per (engine version, class): a full-size config of the class (transformers' defaults, 6 layers; as
 tests/engines/test_twin_engines.py builds it) shrunk to its twin (:func:`eagle3nb.target.twin.build_twin`),
 captured by that version through eagle3nb's engine worker in its own venv at a few probe id sets
-(vLLM ids 0..N, then 1..N; SGLang 0..N-2, 1,2,4 and 0,3,N: enough to tell ``same``, ``plus1``,
+(vLLM ids 0..N, 1..N and 1,2,4; SGLang 0..N-2, 1,2,4 and 0,3,N: enough to tell ``same``, ``plus1``,
 ``first_id_1`` and ``unless_n`` apart), each slot named by the HF boundary it equals (the twin
 proof's own measurement, :mod:`eagle3nb.engines.twin_check`). A probe the engine refuses is recorded
 with its error. ``agrees``: for every probe the source rule's boundaries equal the measured ones, or
@@ -70,7 +70,7 @@ CLASSES = [
     "GptOssForCausalLM",
 ]
 PROBES = {
-    "vllm": [list(range(N + 1)), list(range(1, N + 1))],
+    "vllm": [list(range(N + 1)), list(range(1, N + 1)), [1, 2, 4]],
     "sglang": [list(range(N - 1)), [1, 2, 4], [0, 3, N]],
 }
 KINDS = ("same", "plus1", "first_id_1", "unless_n")

@@ -162,3 +162,33 @@ def test_new_versions_refuse_what_their_sources_refuse():
         engine_rule(*SG22, "Qwen3MoeForCausalLM").boundaries_to_ids([2, 6], N)
     with pytest.raises(ValueError, match=r"sglang 0\.5\.22 on MixtralForCausalLM is refused"):
         engine_rule(*SG22, "MixtralForCausalLM").ids_to_boundaries([1], N)
+
+
+def test_bench_tells_the_rule_kinds_apart_from_its_probes():
+    """bench/engine_versions.py's probe sets name one kind per rule (hand-computed boundaries)."""
+    import importlib.util
+
+    path = Path(__file__).parents[2] / "bench" / "engine_versions.py"
+    spec = importlib.util.spec_from_file_location("engine_versions_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def probes(*pairs):
+        return [{"ids": i, "measured": m} for i, m in pairs]
+
+    sg_ids = bench.PROBES["sglang"]  # [0..4], [1, 2, 4], [0, 3, 6]
+    assert sg_ids == [[0, 1, 2, 3, 4], [1, 2, 4], [0, 3, 6]]
+    plus1 = probes((sg_ids[0], [1, 2, 3, 4, 5]), (sg_ids[1], [2, 3, 5]))
+    # a captured [0, 3, 6] would tell +1 from unless_n; a +1 class refuses it (id 6 -> boundary 7),
+    # which the per-probe agreement counts, but kinds come from captured probes only
+    assert bench.kinds_consistent(plus1) == ["plus1", "unless_n"]
+    ds = probes((sg_ids[0], [0, 1, 2, 3, 4]), (sg_ids[1], [2, 3, 5]))
+    assert bench.kinds_consistent(ds) == ["first_id_1"]
+    gpt = probes((sg_ids[0], [1, 2, 3, 4, 5]), (sg_ids[1], [2, 3, 5]), (sg_ids[2], [0, 3, 6]))
+    assert bench.kinds_consistent(gpt) == ["unless_n"]
+    vl_ids = bench.PROBES["vllm"]  # [0..6], [1..6], [1, 2, 4]
+    vl = probes((vl_ids[0], vl_ids[0]), (vl_ids[1], vl_ids[1]), (vl_ids[2], [1, 2, 4]))
+    assert bench.kinds_consistent(vl) == ["same"]  # [1, 2, 4] unshifted: not unless_n
+    vl_ds = [{"ids": [0, 1], "measured": None}] + vl[1:]  # id 0 refused: 1..N alone says "same"
+    assert bench.kinds_consistent(vl_ds) == ["same"]
+    assert bench.kinds_consistent(probes(([0, 1], [3, 4]))) == []  # no kind: never guessed
