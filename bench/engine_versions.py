@@ -242,11 +242,45 @@ def run_job(engine: str, version: str, run_name: str) -> dict:
     return out
 
 
+def markdown(res: dict) -> str:
+    """The docs table (docs/architectures.md): version x class, source rule, measured, agrees, tau."""
+    rows = [
+        "| version (torch, transformers) | class | source rule | measured: ids -> boundaries "
+        "| agrees | served tau (smoke job) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for v in res["versions"]:
+        inst = v.get("installed", {})
+        name = f"{v['engine']} {v['version']} ({inst.get('torch', '?')}, {inst.get('transformers', '?')})"
+        job = v.get("job", {})
+        tau = ", ".join(
+            f"{t:.3f}" for k, t in job.get("served_tau", {}).items() if "offset" not in k
+        )
+        tau = tau or ("run failed: see JSON" if job.get("error") else "not run")
+        if "error" in v:
+            rows.append(f"| {name} | all | - | not measured: {v['error'][:160]} | - | {tau} |")
+            continue
+        for c in v["classes"]:
+            if "error" in c:
+                why = c["error"].strip().splitlines()[-1][:160]
+                rows.append(f"| {name} | `{c['class']}` | - | error: {why} | - | {tau} |")
+                continue
+            meas = "; ".join(
+                f"{p['ids']} -> {p['measured'] if p['measured'] is not None else 'refused'}"
+                for p in c["probes"]
+            )
+            src = f"{c['source_rule']} (`{c['source']}`)"
+            agree = "yes" if c["agrees"] else "**no**"
+            rows.append(f"| {name} | `{c['class']}` | {src} | {meas} | {agree} | {tau} |")
+    return "\n".join(rows)
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--versions", default="vllm:0.31.0,sglang:0.5.22")
     ap.add_argument("--classes", default=",".join(CLASSES))
     ap.add_argument("--no-run", action="store_true", help="skip the smoke job per version")
+    ap.add_argument("--table", action="store_true", help="print --out as the docs table")
     ap.add_argument(
         "--only-jobs", action="store_true", help="add the smoke jobs to --out's measured versions"
     )
@@ -270,6 +304,10 @@ def main(argv=None) -> dict:
         "job": "params/smoke.yaml (not params/default.yaml: ~20 min per version on 2 cores)",
         "versions": [],
     }
+    if a.table:
+        res = json.loads(Path(a.out).read_text())
+        print(markdown(res))
+        return res
     if a.only_jobs:  # the measurement holds the heavy lock apart from the jobs
         res = json.loads(Path(a.out).read_text())
         for rec in res["versions"]:
