@@ -149,8 +149,14 @@ def start_client(engine: str, python: Path, workdir: Path):
 def measure_class(client, engine: str, version: str, arch: str, root: Path) -> dict:
     """Every probe of ``engine`` on the twin of ``arch``: measured boundaries (or the engine's error)
     next to what the source-read rule predicts."""
+    from eagle3nb.engines.twin_measure import engine_model_file
+
     rule = engine_rule(engine, version, arch)
     rec = {"class": arch, "source_rule": rule.kind, "source": rule.source, "probes": []}
+    rec["source_range"] = {"lo": rule.lo, "hi_below_n": rule.hi_below_n}
+    mf = engine_model_file(engine, str(venv_python(engine, version)), arch)
+    facts = {"device": "cpu", "dtype": "float32", "model_file": mf["path"]}
+    facts["model_file_sha256"] = rec["model_file_sha256"] = mf["sha256"]
     full = full_folder(root, arch)
     tdir = build_twin(full, root / f"{arch}-twin", N, 0, arch, models.MODEL_TYPE_ALIASES)
     vocab = int(models.text_config(models.read_model_config(tdir))["vocab_size"])
@@ -180,10 +186,35 @@ def measure_class(client, engine: str, version: str, arch: str, root: Path) -> d
         print(f"  {arch} ids {ids}: measured {p['measured']} source {src}", flush=True)
     rec["tolerance"] = tol
     rec["measured_kinds"] = kinds_consistent(rec["probes"])
-    rec["agrees"] = all(p["agrees"] for p in rec["probes"]) and (
-        rule.kind in rec["measured_kinds"] or not rec["measured_kinds"]
+    rec["derived"] = derived(engine, version, arch, rec["probes"], facts)
+    d = rec["derived"]
+    rec["agrees"] = (
+        all(p["agrees"] for p in rec["probes"])
+        and (rule.kind in rec["measured_kinds"] or not rec["measured_kinds"])
+        and (
+            "error" in d
+            or (d["kind"], d["lo"], d["hi_below_n"]) == (rule.kind, rule.lo, rule.hi_below_n)
+        )
     )
     return rec
+
+
+def derived(engine: str, version: str, arch: str, probes: list[dict], facts: dict) -> dict:
+    """The rule eagle3nb's own measurement (issue 42 item 1, :func:`derive_rule`) derives from the
+    probes: kind, the lowest boundary and how far below N the highest lies, or why it refuses."""
+    from eagle3nb.boundaries.measured import derive_rule
+
+    conv = [
+        {"ids": p["ids"], "boundaries": p["measured"]}
+        if p["measured"] is not None
+        else {"ids": p["ids"], "error": p["engine_error"]}
+        for p in probes
+    ]
+    try:
+        r = derive_rule(engine, version, arch, N, conv, dict(facts, engine=engine, version=version))
+    except ValueError as e:
+        return {"error": str(e)[-1500:]}
+    return {"kind": r.kind, "lo": r.lo, "hi_below_n": r.hi_below_n, "source": r.source}
 
 
 def measure_version(engine: str, version: str, classes: list[str], work: Path) -> dict:
@@ -269,7 +300,11 @@ def markdown(res: dict) -> str:
                 f"{p['ids']} -> {p['measured'] if p['measured'] is not None else 'refused'}"
                 for p in c["probes"]
             )
-            src = f"{c['source_rule']} (`{c['source']}`)"
+            d = c.get("derived", {})
+            got = f"{d['kind']}, {d['lo']}..N-{d['hi_below_n']}" if "kind" in d else "not derived"
+            meas = f"**{got}**: {meas}"
+            r = c.get("source_range", {})
+            src = f"{c['source_rule']}, {r.get('lo')}..N-{r.get('hi_below_n')} (`{c['source']}`)"
             agree = "yes" if c["agrees"] else "**no**"
             rows.append(f"| {name} | `{c['class']}` | {src} | {meas} | {agree} | {tau} |")
     return "\n".join(rows)
