@@ -196,7 +196,16 @@ def measure_class(client, engine: str, version: str, arch: str, root: Path) -> d
             or (d["kind"], d["lo"], d["hi_below_n"]) == (rule.kind, rule.lo, rule.hi_below_n)
         )
     )
-    return rec
+    return summarize(rec)
+
+
+def summarize(c: dict) -> dict:
+    """A class whose every probe failed in the engine is not measured (``agrees`` None, the
+    engine's last error line as ``not_measured``), not a disagreement."""
+    if "probes" in c and all(p["measured"] is None for p in c["probes"]):
+        c["agrees"] = None
+        c["not_measured"] = c["probes"][0]["engine_error"].strip().splitlines()[-1][:300]
+    return c
 
 
 def derived(engine: str, version: str, arch: str, probes: list[dict], facts: dict) -> dict:
@@ -305,6 +314,12 @@ def markdown(res: dict) -> str:
             meas = f"**{got}**: {meas}"
             r = c.get("source_range", {})
             src = f"{c['source_rule']}, {r.get('lo')}..N-{r.get('hi_below_n')} (`{c['source']}`)"
+            if summarize(c).get("not_measured"):
+                why = c["not_measured"].replace("|", "/")
+                rows.append(
+                    f"| {name} | `{c['class']}` | {src} | not measured: {why} | - | {tau} |"
+                )
+                continue
             agree = "yes" if c["agrees"] else "**no**"
             rows.append(f"| {name} | `{c['class']}` | {src} | {meas} | {agree} | {tau} |")
     return "\n".join(rows)
@@ -346,6 +361,8 @@ def main(argv=None) -> dict:
     if a.only_jobs:  # the measurement holds the heavy lock apart from the jobs
         res = json.loads(Path(a.out).read_text())
         for rec in res["versions"]:
+            for c in rec.get("classes", []):
+                summarize(c)
             if "error" not in rec:
                 print(f"job: {rec['engine']} {rec['version']}", flush=True)
                 rec["job"] = run_job(
