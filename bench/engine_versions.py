@@ -1,6 +1,6 @@
 """Layer-id rules on engine versions beyond the table's first three (issue 42 item 3): each
 installed extra version's rule measured on tiny random twins, set against the rule read in that
-version's own sources (``eagle3nb/boundaries/<engine>_<version>.py``), and the job run through it.
+version's own sources (``eagle3nb/boundaries/versions/<engine>_<version>.py``), and the job run through it.
 
     bash bench/setup_engine_versions.sh                       # once; not run by CI
     flock /tmp/eagle3nb-heavy.lock env PYTHONPATH=. .venv/bin/python bench/engine_versions.py \
