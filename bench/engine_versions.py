@@ -6,6 +6,8 @@ version's own sources (``eagle3nb/boundaries/versions/<engine>_<version>.py``), 
     flock /tmp/eagle3nb-heavy.lock env PYTHONPATH=. .venv/bin/python bench/engine_versions.py \
         [--versions vllm:0.31.0,sglang:0.5.22] [--classes LlamaForCausalLM,...] [--no-run] \
         [--out bench/reference_engine_versions.json]
+    flock /tmp/eagle3nb-heavy.lock env PYTHONPATH=. .venv/bin/python bench/engine_versions.py --only-jobs
+    PYTHONPATH=. .venv/bin/python bench/engine_versions.py --table     # the docs table
 
 Per (engine version, class): a full-size config of the class (transformers' defaults, 6 layers; as
 tests/engines/test_twin_engines.py builds it) shrunk to its twin (:func:`eagle3nb.target.twin.build_twin`),
@@ -14,7 +16,10 @@ captured by that version through eagle3nb's engine worker in its own venv at a f
 ``first_id_1`` and ``unless_n`` apart), each slot named by the HF boundary it equals (the twin
 proof's own measurement, :mod:`eagle3nb.engines.twin_check`). A probe the engine refuses is recorded
 with its error. ``agrees``: for every probe the source rule's boundaries equal the measured ones, or
-both refuse. ``measured_kinds``: the rule kinds consistent with every measured probe.
+both refuse; and the rule eagle3nb's own measurement derives from the probes
+(:func:`eagle3nb.boundaries.measured.derive_rule`) has the source row's kind and range. A class
+whose every probe failed in the engine is ``not_measured`` (``agrees`` None). ``measured_kinds``:
+the rule kinds consistent with every captured probe.
 
 The run: ``python -m eagle3nb.run params/smoke.yaml`` (the smoke params, not the ~20-minute default
 job: two quiet cores do not give each version 20 minutes) with the version's python and its engine
