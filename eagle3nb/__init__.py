@@ -11,6 +11,8 @@ boundaries/         the ground floor: boundary b and each engine's layer ids (im
         sglang_0_5_23  SGLang 0.5.23: id rule per class, CPU limits, variant flags, source lines
         vllm_0_32_0  vLLM 0.32.0 (CPU build): id rule per class, CPU limits, variant flags, source lines
         vllm_0_26_0  vLLM 0.26.0 (the GPU host's engine): id rule per class, variant flags, source lines
+        vllm_0_31_0  vLLM 0.31.0 (CPU build, bench venv): id rule per class, variant flags, source lines
+        sglang_0_5_22  SGLang 0.5.22 (bench venv; no capture-only mode): id rule per class, variant flags
     cpu_limits      classes and configs each engine version is measured not to run on CPU (gathered)
     cpu_checks      config-dependent CPU limits (MLA latent width, YaRN factor, chunk size)
     config_ids      where each engine reads and writes its layer ids in a drafter config.json

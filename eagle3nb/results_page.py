@@ -294,6 +294,18 @@ def _sglang_builds(d):
     )
 
 
+def _engine_versions(d):
+    rows = []
+    for v in d["versions"]:
+        tau = (v.get("job") or {}).get("served_tau") or {}
+        for c in v.get("classes", []):
+            k = (c.get("derived") or {}).get("kind")
+            got = k if c.get("agrees") is not None else "not measured"
+            rows.append([f"{v['engine']} {v['version']}", c["class"], c.get("source_rule"), got,
+                         c.get("agrees"), ", ".join(f"{t:.3f}" for t in tau.values()) or "-"])  # fmt: skip
+    return _table(["version", "class", "source rule", "measured", "agrees", "served tau"], rows)
+
+
 def _contention(d):
     return [f"Ratio loaded / idle: {json.dumps(d['ratio_loaded_over_idle'])} ({d['ratio_is']})."]
 
@@ -324,6 +336,7 @@ RENDERERS = {
     "reference_rerun.json": _rerun,
     "reference_sglang_builds_cpu.json": _sglang_builds,
     "reference_served_speed.json": _served_speed,
+    "reference_engine_versions.json": _engine_versions,
 }
 
 

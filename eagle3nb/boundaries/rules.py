@@ -8,7 +8,8 @@ or be served, and refusals with their reason. A key the table lacks is never ass
 with a message saying how to measure the rule (:func:`engine_rule`).
 
 Each engine version's rows, with the source lines they were read at, live in its own file in
-:mod:`eagle3nb.boundaries.versions` (``sglang_0_5_23.py``, ``vllm_0_32_0.py``, ``vllm_0_26_0.py``);
+:mod:`eagle3nb.boundaries.versions` (``sglang_0_5_23.py``, ``vllm_0_32_0.py``, ``vllm_0_26_0.py``;
+``vllm_0_31_0.py`` and ``sglang_0_5_22.py``, measured on twins by ``bench/engine_versions.py``);
 :data:`RULES` gathers them. Measured on tiny random-weight models too
 (``../shared/reference/architectures.md``).
 """

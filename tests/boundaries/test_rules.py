@@ -193,8 +193,10 @@ def test_cited_source_lines_exist_in_the_installed_engines():
     }
     if not all(roots.values()):
         pytest.skip(f"engine sources absent: {roots} (bash .ci/setup_engines.sh)")
-    # SGLang 0.5.17 is read in its wheel, not installed: tests/boundaries/test_sglang_0_5_17.py
-    assert {(e, v) for e, v, _ in RULES} - {("sglang", "0.5.17")} == set(roots)
+    # SGLang 0.5.17 is read in its wheel, not installed: tests/boundaries/test_sglang_0_5_17.py;
+    # the versions beyond these three have their own venvs, outside CI: test_rules_versions.py
+    extra = {("sglang", "0.5.17"), ("vllm", "0.31.0"), ("sglang", "0.5.22")}
+    assert {(e, v) for e, v, _ in RULES} == set(roots) | extra
     words = (
         "set_eagle3_layers_to_capture",
         "_maybe_add_hidden_state",
