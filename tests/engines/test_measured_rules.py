@@ -32,9 +32,14 @@ ALL = os.environ.get("EAGLE3NB_MEASURE_ALL_CLASSES") == "1"
 
 def _marks(engine: str, arch: str) -> list:
     why = "4 twin engine builds per class: set EAGLE3NB_MEASURE_ALL_CLASSES=1"
-    return [requires_engine(engine)] + (
-        [] if arch == "LlamaForCausalLM" or ALL else [pytest.mark.skip(reason=why)]
+    # SGLang: a probe set it refuses kills its scheduler at start, and each build took minutes on
+    # 2 busy cores (Llama measured plus1 1..N-1 = its row in 1075 s, 2026-12-06): outside CI's time
+    why_sg = (
+        "SGLang builds 4-5 twin engines (18 min on 2 busy cores): EAGLE3NB_MEASURE_ALL_CLASSES=1"
     )
+    run = ALL or (arch == "LlamaForCausalLM" and engine == "vllm")
+    skip = why if engine == "vllm" else why_sg
+    return [requires_engine(engine)] + ([] if run else [pytest.mark.skip(reason=skip)])
 
 
 CASES = [pytest.param(e, a, marks=_marks(e, a), id=f"{e}-{a}") for e in CLASSES for a in CLASSES[e]]
