@@ -149,30 +149,44 @@ def test_sglang_serves_no_ids_on_5_layers_as_one_state_the_audit_measures(
 
 
 @requires_engine("sglang")
-def test_sglang_cannot_serve_a_copy_the_audit_refused_it(sglang, target, trained_export, tmp_path):
+def test_sglang_cannot_load_a_copy_the_audit_refused_it(target, trained_export, tmp_path):
     """Issue 43 item 5: boundaries SGLang cannot capture (5 = N on the 5-layer Llama target): the
-    corrected copy's SGLang key holds the audit's mark, and SGLang stops instead of serving its
-    default ids. Last in the module: the engine restarts for whatever follows."""
+    corrected copy's SGLang key holds the audit's mark, and SGLang's own reader of that key stops on
+    it instead of serving its default ids: SGLang 0.5.23's ``LlamaForCausalLM.
+    set_eagle3_layers_to_capture`` (``srt/models/llama.py:929-941``), which its scheduler calls at
+    start with the drafter config's ids, run here in SGLang's venv on the file's own ids. Not through
+    a served engine: a scheduler that dies at start left eagle3nb's SGLang worker waiting on its
+    child (seen twice on 2026-12-06, a worker bug to fix), which CI cannot afford."""
     from eagle3nb.audit.formats import loadable_copy, read_drafter_folder
     from eagle3nb.audit.patch import REFUSED_MARK, write_patched
+    from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
 
-    model, tok, _ = target
     loadable = loadable_copy(read_drafter_folder(trained_export, 5), tmp_path / "l")
     readings = {"sglang": {"version": "0.5.23"}, "vllm": {"version": "0.32.0"}}
     got = write_patched(loadable, tmp_path / "c", [1, 3, 5], 5, "LlamaForCausalLM", readings, {})
     assert "refused" in got["sglang"] and got["vllm"]["ok"]
-    held = heldout_prompt_ids(tok, n=2)
-    eos = models.stop_token_ids(model, tok)
-    with pytest.raises(Exception) as e:
-        sglang.serve_acceptance(tmp_path / "c", held, K, 8, eos)
-    # the scheduler stops at start (TypeError in set_eagle3_layers_to_capture, llama.py:941, in
-    # its own log); eagle3nb's worker reports it as the scheduler dying during initialization
-    assert "scheduler died during initialization" in str(e.value), str(e.value)[-2000:]
-    # control: the same copy without the mark (what the audit wrote before) starts and serves
-    # SGLang's default ids, the silent failure the mark prevents
     cfg = json.loads((tmp_path / "c" / "config.json").read_text())
-    assert cfg["eagle_config"].pop("eagle_aux_hidden_state_layer_ids")[0].startswith(REFUSED_MARK)
-    (tmp_path / "c" / "config.json").write_text(json.dumps(cfg))
-    got = sglang.serve_acceptance(tmp_path / "c", held, K, 8, eos)
-    assert got["num_drafts"] > 0
-    print("sglang without the mark serves its default ids: tau", got["tau"])
+    ids = cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
+    assert ids[0].startswith(REFUSED_MARK)
+    code = (
+        "import json, sys, types\n"
+        "from sglang.srt.models.llama import LlamaForCausalLM\n"
+        "ids = json.loads(sys.argv[1])\n"
+        "m = types.SimpleNamespace(pp_group=types.SimpleNamespace(is_last_rank=True),"
+        " model=types.SimpleNamespace(), config=None)\n"
+        "for probe in ([0, 1, 3], ids):  # a plain set first: the call itself works\n"
+        "    try:\n"
+        "        LlamaForCausalLM.set_eagle3_layers_to_capture(m, probe)\n"
+        "        print('ok', m.model.layers_to_capture)\n"
+        "    except Exception as e:\n"
+        "        print('raised', type(e).__name__, e)\n"
+    )
+    import subprocess
+
+    out = subprocess.run(
+        [DEFAULT_ENGINE_PYTHONS["sglang"], "-c", code, json.dumps(ids)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == "ok [1, 2, 4]", out.stdout + out.stderr[-2000:]
+    assert lines[1].startswith("raised TypeError can only concatenate str"), out.stdout
