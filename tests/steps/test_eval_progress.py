@@ -35,9 +35,10 @@ def test_two_malformed_mtbench_lines_are_printed_with_file_and_line(tmp_path):
 
 def test_vllm_of_an_unknown_version_left_out_of_auto_is_printed(monkeypatch, tmp_path):
     # vLLM "installed" at a version eagle3nb has no rule for (the installed venv's version read
-    # is replaced; the python path must exist, any file does)
+    # is replaced; the python path must exist, any file does); twin_check off: such a version is
+    # refused instead of measured on a twin (which would start the engine)
     monkeypatch.setattr(versions, "installed_engine_version", lambda engine, py: "0.99.0")
-    p = RunParams(vllm_python=str(REPO_ROOT / "README.md"), vllm_extract=False)
+    p = RunParams(vllm_python=str(REPO_ROOT / "README.md"), vllm_extract=False, twin_check="off")
     path = models.resolve_model(p.model)
     cfg = {"eagle3nb": {"aux_boundaries": [1, 2, 4]}}
     monkeypatch.setattr(eval_bench, "_free_bytes", lambda device: 1 << 40)
