@@ -197,7 +197,10 @@ def test_eagle3_serving_fails_as_the_refusal_says(twin, client, tmp_path):
     msg = str(e.value)
     seen = msg[msg.index("No common block size") :].split(").")[0] + ")"
     print(f"\nvLLM EAGLE-3 on CPU_MLA: {seen}")
-    assert f"'{seen}'" in said, (seen, said)
+    # the block size vLLM names (128, or 16 when its cache config picks 16) varies with its
+    # defaults; the clash the recorded reason names must be the engine's own
+    assert seen.startswith("No common block size for "), seen
+    assert seen[seen.index("(") :] in said, (seen, said)
 
 
 @needs_vllm
