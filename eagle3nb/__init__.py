@@ -26,6 +26,7 @@ target/             the target model: model folders, HF capture, twins, quantize
     models          find (explicit path, $EAGLE3NB_MODEL_PATH, ../shared/models), load, hash
     twin            a tiny random-weight twin of a target, from its config.json; slots named on it
     moe_copy        a dense Llama re-expressed as a Mixtral MoE of the same function (no download)
+    derived         a model folder derived from a local one, written once and atomically
     pad_mlp         a copy with the MLP zero-padded to a wider width, the same function (SGLang CUDA)
     capture         residual stream at boundaries behind one CaptureEngine interface (HF);
                     the HF reference at every boundary

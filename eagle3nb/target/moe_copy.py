@@ -25,22 +25,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
-from eagle3nb.manifest import sha256_file
+from eagle3nb.target.derived import publish_derived_copy
 
 __all__ = ["DERIVED", "cache_dir", "moe_copy_config", "moe_copy_weights", "write_moe_copy"]
 
 # derived model name -> (source model name, num_experts, top_k, router seed)
 DERIVED = {"stories260K-hd32-mixtral": ("stories260K-hd32", 4, 2, 0)}
-_COPIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-           "generation_config.json", "tokenizer.model", "LICENSE")  # fmt: skip
 _MLP = {"gate_proj": "w1", "down_proj": "w2", "up_proj": "w3"}
 
 
@@ -140,8 +135,6 @@ def write_moe_copy(
         FileNotFoundError: ``src`` has no config.json or model.safetensors.
         ValueError: see :func:`moe_copy_config` and :func:`moe_copy_weights`.
     """
-    from eagle3nb.manifest import publish_permissions
-
     src, dst = Path(src), Path(dst)
     if (dst / "config.json").is_file():
         return dst
@@ -152,31 +145,9 @@ def write_moe_copy(
     with safe_open(str(src / "model.safetensors"), "pt") as f:
         sd = {k: f.get_tensor(k) for k in f.keys()}
     weights = moe_copy_weights(sd, int(cfg["num_hidden_layers"]), num_experts, top_k, seed)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=dst.name + ".tmp"))
-    try:
-        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps(new_cfg, indent=2) + "\n")
-        for name in _COPIED:
-            if (src / name).is_file():
-                shutil.copyfile(src / name, tmp / name)
-        info = {"source": str(src), "source_weights_sha256": sha256_file(src / "model.safetensors"),
-                "num_experts": num_experts, "top_k": top_k, "router_seed": seed,
-                "made_by": "eagle3nb.target.moe_copy"}  # fmt: skip
-        (tmp / "moe_copy.json").write_text(json.dumps(info, indent=2) + "\n")
-        for f in tmp.iterdir():
-            publish_permissions(f)
-        publish_permissions(tmp, directory=True)
-        try:
-            os.rename(tmp, dst)  # fails if another writer got there first: theirs is kept
-        except OSError:
-            if not (dst / "config.json").is_file():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return dst
+    info = {"num_experts": num_experts, "top_k": top_k, "router_seed": seed,
+            "made_by": "eagle3nb.target.moe_copy"}  # fmt: skip
+    return publish_derived_copy(src, dst, weights, new_cfg, "moe_copy.json", info)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -22,22 +22,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
-from eagle3nb.manifest import sha256_file
+from eagle3nb.target.derived import publish_derived_copy
 
 __all__ = ["DERIVED", "padded_width", "pad_mlp_weights", "write_padded_copy"]
 
 # derived model name -> (source model name, width multiple)
 DERIVED = {"stories260K-hd32-mlp176": ("stories260K-hd32", 8)}
-_COPIED = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-           "generation_config.json", "tokenizer.model", "LICENSE")  # fmt: skip
 
 
 def padded_width(width: int, multiple: int = 8) -> int:
@@ -91,8 +86,6 @@ def write_padded_copy(src: str | os.PathLike, dst: str | os.PathLike, multiple: 
         ValueError: a config without an int ``intermediate_size``, or a width already a multiple
             (nothing to pad: use the original), or see :func:`pad_mlp_weights`.
     """
-    from eagle3nb.manifest import publish_permissions
-
     src, dst = Path(src), Path(dst)
     if (dst / "config.json").is_file():
         return dst
@@ -107,32 +100,11 @@ def write_padded_copy(src: str | os.PathLike, dst: str | os.PathLike, multiple: 
         raise ValueError(f"{src}: intermediate_size={width} is already a multiple of {multiple}")
     with safe_open(str(src / "model.safetensors"), "pt") as f:
         weights = pad_mlp_weights({k: f.get_tensor(k) for k in f.keys()}, width, new)
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=dst.name + ".tmp"))
-    try:
-        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        (tmp / "config.json").write_text(json.dumps({**cfg, "intermediate_size": new}, indent=2))
-        for name in _COPIED:
-            if (src / name).is_file():
-                shutil.copyfile(src / name, tmp / name)
-        info = {"source": str(src), "source_weights_sha256": sha256_file(src / "model.safetensors"),
-                "intermediate_size": width, "padded_intermediate_size": new,
-                "why": "SGLang's CUDA SiluAndMul faults on MLP widths that are not a multiple of 8",
-                "made_by": "eagle3nb.target.pad_mlp"}  # fmt: skip
-        (tmp / "padded_mlp.json").write_text(json.dumps(info, indent=2) + "\n")
-        for f in tmp.iterdir():
-            publish_permissions(f)
-        publish_permissions(tmp, directory=True)
-        try:
-            os.rename(tmp, dst)  # fails if another writer got there first: theirs is kept
-        except OSError:
-            if not (dst / "config.json").is_file():
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return dst
+    info = {"intermediate_size": width, "padded_intermediate_size": new,
+            "why": "SGLang's CUDA SiluAndMul faults on MLP widths that are not a multiple of 8",
+            "made_by": "eagle3nb.target.pad_mlp"}  # fmt: skip
+    new_cfg = {**cfg, "intermediate_size": new}
+    return publish_derived_copy(src, dst, weights, new_cfg, "padded_mlp.json", info)
 
 
 def main(argv: list[str] | None = None) -> None:
