@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 import torch
 
 from eagle3nb.padding import pad_right
-from eagle3nb.training.online import OnlineSource
+from eagle3nb.training.online import OnlineSource, loss_bearing_items
 from eagle3nb.training.transport import BatchTransport, ByteBoundedQueue, TransportClosed
 
 __all__ = ["EngineOnlineSource", "RecheckError"]
@@ -92,20 +92,7 @@ class EngineOnlineSource(OnlineSource):
         on_close: Callable | None = None,
         final_tol: float | None = None,
     ):
-        self.items = [
-            {
-                "input_ids": torch.tensor(s[1], dtype=torch.long),
-                "loss_mask": torch.tensor(s[2], dtype=torch.uint8),
-                "sample_id": int(s[0]),
-            }
-            for s in samples
-            if any(s[2])
-        ]
-        if not self.items:
-            raise ValueError(
-                "no sample with a loss-bearing token: nothing to train on online; check 01's output and the loss mask (mode)"
-            )
-        empty = [int(s[0]) for s in samples if not any(s[2])]
+        self.items, empty = loss_bearing_items(samples)
         self.manifest = dict(
             manifest,
             training_mode="online",

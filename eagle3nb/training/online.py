@@ -25,6 +25,30 @@ from eagle3nb.target.capture import HFCaptureEngine, capture_boundaries, n_layer
 __all__ = ["OnlineSource"]
 
 
+def loss_bearing_items(samples) -> tuple[list[dict], list[int]]:
+    """Online training's samples as items, as 02 would store them: ``(items, empty)``, items
+    ``{"input_ids": [T] int64, "loss_mask": [T] uint8, "sample_id": int}`` for the samples
+    ``(sample_id, input_ids, loss_mask)`` with a loss-bearing token, and the ids of those without.
+
+    Raises:
+        ValueError: no sample has a loss-bearing token.
+    """
+    items = [
+        {
+            "input_ids": torch.tensor(s[1], dtype=torch.long),
+            "loss_mask": torch.tensor(s[2], dtype=torch.uint8),
+            "sample_id": int(s[0]),
+        }
+        for s in samples
+        if any(s[2])
+    ]
+    if not items:
+        raise ValueError(
+            "no sample with a loss-bearing token: nothing to train on online; check 01's output and the loss mask (mode)"
+        )
+    return items, [int(s[0]) for s in samples if not any(s[2])]
+
+
 class OnlineSource:
     """Training samples whose aux states the target computes when a batch is drawn.
 
@@ -59,20 +83,7 @@ class OnlineSource:
         self.ids = list(ids)
         self.boundaries = self.engine.boundaries(self.ids)
         self.n = n_layers_of(model)
-        self.items = [
-            {
-                "input_ids": torch.tensor(s[1], dtype=torch.long),
-                "loss_mask": torch.tensor(s[2], dtype=torch.uint8),
-                "sample_id": int(s[0]),
-            }
-            for s in samples
-            if any(s[2])
-        ]
-        if not self.items:
-            raise ValueError(
-                "no sample with a loss-bearing token: nothing to train on online; check 01's output and the loss mask (mode)"
-            )
-        empty = [int(s[0]) for s in samples if not any(s[2])]
+        self.items, empty = loss_bearing_items(samples)
         self.manifest = dict(
             manifest,
             engine={
