@@ -264,7 +264,7 @@ class RunParams(InputFields):
     )
     speed_prompts: int = _p(
         16,
-        "prompts timed with and without the drafter for the settings after the first at a batch size (the baselines, other k); the first pairs every call",
+        "prompts timed with and without the drafter, turn about, per setting (drafter, k, batch size), spread over the set; their plain outputs are the engine's own greedy check (every prompt is also checked against HF's greedy output by the simulator); the rest are served with the drafter only, so 04 costs one plain call per timed prompt, not one per prompt",
         [EVAL],
         ge=1,
         le=100000,

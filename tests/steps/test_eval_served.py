@@ -91,27 +91,46 @@ def test_serve_engine_sums_each_category_by_hand():
     assert by["all"]["speed"]["timed_on"] == "one pass each, at different moments (one worker)"
 
 
-def test_serve_engine_pairs_every_call_with_a_plain_worker_turn_about():
+def test_serve_engine_pairs_spread_prompts_with_a_plain_worker_turn_about():
     prompts = [[0], [1], [2], [3], [4]]
     cats = ["a", "a", "b", "b", "b"]
-    fake, plain = FakeServingClient(acc=[5, 1, 0, 2, 3]), FakeServingClient(acc=[0] * 5)
+    fake = FakeServingClient(acc=[5, 1, 0, 2, 3])
+    plain = FakeServingClient(acc=[0] * 5, differ=[2, 3])
     drafters = {"trained": ("dir", [3], [1]), "offset": ("dir2", [3], [1])}
     runs, outs = serve_engine(
         fake, "vllm", drafters, prompts, cats, [1], 8, [0], plain=plain, rounds=3, speed_prompts=2
     )
-    # the drafter's worker never runs plain requests; the plain worker: warm-up, then the 5
-    # calls paired with the trained drafter's, then the 2 spread ones paired with the offset's
+    # 2 of 5 prompts spread over the set (indices int(j * 5 / 2): 0 and 2) are paired per
+    # setting; the drafter's worker serves every prompt and never a plain request
     assert [kind for kind, _ in fake.calls] == ["serve"] * (1 + 5 + 1 + 5)
-    assert plain.calls == [("plain", 1)] * (1 + 5 + 2)
+    assert plain.calls == [("plain", 1)] * (1 + 2 + 2)  # warm-up, trained's 2, offset's 2
     by = {(r["drafter"], r["category"]): r for r in runs}
     sp = by["trained", "all"]["speed"]
-    assert sp["pairs"] == 5 and sp["timed_on"] == "every call of the whole set"
-    assert sp["speedup"]["rounds"] == 3 and len(sp["speedup"]["values"]) == 3
+    assert sp["pairs"] == 2
+    assert sp["timed_on"] == "the calls of 2 prompts spread over the set (a subset)"
+    assert sp["speedup"]["rounds"] == 2 and len(sp["speedup"]["values"]) == 2  # 2 pairs, 2 rounds
     assert by["offset", "all"]["speed"]["pairs"] == 2
-    assert "2 prompts spread over the set (a subset)" in by["offset", "all"]["speed"]["timed_on"]
     # the bound of a speedup is that serving's tau (<= k + 1)
     assert sp["speedup"]["bound"] == by["trained", "all"]["tau"]
-    assert outs["plain", 1] == [[q[0], 1] for q in prompts]
+    # the plain outputs exist for the paired prompts only: the engine's greedy check covers them
+    assert outs["plain", 1] == [[0, 1], None, [2, 2], None, None]
+    assert (by["trained", "a"]["greedy_compared"], by["trained", "b"]["greedy_compared"]) == (1, 1)
+    assert by["trained", "all"]["greedy_compared"] == 2
+    # prompt 2 differs from the plain output (prompt 3 too, but it was not paired)
+    assert by["trained", "b"]["greedy_mismatches"] == 1
+    assert by["trained", "all"]["greedy_mismatches"] == 1
+
+
+def test_serve_engine_pairs_every_call_when_the_set_is_small():
+    prompts, cats = [[0], [1], [2]], ["a", "a", "b"]
+    fake, plain = FakeServingClient(acc=[1, 2, 3]), FakeServingClient(acc=[0] * 3)
+    drafters = {"trained": ("dir", [3], [1])}
+    runs, outs = serve_engine(
+        fake, "vllm", drafters, prompts, cats, [1], 8, [0], plain=plain, rounds=3, speed_prompts=16
+    )
+    sp = {r["category"]: r for r in runs}["all"]["speed"]
+    assert sp["pairs"] == 3 and sp["timed_on"] == "every call of the whole set"
+    assert outs["plain", 1] == [[0, 1], [1, 1], [2, 1]]
 
 
 def _drafter_dir(tmp_path, bnds, n):

@@ -221,6 +221,7 @@ def served_block(runs: list[dict], sim: dict | None, k: int, b: int, category: s
         "cycles": t["cycles"],
         "counters": t["counters"],
         "greedy_mismatches_vs_engine_plain": t["greedy_mismatches"],
+        "greedy_compared_vs_engine_plain": t.get("greedy_compared"),
         "served_tokens_per_s": t["tokens_per_s"],
         "plain_tokens_per_s": t["plain_tokens_per_s"],
         "speedup_with_drafter": t["speedup"],

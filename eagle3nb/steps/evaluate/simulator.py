@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from eagle3nb.drafter.acceptance import conditional_acceptance
+from eagle3nb.drafter.acceptance import conditional_acceptance, greedy_generate
 from eagle3nb.drafter.export import load_drafter
 from eagle3nb.drafter.ksweep import sweep_from_positions
 from eagle3nb.drafter.model import swapped_drafter
-from eagle3nb.drafter.acceptance import greedy_generate
 from eagle3nb.drafter.shared_eval import evaluate_shared
 from eagle3nb.boundaries.rules import rule_known
 from eagle3nb.manifest import read_json
@@ -336,10 +335,11 @@ def _record_checks(p: RunParams, rd: RunDir, n_prompts: int, stats: dict, blocks
             f"{stats['greedy_mismatches']} mismatches"
         )
     for b in blocks.values():
+        n_cmp = b.get("greedy_compared_vs_engine_plain")  # the timed prompts (serve_loop.py)
         line = (
             f"{ENGINE_NAMES[b['engine']]} {b['engine_version']} served the exported drafter "
-            f"(boundaries {b['boundaries']}): output vs its plain greedy: "
-            f"{b['greedy_mismatches_vs_engine_plain']} mismatches"
+            f"(boundaries {b['boundaries']}): output vs its plain greedy on {n_cmp} "
+            f"prompts: {b['greedy_mismatches_vs_engine_plain']} mismatches"
         )
         if b.get("rule_known_by") == "measured":
             line += f" [ids by a measured rule: {b['rule_source']}]"
