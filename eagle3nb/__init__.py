@@ -19,6 +19,7 @@ boundaries/         the ground floor: boundary b and each engine's layer ids (im
     measured        a rule derived from a twin's id -> boundary matrix (no version file for the key)
     measured_store  measured rules kept per user, one JSON file per (engine, version, class)
     export_ids      the ids written per engine: its rule for the target class, or its convention
+    refusal         an engine refused in a drafter config: the mark it stops on, why, the set to retrain at
     engine_read     read an exported config as each serving engine does; what it ignores
     flavours        which engine version reads which variant flag (EAGLE-3.1 flavours)
     alignment       which boundary an engine really captured, measured against HF

@@ -95,6 +95,7 @@ def run_notebooks(
             t0 = time.time()
             print(f"[eagle3nb] {name}: running -> {rd.notebooks / (name + '.ipynb')}", flush=True)
             with _live_lines(rd, name, log_output):
+                start = _log_size(rd, name)  # 03's log grows across runs: count this run's lines
                 pm.execute_notebook(
                     str(src),
                     str(rd.notebooks / f"{name}.ipynb"),
@@ -106,7 +107,10 @@ def run_notebooks(
                     extra_arguments=KERNEL_ARGS,  # no plaintext-TCP warning: see progress.py
                 )
             times[name] = round(time.time() - t0, 2)
-            print(f"[eagle3nb] {name}: done in {times[name]:.1f} s{_notices(rd, name)}", flush=True)
+            print(
+                f"[eagle3nb] {name}: done in {times[name]:.1f} s{_notices(rd, name, start)}",
+                flush=True,
+            )
             update_metrics(rd.metrics, "timing", {"notebook_seconds": dict(times)})
     if only is None:
         update_metrics(
@@ -138,15 +142,23 @@ def _live_lines(rd: RunDir, name: str, log_output: bool):
     return LogFollower(rd.root.joinpath(*LIVE_LOGS[name]), lambda line: print(line, flush=True))
 
 
-def _notices(rd: RunDir, name: str) -> str:
-    """``", N notices above (refused or left out)"`` for a notebook whose log holds notices
-    (:data:`eagle3nb.steps.evaluate.progress.NOTICE`), else ``""``."""
+def _log_size(rd: RunDir, name: str) -> int:
+    f = rd.root.joinpath(*LIVE_LOGS.get(name, ("-",)))
+    return f.stat().st_size if f.is_file() else 0
+
+
+def _notices(rd: RunDir, name: str, start: int = 0) -> str:
+    """``", N notices above (refused or left out)"`` for a notebook whose log holds notices past
+    byte ``start`` (:data:`eagle3nb.steps.evaluate.progress.NOTICE`: 03's export refusals, 04's
+    refused records and engines left out), else ``""``."""
     from eagle3nb.steps.evaluate.progress import NOTICE, PREFIX
 
+    prefix = {"03_train": "[03] ", "04_eval_acceptance": PREFIX}.get(name)
     f = rd.root.joinpath(*LIVE_LOGS.get(name, ("-",)))
-    if name != "04_eval_acceptance" or not f.is_file():
+    if prefix is None or not f.is_file():
         return ""
-    n = sum(line.startswith(PREFIX + NOTICE) for line in f.read_text().splitlines())
+    text = f.read_bytes()[start:].decode("utf-8", "replace")
+    n = sum(line.startswith(prefix + NOTICE) for line in text.splitlines())
     return f", {n} notice{'s' * (n != 1)} above (refused or left out)" if n else ""
 
 

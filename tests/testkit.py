@@ -195,3 +195,48 @@ def sglang_ctx(path) -> int:
     from pathlib import Path
 
     return int(json.loads((Path(path) / "config.json").read_text())["max_position_embeddings"])
+
+
+# SGLang 0.5.x classes whose set_eagle3_layers_to_capture reads a drafter's ids by each rule kind:
+# + 1 (llama.py:941), unless they include N (gpt_oss.py:1349), + 1 only when the first id is 1
+# (deepseek_v2.py:3470-3473)
+SGLANG_ID_READERS = (
+    ("llama", "LlamaForCausalLM"),
+    ("gpt_oss", "GptOssForCausalLM"),
+    ("deepseek_v2", "DeepseekV2ForCausalLM"),
+)
+
+_SGLANG_READ = """
+import importlib, json, sys, types
+ids, n = json.loads(sys.argv[1]), int(sys.argv[2])
+for mod, name in json.loads(sys.argv[3]):
+    cls = getattr(importlib.import_module("sglang.srt.models." + mod), name)
+    for probe in ([0, 1, 3], ids):  # a plain set first: the call itself works on this stand-in
+        m = types.SimpleNamespace(pp_group=types.SimpleNamespace(is_last_rank=True),
+                                  model=types.SimpleNamespace(),
+                                  config=types.SimpleNamespace(num_hidden_layers=n))
+        try:
+            cls.set_eagle3_layers_to_capture(m, probe)
+            print(name, "ok", json.dumps(m.model.layers_to_capture))
+        except Exception as e:
+            print(name, "raised", type(e).__name__, e)
+"""
+
+
+def sglang_reads_ids(ids: list, n_layers: int, classes=SGLANG_ID_READERS) -> list[str]:
+    """What SGLang's own ``set_eagle3_layers_to_capture`` (which its scheduler calls at start with
+    the drafter config's ids) does with ``ids``, per class, run in SGLang's venv on a stand-in
+    model object (no engine started: a scheduler that dies at start leaves eagle3nb's SGLang worker
+    waiting on its child). Lines ``"<class> ok <layers>"`` or ``"<class> raised <Error> <text>"``,
+    two per class: ids [0, 1, 3] first (the call works), then ``ids``."""
+    import json
+    import subprocess
+
+    out = subprocess.run(
+        [DEFAULT_ENGINE_PYTHONS["sglang"], "-c", _SGLANG_READ, json.dumps(ids), str(n_layers),
+         json.dumps([list(c) for c in classes])],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 2 * len(classes), out.stdout + out.stderr[-3000:]
+    return lines

@@ -15,6 +15,7 @@ from eagle3nb.audit.formats import check_belongs, loadable_copy, read_drafter_fo
 from eagle3nb.audit.measure import candidate_sets, engine_readings, measure_candidates, verdict
 from eagle3nb.audit.patch import commands, write_patched
 from eagle3nb.audit.servable import annotate_readings, unfused_drafter
+from eagle3nb.boundaries.refusal import refusal_notice
 from eagle3nb.text.prompts import DEFAULT_PROMPTS, load_prompts, split_prompts
 
 __all__ = ["installed_versions", "heldout_prompt_ids", "check_drafter", "run_audit"]
@@ -242,14 +243,8 @@ def summary_lines(result: dict) -> list[str]:
             if "refused" not in r:
                 out.append(f"  {e}: ids {r['ids']} -> {r['reads']}" + _cpu(r))
                 continue
-            out.append(f"  {e}: refused, the copy does not load in it: {r['refused']}")
-            if r.get("retrain"):
-                b = r["retrain"]
-                out.append(
-                    f"    to serve with {e}: retrain or fine-tune (init_from: this drafter, "
-                    f"init_boundaries: params) at {b['boundaries']}, the best set it can feed in "
-                    f"this table (tau {_f(b['tau'])} with these weights; {e} ids {b['ids']})"
-                )
+            how = "fine-tune: init_from: this drafter, init_boundaries: params"
+            out += [f"  {x}" for x in refusal_notice(e, r["refused"], r.get("retrain"), how)]
     return out + [f"note: {x}" for x in result["notes"]]
 
 

@@ -8,16 +8,14 @@ import os
 import shutil
 from pathlib import Path
 
-from eagle3nb.audit.servable import best_capturable
 from eagle3nb.drafter.card import serve_commands
-from eagle3nb.boundaries.config_ids import IDS_KEY, pop_ids, set_ids
+from eagle3nb.boundaries.config_ids import set_ids
 from eagle3nb.boundaries.engine_read import read_as_engine
 from eagle3nb.boundaries.export_ids import engine_ids
+from eagle3nb.boundaries.refusal import REFUSED_MARK, refuse_engine, retrain_set
 from eagle3nb.boundaries.rules import engine_rule
 
 __all__ = ["write_patched", "REFUSED_MARK"]
-
-REFUSED_MARK = "refused by eagle3nb's audit, do not serve with SGLang"
 
 
 def write_patched(
@@ -41,14 +39,13 @@ def write_patched(
         ``{engine: {"ids", "reads", "ok", "cpu_refused"}}`` (``reads``: the written file read back
         as that engine reads it, :func:`eagle3nb.boundaries.engine_read.read_as_engine`;
         ``cpu_refused``: why it cannot serve this drafter on CPU, or None, from ``readings``), or
-        ``{"refused": why, "retrain": best set it can feed or None}`` for an engine whose rule
-        cannot feed ``boundaries``. A refused engine cannot load the copy by mistake: vLLM's
-        top-level ids are removed; SGLang's nested ids hold :data:`REFUSED_MARK` and why (a
-        string, so SGLang stops at start in ``set_eagle3_layers_to_capture``, ``srt/models/
-        llama.py:941`` ``val + 1``; without ids it would serve its default ids, e.g. one state
-        unfused), and ``num_aux_hidden_states`` is written so that neither engine sizes ``fc``
-        from that list (vLLM ``llama_eagle3.py:209-216``, SGLang ``llama_eagle3.py:157-161``).
-        ``retrain``: :func:`eagle3nb.audit.servable.best_capturable` of ``rows``.
+        ``{"refused": why, "retrain": the set to retrain at or None}`` for an engine whose rule
+        cannot feed ``boundaries``. A refused engine cannot load the copy by mistake: its ids key
+        holds eagle3nb's refusal mark (:func:`eagle3nb.boundaries.refusal.refuse_engine`, the one
+        mechanism 03's export uses too: SGLang stops at start, vLLM when it loads; without ids
+        SGLang would serve its default ids, e.g. one state unfused). ``retrain``:
+        :func:`eagle3nb.boundaries.refusal.retrain_set`, the best of ``rows`` (the audit's table)
+        it can feed, else the set nearest to ``boundaries``.
 
     Raises:
         ValueError: ``out_dir`` is the source folder.
@@ -63,6 +60,8 @@ def write_patched(
     out = {}
     cfg.setdefault("eagle_config", {"use_aux_hidden_state": True})
     meta = cfg.setdefault("eagle3nb", {})
+    for key in ("engine_ids", "refused_engines", "retrain"):  # the source's, if an export's
+        meta.pop(key, None)
     for engine in ("sglang", "vllm"):
         v = readings[engine]["version"]
         try:
@@ -71,27 +70,20 @@ def write_patched(
                 raise ValueError(rule.refused)
             ids, rec = engine_ids(engine, list(boundaries), n_layers, arch, v)
         except ValueError as e:
-            best = best_capturable(rows or [], engine, v, arch, n_layers)
-            out[engine] = {"refused": f"{engine} {v} on {arch}: {e}", "retrain": best}
-            if engine == "sglang":  # a copy SGLang cannot load by mistake (issue 43 item 5)
-                mark = [
-                    f"{REFUSED_MARK}: {out[engine]['refused']}"
-                ]  # a string: SGLang fails at start
-                cfg.setdefault("eagle_config", {})[IDS_KEY] = mark
-                cfg["num_aux_hidden_states"] = len(boundaries)
+            why = f"{engine} {v} on {arch}: {e}"
+            best = retrain_set(boundaries, engine, v, arch, n_layers, rows, "the audit's table")
+            out[engine] = {"refused": why, "retrain": best}
+            refuse_engine(cfg, engine, why, len(boundaries), best)
             continue
         set_ids(cfg, engine, ids)
         meta.setdefault("engine_ids", {})[engine] = {"ids": ids, **rec}
         out[engine] = {"ids": ids}
-    if "vllm" in out and "refused" in out["vllm"]:
-        pop_ids(cfg, "vllm")
     meta.update(
         aux_boundaries=list(boundaries),
         target_num_hidden_layers=n_layers,
         target_architecture=arch,
         audit=audit_record,
     )
-    meta["refused_engines"] = {e: r["refused"] for e, r in out.items() if "refused" in r}
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     shutil.rmtree(dst, ignore_errors=True)
     os.replace(tmp, dst)

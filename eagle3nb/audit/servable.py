@@ -48,7 +48,6 @@ __all__ = [
     "unfused_drafter",
     "full_vocab_without_d2t",
     "annotate_readings",
-    "best_capturable",
     "weights_fix",
 ]
 
@@ -205,27 +204,6 @@ def annotate_readings(readings: dict, folder, n_aux: int, width_ok: bool, arch, 
             if "boundaries" in r:
                 r["ids_boundaries"] = r.pop("boundaries")
             r["refused"] = why
-
-
-def best_capturable(rows: list[dict], engine: str, version: str, arch: str, n_layers: int):
-    """The row of highest tau among the audit's measured ``rows`` (best first) whose boundaries
-    ``engine`` at ``version`` can be given ids for on ``arch``
-    (:func:`eagle3nb.boundaries.export_ids.engine_ids`), or None: what to retrain or fine-tune at
-    when the engine cannot feed the drafter's own set."""
-    from eagle3nb.boundaries.export_ids import engine_ids
-
-    for row in rows:
-        bs = row["boundaries"]
-        if any(a >= b for a, b in zip(bs, bs[1:])):
-            continue
-        try:
-            ids, rec = engine_ids(engine, list(bs), n_layers, arch, version)
-        except ValueError:
-            continue
-        if rec.get("refused") or "convention" in rec:  # no rule for the class: never assumed
-            return None
-        return {"boundaries": bs, "tau": row["tau"], "ids": ids}
-    return None
 
 
 def weights_fix(p: Path, f: Path) -> str:

@@ -12,7 +12,9 @@ the engine's own venv and may not import eagle3nb.boundaries, spells it itself).
 
 from __future__ import annotations
 
-__all__ = ["IDS_KEY", "IDS_PATH", "get_ids", "set_ids", "pop_ids", "vllm_ids", "written_ids"]
+__all__ = [
+    "IDS_KEY", "IDS_PATH", "get_ids", "set_ids", "mark_ids", "pop_ids", "vllm_ids", "written_ids",
+]  # fmt: skip
 
 IDS_KEY = "eagle_aux_hidden_state_layer_ids"
 # engine -> where it reads its ids (dotted for the nested key)
@@ -51,6 +53,21 @@ def set_ids(cfg: dict, engine: str, ids) -> None:
         cfg.setdefault("eagle_config", {})[IDS_KEY] = ids
     else:
         cfg[IDS_KEY] = ids
+
+
+def mark_ids(cfg: dict, engine: str, text: str) -> None:
+    """Write ``[1, text]`` at ``engine``'s key of ``cfg``, in place: the refusal mark of
+    :func:`eagle3nb.boundaries.refusal.refuse_engine` (why 1 and a string: its module docstring).
+
+    Raises:
+        ValueError: unknown engine.
+    """
+    _check(engine)
+    mark = [1, str(text)]
+    if engine == "sglang":
+        cfg.setdefault("eagle_config", {})[IDS_KEY] = mark
+    else:
+        cfg[IDS_KEY] = mark
 
 
 def pop_ids(cfg: dict, engine: str) -> None:

@@ -60,18 +60,39 @@ def vllm_command_args(cmd: str) -> dict:
     return {"model": model, "speculative_config": spec}
 
 
+def _refusal(cfg: dict, engine: str) -> str | None:
+    """``NOT servable (why); to serve with it, retrain at ...`` for an engine the export refused
+    (``eagle3nb.refused_engines``, ``eagle3nb.retrain``: :mod:`eagle3nb.boundaries.refusal`),
+    else None."""
+    meta = cfg.get("eagle3nb") or {}
+    why = (meta.get("refused_engines") or {}).get(engine)
+    if why is None:
+        return None
+    out = f"NOT servable ({why})"
+    if any(isinstance(i, str) for i in get_ids(cfg, engine) or []):
+        out += "; its ids key holds eagle3nb's refusal mark, so it stops at load"
+    best = (meta.get("retrain") or {}).get(engine)
+    if best:
+        tau = f", measured tau {best['tau']:.3f}" if best.get("tau") is not None else ""
+        out += (
+            f"; to serve with it, retrain or fine-tune at boundaries {best['boundaries']} "
+            f"({engine} ids {best['ids']}{tau}: {best['chosen_by']})"
+        )
+    return out
+
+
 def _ids_line(cfg: dict) -> str:
     b = cfg.get("eagle3nb", {}).get("aux_boundaries")
-    refused = (cfg.get("eagle3nb") or {}).get("refused_engines") or {}
     sg, vl = get_ids(cfg, "sglang"), get_ids(cfg, "vllm")
+    sg_no, vl_no = _refusal(cfg, "sglang"), _refusal(cfg, "vllm")
     sg_txt = (
-        f"SGLang: NOT servable ({refused['sglang']})"
-        if "sglang" in refused
+        f"SGLang: {sg_no}"
+        if sg_no
         else f"SGLang ids {sg} (`{IDS_PATH['sglang']}`, id = boundary - 1)"
     )
     vl_txt = (
-        f"vLLM: NOT servable ({refused['vllm']})"
-        if "vllm" in refused
+        f"vLLM: {vl_no}"
+        if vl_no
         else f"vLLM ids {vl} (top-level `{IDS_PATH['vllm']}`, id = boundary)"
     )
     return (
@@ -80,9 +101,18 @@ def _ids_line(cfg: dict) -> str:
     )
 
 
+def _or_refused(cfg: dict, engine: str, cmd: str) -> str:
+    """``cmd``, or a shell comment saying why ``engine`` does not serve this export."""
+    why = _refusal(cfg, engine)
+    return f"# {engine}: {why}" if why else cmd
+
+
 def serve_commands_markdown(run: str, cfg: dict, target: str, drafter: str, k: int) -> str:
     """``serve_commands.md`` of a run: each engine's command, with the ids each one reads."""
-    c = serve_commands(target, drafter, k)
+    c = {
+        name: _or_refused(cfg, "sglang" if name == "sglang" else "vllm", cmd)
+        for name, cmd in serve_commands(target, drafter, k).items()
+    }
     verifier = cfg.get("speculators_config", {}).get("verifier", {}).get("name_or_path")
     one_liner = (
         f"The drafter's config.json names its target (`speculators_config.verifier.name_or_path` "
@@ -204,10 +234,10 @@ def model_card(
         "## How to serve",
         "",
         "```bash",
-        f"# vLLM\n{commands['vllm']}",
+        f"# vLLM\n{_or_refused(cfg, 'vllm', commands['vllm'])}",
         f"# vLLM, from the drafter alone (config.json names the target)\n"
-        f"{commands['vllm_drafter_only']}",
-        f"# SGLang (GPU)\n{commands['sglang']}",
+        f"{_or_refused(cfg, 'vllm', commands['vllm_drafter_only'])}",
+        f"# SGLang (GPU)\n{_or_refused(cfg, 'sglang', commands['sglang'])}",
         "```",
         "",
     ]

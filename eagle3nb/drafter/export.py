@@ -18,8 +18,12 @@ Config keys (``../shared/reference/conventions.md`` section 2):
 - per engine, ids from that engine's rule for the target's class (:mod:`eagle3nb.boundaries.rules`;
   without a class, the generic convention). An engine that cannot capture the served boundaries
   (SGLang on Llama-like classes for boundary N: its final norm captures nothing) is refused by name:
-  its ids are left out, the reason is written to ``eagle3nb.refused_engines``, and the export for
-  the other engine goes on. It fails only when every engine is refused.
+  its ids key holds eagle3nb's refusal mark instead (:func:`eagle3nb.boundaries.refusal.
+  refuse_engine`, as the audit's corrected copy: the engine stops on it when it loads, where
+  without ids it would serve its default ids), the reason is written to
+  ``eagle3nb.refused_engines`` and the set to retrain at to ``eagle3nb.retrain``
+  (:func:`eagle3nb.boundaries.refusal.retrain_set`), and the export for the other engine goes on.
+  It fails only when every engine is refused.
 - the target, named as vLLM reads it from speculators-format checkpoints: ``speculators_model_type:
   "eagle3"``, ``speculators_config.verifier.name_or_path`` (the target folder) and
   ``proposal_methods[0].speculative_tokens`` (k), plus the ``transformer_layer_config`` vLLM's
@@ -61,6 +65,7 @@ from eagle3nb.boundaries.rules import known_versions
 from eagle3nb.boundaries.export_ids import engine_ids
 from eagle3nb.boundaries.engine_read import check_config_flags, trainer_flags
 from eagle3nb.boundaries.flavours import flag_refusals
+from eagle3nb.boundaries.refusal import refuse_engine, retrain_set
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter, flavour_of
 from eagle3nb.drafter import mla
 from eagle3nb.manifest import atomic_write_json, publish_permissions
@@ -107,12 +112,18 @@ def drafter_config_json(
     target_arch: str | None = None,
     engine_versions: dict | None = None,
     by_rule: bool = True,
+    tau_table: tuple[list[dict], str] | None = None,
 ) -> dict:
     """The config.json for both engines (ids in each engine's rule for ``target_arch``, see
     :func:`engine_ids`; ``engine_versions`` ``{engine: version}`` names the versions, None or a
     missing engine = the newest the table holds; ``by_rule=False``: generic conventions, see
     :func:`engine_ids`). An engine that cannot capture the serve boundaries (e.g. SGLang boundary N
-    on Llama-like classes) is left out and named in ``eagle3nb.refused_engines``.
+    on Llama-like classes) or lacks a flag the drafter sets is refused: its ids key holds the
+    refusal mark (:func:`eagle3nb.boundaries.refusal.refuse_engine`), the reason is named in
+    ``eagle3nb.refused_engines`` and, for boundaries it cannot capture, the set to retrain at in
+    ``eagle3nb.retrain`` (:func:`eagle3nb.boundaries.refusal.retrain_set`: the best it captures in
+    ``tau_table`` ``(rows {"boundaries", "tau"} best first, where they come from)``, else the set
+    nearest to the serve boundaries). A class the engine refuses keeps its convention ids, named.
 
     ``verifier``: the target (``{"name_or_path", "architectures"}``), written in the speculators
     form vLLM reads for ``vllm serve DRAFTER`` (module docstring) with ``num_speculative_tokens``;
@@ -130,13 +141,15 @@ def drafter_config_json(
     )
     vers = engine_versions or {}
     n, arch = target_n_layers, target_arch
-    ids, recs, refused = {}, {}, {}
+    ids, recs, refused, retrain = {}, {}, {}, {}
+    rows, table = tau_table or ([], None)
     for engine in ("sglang", "vllm"):
         v = vers.get(engine) or known_versions(engine)[-1]
         try:
             ids[engine], recs[engine] = engine_ids(engine, sb, n, arch, v, by_rule)
         except ValueError as e:  # this engine cannot capture them: refused by name, not the export
             refused[engine] = f"{engine} {v} refused: {e}"
+            retrain[engine] = retrain_set(sb, engine, v, arch, n, rows, table)
             continue
         if recs[engine].get("refused"):  # a refused class: ids by convention, for the record only
             refused[engine] = f"{engine} {v} refused for {arch}: {recs[engine]['refused']}"
@@ -190,10 +203,12 @@ def drafter_config_json(
         cfg.update(mla.mla_config_json(c))
         verifier = None  # vLLM's speculators reader would build a Llama layer from them
     for engine in ("sglang", "vllm"):
-        if engine in ids:
+        if engine in ids:  # a class the engine refuses: convention ids, it stops on the class
             set_ids(cfg, engine, ids[engine])
-    if refused:
-        cfg["eagle3nb"]["refused_engines"] = refused
+            if engine in refused:
+                cfg["eagle3nb"].setdefault("refused_engines", {})[engine] = refused[engine]
+        elif engine in refused:  # marked: it cannot serve its default ids instead (issue 43)
+            refuse_engine(cfg, engine, refused[engine], c.n_aux, retrain.get(engine))
     if verifier is not None:
         cfg.update(speculators_keys(cfg, verifier, num_speculative_tokens))
     return cfg
@@ -238,6 +253,7 @@ def export_drafter(
     num_speculative_tokens: int = 5,
     engine_versions: dict | None = None,
     by_rule: bool = True,
+    tau_table: tuple[list[dict], str] | None = None,
 ) -> Path:
     """Write ``config.json``, ``model.safetensors`` and ``manifest.json`` into ``out_dir``.
 
@@ -250,7 +266,9 @@ def export_drafter(
         ValueError: boundaries an engine's rule cannot name; a full-size draft vocab whose d2t is
             not the identity (no engine could load it).
 
-    ``serve_boundaries``: see :func:`drafter_config_json` (None = the trained boundaries). The
+    ``serve_boundaries``, ``tau_table``: see :func:`drafter_config_json` (None = the trained
+    boundaries; no table). An engine refused is named in ``manifest.json["refused_engines"]``
+    (``{engine: {"why", "retrain"}}``) as in config.json. The
     target named in config.json (speculators form) is ``manifest["target"]["path"]`` when the
     manifest has one, with ``num_speculative_tokens`` as its default k; each engine's ids follow
     its rule for ``manifest["target"]["architecture"]`` (:func:`engine_ids`).
@@ -300,8 +318,15 @@ def export_drafter(
             t.get("architecture"),
             engine_versions,
             by_rule,
+            tau_table,
         )
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        meta = cfg["eagle3nb"]
+        if meta.get("refused_engines"):
+            manifest = dict(manifest, refused_engines={
+                e: {"why": why, "retrain": (meta.get("retrain") or {}).get(e)}
+                for e, why in meta["refused_engines"].items()
+            })  # fmt: skip
         atomic_write_json(tmp / "manifest.json", manifest)
         for f in tmp.iterdir():
             publish_permissions(f)

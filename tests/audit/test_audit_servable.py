@@ -176,10 +176,14 @@ def test_a_set_sglang_cannot_feed_gives_a_copy_sglang_cannot_load(trained_export
         "LlamaForCausalLM captures boundaries 1..4 of a 5-layer target, not [5]"
     )
     assert got["sglang"]["refused"].startswith(why)
-    assert got["sglang"]["retrain"] == {"boundaries": [2, 3, 4], "tau": 1.9, "ids": [1, 2, 3]}
+    by = "highest tau among the sets sglang 0.5.23 captures in the audit's table"
+    assert got["sglang"]["retrain"] == {
+        "boundaries": [2, 3, 4], "tau": 1.9, "ids": [1, 2, 3], "chosen_by": by
+    }  # fmt: skip
     cfg = json.loads((dst / "config.json").read_text())
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [
-        f"{REFUSED_MARK}: {got['sglang']['refused']}"
+        1,
+        f"{REFUSED_MARK}: {got['sglang']['refused']}",
     ]
     assert cfg["num_aux_hidden_states"] == 3  # fc sized without the marked list, both engines
     # SGLang: [val + 1 for val in layer_ids] (srt/models/llama.py:941) fails on the mark at start

@@ -10,6 +10,7 @@ from safetensors.torch import load_file, save_file
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter
 from eagle3nb.drafter.export import REQUIRED_TENSORS, export_drafter, load_drafter
 from eagle3nb.drafter.vocab import build_draft_vocab
+from eagle3nb.boundaries.refusal import REFUSED_MARK
 
 
 def make_drafter(model, dv=256):
@@ -60,9 +61,11 @@ def test_boundary_sglang_cannot_capture_refuses_sglang_alone(target, tmp_path):
     model, _, _ = target
     out = export_drafter(make_drafter(model), tmp_path / "d", [1, 2, 5], 5, {}, 1, 2)
     cfg = json.loads((out / "config.json").read_text())
-    assert "cannot be captured by 'sglang'" in cfg["eagle3nb"]["refused_engines"]["sglang"]
+    why = cfg["eagle3nb"]["refused_engines"]["sglang"]
+    assert "cannot be captured by 'sglang'" in why
     assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 5]
-    assert "eagle_aux_hidden_state_layer_ids" not in cfg["eagle_config"]
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, f"{REFUSED_MARK}: {why}"]
+    assert "sglang" not in cfg["eagle3nb"].get("retrain", {})  # no class: no rule to pick by
 
 
 @pytest.mark.parametrize("drop", ["lm_head.weight", "d2t", "t2d", "midlayer.hidden_norm.weight"])
@@ -159,7 +162,7 @@ def test_ids_follow_each_engines_rule_for_the_target_class(
     if sglang_ids is None:  # SGLang cannot capture boundary 0 of a plus1 class: refused by name
         why = cfg["eagle3nb"]["refused_engines"]["sglang"]
         assert why.startswith("sglang 0.5.23 refused:") and "Llama4ForCausalLM captures" in why
-        assert "eagle_aux_hidden_state_layer_ids" not in cfg["eagle_config"]
+        assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, f"{REFUSED_MARK}: {why}"]
         assert cfg["eagle_aux_hidden_state_layer_ids"] == vllm_ids
         return
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == sglang_ids

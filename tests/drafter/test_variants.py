@@ -15,6 +15,7 @@ from eagle3nb.drafter.card import serve_commands_markdown
 from eagle3nb.boundaries.engine_read import UNIMPLEMENTED_FLAGS, engine_report
 from eagle3nb.drafter.export import export_drafter, load_drafter
 from eagle3nb.boundaries.flavours import FLAG_READS, flag_refusals
+from eagle3nb.boundaries.refusal import REFUSED_MARK
 from eagle3nb.drafter.model import DrafterConfig, Eagle3Drafter, flavour_of, swap_norm_flavour
 from eagle3nb.drafter.vocab import build_draft_vocab
 from eagle3nb.target.capture import final_norm_of
@@ -315,7 +316,8 @@ def test_an_engine_version_without_the_flag_is_refused_by_name(target, tmp_path,
     cfg = json.loads((out / "config.json").read_text())
     why = cfg["eagle3nb"]["refused_engines"]["sglang"]
     assert why.startswith("sglang 0.5.23 refused") and "does not read ['fc_norm']" in why
-    assert "eagle_aux_hidden_state_layer_ids" not in cfg["eagle_config"]
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, f"{REFUSED_MARK}: {why}"]
+    assert "sglang" not in cfg["eagle3nb"].get("retrain", {})  # other boundaries would not help
     assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 4]  # vLLM still served
     monkeypatch.delitem(FLAG_READS, ("vllm", "0.32.0"))
     with pytest.raises(ValueError, match=r"no engine can capture them or serve.*vllm 0\.32\.0"):
@@ -343,14 +345,15 @@ def test_short_training_with_the_flag_lowers_the_loss(target, tiny_ds, tmp_path,
 def test_boundary_n_exports_for_vllm_with_sglang_refused_by_name(target, tmp_path):
     """Llama: SGLang 0.5.23 captures boundaries 1..N-1 (the final norm captures nothing,
     engine_rules), vLLM 0.32.0 0..N. The export keeps vLLM, names SGLang refused, and the SGLang
-    ids are absent (so no SGLang run would read ids meaning other boundaries)."""
+    ids key holds the refusal mark (SGLang stops on it at start instead of serving its default
+    ids, tests/drafter/test_export_refusal.py)."""
     model, _, _ = target
     man = {"target": {"architecture": "LlamaForCausalLM"}}
     out = export_drafter(make(model), tmp_path / "d", [1, 2, 5], 5, man, 1, 2)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["eagle_aux_hidden_state_layer_ids"] == [1, 2, 5]
-    assert "eagle_aux_hidden_state_layer_ids" not in cfg["eagle_config"]
     why = cfg["eagle3nb"]["refused_engines"]["sglang"]
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, f"{REFUSED_MARK}: {why}"]
     assert why.startswith("sglang 0.5.23 refused") and "LlamaForCausalLM" in why and "1..4" in why
     assert set(cfg["eagle3nb"]["refused_engines"]) == {"sglang"}
     rep = engine_report(cfg, [1, 2, 5], 5, {})

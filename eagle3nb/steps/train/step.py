@@ -344,8 +344,10 @@ def _export(p: RunParams, rd: RunDir, man: dict, drafter, rep, cfg, tok, serve_b
     by_rule = p.export_layer_ids != "convention"  # convention: the per-class mismatch, reproduced
     vers = engine_versions(p)
     register_recorded(man)  # a rule 02 measured: the export writes ids by it (manifest-carried)
-    export_drafter(drafter, rd.drafter, bnds, n, dman, bos, eos, serve_b, p.k, vers, by_rule)
+    table = _tau_table(rd, bnds)  # 06's audit of this run's drafter, where one was made
+    export_drafter(drafter, rd.drafter, bnds, n, dman, bos, eos, serve_b, p.k, vers, by_rule, table)
     _, cfg_json = load_drafter(rd.drafter)  # refuses a folder missing a tensor or contradicting
+    export_notices(p, rd, cfg_json, n)
     engines = engine_report(cfg_json, bnds, n, trainer_flags(drafter.config))
     export = {
         "engines": engines,
@@ -356,6 +358,55 @@ def _export(p: RunParams, rd: RunDir, man: dict, drafter, rep, cfg, tok, serve_b
     }
     update_metrics(rd.metrics, "export", export)
     return engines
+
+
+def _tau_table(rd: RunDir, bnds: list[int]) -> tuple[list[dict], str] | None:
+    """The audit's tau per boundary set (06's ``audit/audit.json``, best first) when it audited
+    this run's drafter trained on ``bnds`` (a re-run of 03); None otherwise."""
+    f = rd.root / "audit" / "audit.json"
+    try:
+        a = read_json(f, "audit")
+        same = Path(a["drafter"]).resolve() == rd.drafter.resolve()
+        if same and list(a["verdict"]["declared"]) == list(bnds):
+            return a["candidates"], f"{f} (06's audit of this run's drafter)"
+    except (FileNotFoundError, KeyError, TypeError, ValueError):
+        pass
+    return None
+
+
+EXPORT_PREFIX = "[03] "  # with NOTICE, a line python -m eagle3nb.run counts (run._notices)
+
+
+def export_notices(p: RunParams, rd: RunDir, cfg: dict, n: int) -> list[str]:
+    """What the export refused, on the terminal (printed, and appended to ``train/train.log``,
+    which the runner echoes): per refused engine the lines of
+    :func:`eagle3nb.boundaries.refusal.refusal_notice` (why, its ids key marked so it cannot serve
+    its default ids by mistake, the set to retrain or fine-tune at), each ``[03] notice: ``.
+    Returns the lines (none when no engine was refused)."""
+    from eagle3nb.boundaries.refusal import refusal_notice
+    from eagle3nb.steps.evaluate.progress import NOTICE
+
+    meta = cfg.get("eagle3nb") or {}
+    lines = []
+    for engine, why in (meta.get("refused_engines") or {}).items():
+        best = (meta.get("retrain") or {}).get(engine)
+        how = ""
+        if best is not None:
+            try:
+                ids = conventions.get_convention(p.convention).boundaries_to_ids(
+                    best["boundaries"], n
+                )
+                how = f"layer_ids: {ids} (convention {p.convention}), then 02 and 03 again; or "
+            except ValueError:
+                pass
+            how += f"fine-tune this drafter there: init_from: {rd.drafter}, init_boundaries: params"
+        lines += [EXPORT_PREFIX + NOTICE + x for x in refusal_notice(engine, why, best, how)]
+    if lines:
+        rd.train.mkdir(parents=True, exist_ok=True)
+        with open(rd.train / "train.log", "a") as f:
+            f.write("".join(x + "\n" for x in lines))
+        print("\n".join(lines), flush=True)
+    return lines
 
 
 def _train_stats(p: RunParams, ds, rep: dict) -> dict:
