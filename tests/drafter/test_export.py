@@ -162,7 +162,10 @@ def test_ids_follow_each_engines_rule_for_the_target_class(
     if sglang_ids is None:  # SGLang cannot capture boundary 0 of a plus1 class: refused by name
         why = cfg["eagle3nb"]["refused_engines"]["sglang"]
         assert why.startswith("sglang 0.5.23 refused:") and "Llama4ForCausalLM captures" in why
-        assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, f"{REFUSED_MARK}: {why}"]
+        assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [
+            1,
+            f"{REFUSED_MARK}: {why}",
+        ]
         assert cfg["eagle_aux_hidden_state_layer_ids"] == vllm_ids
         return
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == sglang_ids
