@@ -347,6 +347,31 @@ def test_malformed_benchmark_lines_are_refused_by_file_and_line():
     ]
 
 
+# --- params whose boundaries 03's export refuses for one engine (issue 43 item 5) ------------------
+# tests/bad_inputs/exports/*.yaml (first line ``# expect: <regex>``): the run goes on for the other
+# engine; the refused one is named on 03's terminal (export_notices' first line)
+
+EXPORT_FILES = sorted((BAD / "exports").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", EXPORT_FILES, ids=[f.stem for f in EXPORT_FILES])
+def test_export_refuses_an_engine_by_name(path, target, tmp_path):
+    from eagle3nb.drafter.export import drafter_config_json
+    from eagle3nb.rundir import RunDir
+    from eagle3nb.steps.shared.checks import resolve_aux
+    from eagle3nb.steps.train.step import export_notices
+
+    model, _, _ = target
+    p = load_params(path, outputs_dir=str(tmp_path))
+    check_against_model(p)  # not refused before the run: only one engine is
+    n = model.config.num_hidden_layers
+    _, bnds = resolve_aux(p, n)
+    c = DrafterConfig.for_target(model.config, 256)
+    cfg = drafter_config_json(c, bnds, n, 1, 2, target_arch="LlamaForCausalLM")
+    lines = export_notices(p, RunDir(p), cfg, n)
+    assert re.search(_expect(path), lines[0]), lines
+
+
 # --- drafter folders the audit and init_from read (issue 43 items 3-6) ------------------------------
 # tests/bad_inputs/drafters/<case>/: config.json (and manifest.json) as published, expect.json: which
 # check refuses it ("readings": the audit's reading of each engine, "patched": its corrected copy,

@@ -160,7 +160,7 @@ def refusal_notice(engine: str, why: str, retrain: dict | None, how: str = "") -
         "vllm": "vLLM stops when it loads the target (sorted ids raise TypeError)",
     }[engine]
     lines = [
-        f"{engine} refused: {why}",
+        f"{engine}: NOT servable ({why})",
         f"{engine} cannot serve this config.json by mistake: its ids key {IDS_PATH[engine]} holds "
         f"eagle3nb's refusal mark, on which {stops} instead of serving its default ids",
     ]
