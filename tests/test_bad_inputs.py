@@ -3,6 +3,7 @@
 Static cases live in ``tests/bad_inputs/``: ``params/*.yaml`` (first line ``# expect: <regex>``),
 ``models/<case>/config.json`` (config only, no weights) and ``manifests/<case>/manifest.json`` (key
 ``expect``). Broken drafters are made at runtime from a fresh export (safetensors are binary).
+``exports/*.yaml`` are params 03's export refuses for one engine (named, the other exported).
 """
 
 import json
