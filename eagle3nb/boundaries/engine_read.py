@@ -259,7 +259,9 @@ def engine_report(
     Returns:
         ``{engine: {"boundaries", "matches_training", "ignored_flags": [...], "ok"}}``, plus
         ``"refused"`` (why) for an engine the export refused (:func:`refused_engines`): its
-        ``boundaries`` are then what it would use from that file (its default ids), ``ok`` False.
+        ``boundaries`` are None where its ids key holds the refusal mark (it stops on it,
+        :mod:`eagle3nb.boundaries.refusal`), else what it would use from that file (a class it
+        refuses: the convention ids), ``ok`` False.
     """
     out = {}
     refused = refused_engines(cfg)
