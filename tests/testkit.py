@@ -208,10 +208,10 @@ SGLANG_ID_READERS = (
 
 _SGLANG_READ = """
 import importlib, json, sys, types
-ids, n = json.loads(sys.argv[1]), int(sys.argv[2])
+probes, n = json.loads(sys.argv[1]), int(sys.argv[2])
 for mod, name in json.loads(sys.argv[3]):
     cls = getattr(importlib.import_module("sglang.srt.models." + mod), name)
-    for probe in ([0, 1, 3], ids):  # a plain set first: the call itself works on this stand-in
+    for probe in [[0, 1, 3]] + probes:  # a plain set first: the call itself works on this stand-in
         m = types.SimpleNamespace(pp_group=types.SimpleNamespace(is_last_rank=True),
                                   model=types.SimpleNamespace(),
                                   config=types.SimpleNamespace(num_hidden_layers=n))
@@ -223,20 +223,24 @@ for mod, name in json.loads(sys.argv[3]):
 """
 
 
-def sglang_reads_ids(ids: list, n_layers: int, classes=SGLANG_ID_READERS) -> list[str]:
+def sglang_reads_ids(
+    ids: list, n_layers: int, classes=SGLANG_ID_READERS, more: Sequence[list] = ()
+) -> list[str]:
     """What SGLang's own ``set_eagle3_layers_to_capture`` (which its scheduler calls at start with
     the drafter config's ids) does with ``ids``, per class, run in SGLang's venv on a stand-in
     model object (no engine started: a scheduler that dies at start leaves eagle3nb's SGLang worker
     waiting on its child). Lines ``"<class> ok <layers>"`` or ``"<class> raised <Error> <text>"``,
-    two per class: ids [0, 1, 3] first (the call works), then ``ids``."""
+    per class: ids [0, 1, 3] first (the call works), then ``ids``, then each of ``more`` (one
+    SGLang import for all)."""
+    probes = [list(ids)] + [list(x) for x in more]
     import json
     import subprocess
 
     out = subprocess.run(
-        [DEFAULT_ENGINE_PYTHONS["sglang"], "-c", _SGLANG_READ, json.dumps(ids), str(n_layers),
+        [DEFAULT_ENGINE_PYTHONS["sglang"], "-c", _SGLANG_READ, json.dumps(probes), str(n_layers),
          json.dumps([list(c) for c in classes])],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     lines = out.stdout.strip().splitlines()
-    assert len(lines) == 2 * len(classes), out.stdout + out.stderr[-3000:]
+    assert len(lines) == (1 + len(probes)) * len(classes), out.stdout + out.stderr[-3000:]
     return lines

@@ -12,7 +12,7 @@ import json
 import sys
 
 import pytest
-from testkit import SGLANG_ID_READERS, requires_engine, sglang_reads_ids
+from testkit import requires_engine, sglang_reads_ids
 
 from eagle3nb.boundaries.refusal import REFUSED_MARK, nearest_capturable, retrain_set
 from eagle3nb.params import RunParams
@@ -160,19 +160,18 @@ def test_sglang_0_5_23_cannot_load_the_refused_export(refused_run):
     DeepSeek + 1 when the first id is 1); a mark without the leading 1 passes DeepSeek's."""
     p, _ = refused_run
     ids = _cfg(p)["eagle_config"]["eagle_aux_hidden_state_layer_ids"]
-    got = sglang_reads_ids(ids, N)
-    assert got[0::2] == [
+    got = sglang_reads_ids(ids, N, more=[ids[1:]])  # and the mark without its leading 1
+    assert got[0::3] == [
         "LlamaForCausalLM ok [1, 2, 4]",
         "GptOssForCausalLM ok [1, 2, 4]",
         "DeepseekV2ForCausalLM ok [0, 1, 3]",
     ]
-    assert got[1::2] == [
+    assert got[1::3] == [
         'LlamaForCausalLM raised TypeError can only concatenate str (not "int") to str',
         "GptOssForCausalLM raised TypeError '>' not supported between instances of 'str' and 'int'",
         'DeepseekV2ForCausalLM raised TypeError can only concatenate str (not "int") to str',
     ]
-    alone = sglang_reads_ids(ids[1:], N, SGLANG_ID_READERS[2:])
-    assert alone[1] == f"DeepseekV2ForCausalLM ok {json.dumps(ids[1:])}"
+    assert got[8] == f"DeepseekV2ForCausalLM ok {json.dumps(ids[1:])}"  # passes: captures nothing
 
 
 _VLLM_READ = """
