@@ -91,7 +91,7 @@ def train_cfg(a, steps: int, log_every: int = 5):
         checkpoint_every=10**6,
         eval_every=0,
         seed=0,
-        loader_workers=-1,
+        loader_workers=2 if a.tiny else -1,  # tiny: workers forked beside vLLM, as on CUDA
         bucket_by_length=False,
         export_from="last",
     )  # fmt: skip  (attention, precision, torch_compile: auto = 03's choice for the device)
@@ -207,11 +207,17 @@ class Bench:
         }  # fmt: skip
 
     def hf_model(self):
-        from eagle3nb.target.models import load_target
+        """The HF copy: the trainer's embedding, final norm and lm_head in every mode, and the
+        capture engine of ``hf``; SDPA attention (as bench/online_gpu.py's HF-online; 03's loader
+        takes eager attention, slower at T = 2048)."""
+        from transformers import AutoModelForCausalLM
 
         t0 = time.time()
-        self.model = load_target(str(self.folder), self.dtype, self.dev)[0]
+        self.model = AutoModelForCausalLM.from_pretrained(str(self.folder), dtype=getattr(torch,
+            self.dtype), attn_implementation="sdpa", local_files_only=True).to(self.dev)  # fmt: skip
+        self.model.eval().requires_grad_(False)
         self.state["hf_load_seconds"] = round(time.time() - t0, 1)
+        self.state["hf_attention"] = "sdpa"
 
     def dataset(self):
         from eagle3nb.dataset.write import write_dataset
