@@ -385,6 +385,9 @@ def main(argv=None) -> int:
         b.dataset()
         b.save()
         print(f"[online_engine] dataset {b.state['offline_capture']}", flush=True)
+        import torch._inductor.config as inductor  # vLLM in this process must not set it to 1
+
+        b.state["inductor_compile_threads"] = inductor.compile_threads
         t0 = time.time()
         warm = b.run("offline", a.warmup + 2, "warm-up")  # compiles the drafter; not counted
         b.state.setdefault("warm_up", []).append(dict(warm, seconds=round(time.time() - t0, 1)))
