@@ -347,7 +347,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=6, help="first steps of each run not timed")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--prefetch-mib", type=int, default=2048)
+    ap.add_argument("--prefetch-mib", type=int, default=64, help="03's online_prefetch_mib default")
     ap.add_argument("--gpu-mem", type=float, default=0.3, help="vLLM gpu_memory_utilization")
     ap.add_argument("--vllm-python", default="", help='"" = vLLM in this process (03 on a GPU)')
     ap.add_argument("--recheck-every", type=int, default=5, help="the last engine run's re-checks")
