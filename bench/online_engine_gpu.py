@@ -32,6 +32,11 @@ runs (a 5 GB optimizer state per run would time the disk; 03 writes them). A las
 re-checks streamed batches against the engine's own capture every few steps (the bf16 tolerance of
 ``steps/train/online_engine.py`` RECHECK_TOL was unmeasured on a GPU).
 
+Loader workers: 03's auto (4 forked workers on CUDA, none on CPU). On CPU they must stay off: a
+worker forked beside vLLM 0.32.0's in-process CPU engine hung in libgomp's barrier (vLLM's CPU
+worker makes ``torch.set_num_threads`` a no-op, and a forked DataLoader worker relies on setting
+one thread); vLLM's GPU worker does not patch it.
+
 Resumable: state in WORK/online_engine/state.json (the target folder and dataset in WORK too); a
 second call continues the rounds the time budget cut. The JSON (``OUT/online_engine_gpu.json``)
 is rewritten after every run.
@@ -91,7 +96,7 @@ def train_cfg(a, steps: int, log_every: int = 5):
         checkpoint_every=10**6,
         eval_every=0,
         seed=0,
-        loader_workers=2 if a.tiny else -1,  # tiny: workers forked beside vLLM, as on CUDA
+        loader_workers=-1,  # auto: 4 on CUDA (03's default), 0 on CPU (see main's note)
         bucket_by_length=False,
         export_from="last",
     )  # fmt: skip  (attention, precision, torch_compile: auto = 03's choice for the device)
