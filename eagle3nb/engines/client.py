@@ -14,7 +14,6 @@ are configured for loopback (see the backends).
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import importlib.util
 import json
@@ -30,6 +29,7 @@ import time
 from pathlib import Path
 
 from eagle3nb import threads as thread_budget
+from eagle3nb.engines.in_process import keep_compile_threads
 from eagle3nb.engines.worker import ENGINE_PACKAGES, backend_module, load_tensors
 from eagle3nb.repo_paths import REPO_ROOT
 
@@ -78,29 +78,6 @@ def check_engine_python(engine: str, python: str | None, param: str) -> str | No
             f"{param}={python!r}: no such python, so the {engine} engine environment is missing; create it with `bash .ci/setup_engines.sh` (cached under {ENGINES_HOME}), or set {param} to another python that imports {engine} ('' = this process)"
         )
     return str(p)
-
-
-@contextlib.contextmanager
-def _keep_compile_threads():
-    """An engine imported in this process keeps this process's torch.compile threads.
-
-    ``import vllm`` sets ``TORCHINDUCTOR_COMPILE_THREADS=1`` for its own worker processes
-    (``vllm/env_override.py``, vLLM issues 10480 and 10619); inductor reads it when its config is
-    first imported (``torch/_inductor/config.py`` ``decide_compile_threads``), so 03 training on
-    CUDA beside an in-process vLLM would compile its kernels one at a time. The config is imported
-    first (its thread count taken from this host) and the variable put back as it was after the
-    engine started."""
-    import torch._inductor.config  # noqa: F401 (fixes compile_threads before the engine imports)
-
-    key = "TORCHINDUCTOR_COMPILE_THREADS"
-    old = os.environ.get(key)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = old
 
 
 class EngineClient:
@@ -176,7 +153,7 @@ class EngineClient:
             env = {**thread_budget.worker_env(threads, engine, {**os.environ, **env}), **env}
         try:
             if self.python is None:
-                with _keep_compile_threads():
+                with keep_compile_threads():
                     mod = importlib.import_module(backend_module(engine))
                     opts = dict(spec["options"], workdir=self.workdir)
                     self._backend = mod.Backend(spec["model_path"], dtype, opts)
