@@ -12,13 +12,16 @@
 #   bash bench/gpu_2026-12-06.sh speed   "$OUT"  # SGLang capture vs its plain prefill, 8B shape
 #   bash bench/gpu_2026-12-06.sh moe     "$OUT"  # Qwen3-MoE shape capture ratio (vLLM, HF)
 #   bash bench/gpu_2026-12-06.sh wb8b    "$OUT"  # the workbook on the Llama-3.1-8B shape
+#   bash bench/gpu_2026-12-06.sh install-vllm "$OUT"  # vLLM's bundle only (what online needs)
+#   bash bench/gpu_2026-12-06.sh online  "$OUT"  # issue 44: vLLM-fed vs offline vs HF-online, 8B shape
+#   bash bench/gpu_2026-12-06.sh online-default "$OUT"  # issue 44: bench/online.py, default target
 #
 # Every number lands in a JSON under OUT/results (device, versions, commit, code digest); the
 # log in OUT/run_<part>.log. Work files under $WORK (default /tmp/e3gpu), parts under $PARTS
 # (default /root/e3parts), installs under $OFF (default /root/e3off): they stay between calls
 # while the machine is held; a fresh machine needs stash + install again.
 set -uo pipefail
-part="${1:?usage: bash bench/gpu_2026-12-06.sh stash|chunks|install|capture|job|serve|speed|moe|wb8b OUT}"
+part="${1:?usage: bash bench/gpu_2026-12-06.sh stash|chunks|install|capture|job|serve|speed|moe|wb8b|install-vllm|online|online-default OUT}"
 OUT="${2:?usage: bash bench/gpu_2026-12-06.sh PART OUT}"
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -35,9 +38,13 @@ export EAGLE3NB_ENGINE_NETNS=off  # a closed machine: no namespace needed for SG
 export EAGLE3NB_TWIN_PROOFS="${EAGLE3NB_TWIN_PROOFS:-$WORK/twin_proofs}"
 export EAGLE3NB_CACHE="${EAGLE3NB_CACHE:-$WORK/cache}"  # the MLP-padded copy is written there
 export EAGLE3NB_MODEL_PATH="${EAGLE3NB_MODEL_PATH:-/root/models}"  # ../shared does not travel
-PY=python3
+PY="${PY:-python3}"  # another python only for a CPU dry run of a part
 need_sglang() {
   [ -x "$SGPY" ] || { echo "no $SGPY: run the stash calls and 'install' first" >&2; exit 2; }
+}
+need_vllm() {  # vLLM's bundle alone, installed from the stashed parts if not yet (seconds)
+  [ -d "$VSITE/vllm" ] || bash "$PARTS/$VSTEM/install.sh" "$OFF/$VSTEM" ||
+    { echo "no vLLM bundle parts in $PARTS/$VSTEM: run the chunks calls first" >&2; exit 2; }
 }
 run() {  # the part's commands, logged; the engines' INFO chatter kept out of the tail
   { echo "== $(date -u +%FT%TZ) $part"; nvidia-smi --query-gpu=name,memory.used,memory.total \
@@ -93,6 +100,18 @@ case "$part" in
   wb8b)
     run $PY bench/gpu_workbook.py --stages workbook:llama-3.1-8b --out "$OUT/results" \
       --work "$WORK" --time-budget-s 540 ;;
+  install-vllm)  # vLLM's bundle only (no SGLang, no engine checks): what online needs
+    need_vllm; ls "$VSITE" | head -3 | tee "$OUT/run_install-vllm.log" ;;
+  online)  # issue 44 item 4: resumable (a second call continues the rounds the limit cut)
+    need_vllm
+    # ONLINE_ARGS: e.g. --tiny for a CPU dry run of this part (PY=the vLLM CPU venv's python)
+    run $PY bench/online_engine_gpu.py --out "$OUT/results" --work "$WORK" --time-budget-s 510 \
+      ${ONLINE_ARGS:-} ;;
+  online-default)  # bench/online.py on the default target, vLLM in this process, bf16; one JSON
+    # at the end (not resumable): 01 and 02a by vLLM, then 3 rounds of 03 offline/online + 04 sim
+    need_vllm
+    run timeout 570 $PY bench/online.py params/gpu.yaml --device cuda --engines vllm --steps 300 \
+      --rounds 3 --out "$OUT/results/online_default.json" ;;
   *) echo "unknown part $part" >&2; exit 2 ;;
 esac
 ls -la "$OUT/results"

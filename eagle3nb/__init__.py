@@ -88,6 +88,7 @@ engines/            real engines (vLLM, SGLang) behind one interface, across a p
     sglang_spec_attn  engine side: SGLang's torch_native attention for the multi-step draft and the verify pass
     sglang_serve    engine side: SGLang serves an exported drafter (serve_acceptance), its own counters summed
     client          notebook side: EngineClient starts, talks to and stops the worker
+    in_process      notebook side: an engine imported here leaves torch.compile's threads as they were
     pool            notebook side: workers kept running for reuse in one process ($EAGLE3NB_KEEP_ENGINES)
     versions        the version of an engine installed for a python, read without starting it
     adapter         notebook side: an EngineClient as a CaptureEngine for the dataset writer

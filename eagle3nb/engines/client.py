@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from eagle3nb import threads as thread_budget
+from eagle3nb.engines.in_process import keep_compile_threads
 from eagle3nb.engines.worker import ENGINE_PACKAGES, backend_module, load_tensors
 from eagle3nb.repo_paths import REPO_ROOT
 
@@ -152,10 +153,11 @@ class EngineClient:
             env = {**thread_budget.worker_env(threads, engine, {**os.environ, **env}), **env}
         try:
             if self.python is None:
-                mod = importlib.import_module(backend_module(engine))
-                opts = dict(spec["options"], workdir=self.workdir)
-                self._backend = mod.Backend(spec["model_path"], dtype, opts)
-                self._info = self._backend.info()
+                with keep_compile_threads():
+                    mod = importlib.import_module(backend_module(engine))
+                    opts = dict(spec["options"], workdir=self.workdir)
+                    self._backend = mod.Backend(spec["model_path"], dtype, opts)
+                    self._info = self._backend.info()
             else:
                 self._start(spec, env, startup_timeout)
         except BaseException:

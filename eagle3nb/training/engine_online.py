@@ -111,6 +111,7 @@ class EngineOnlineSource(OnlineSource):
         self.restarts: list[dict] = []
         self.rechecks: list[dict] = []
         self.transport: BatchTransport | None = None
+        self._pin = False  # set by batches(): pinned host memory for a CUDA trainer
         self._engine_lock = threading.Lock()  # one engine call at a time (one pipe)
 
     def fingerprint(self) -> str:
@@ -185,6 +186,12 @@ class EngineOnlineSource(OnlineSource):
                 b = self.plan.global_batch_at(s)
                 part = self.plan.rank_slice(b, rank, world)
                 batch = self.build_batch(part or [b[0]], s, keep_loss=bool(part))
+                if self._pin:  # CUDA: the trainer's non_blocking copy is then asynchronous, as
+                    # from the offline loader's pinned batches (a pageable 0.5 GB batch at the 8B
+                    # shape is a synchronous copy in the training step)
+                    batch = {
+                        k: v.pin_memory() if torch.is_tensor(v) else v for k, v in batch.items()
+                    }
                 batch["_step"] = s
                 self.transport.put(batch)
         except TransportClosed:
@@ -199,12 +206,15 @@ class EngineOnlineSource(OnlineSource):
         self, start: int, stop: int, rank: int = 0, world: int = 1, pin_memory: bool = False
     ):
         """This rank's batch of each step ``start..stop-1`` (see :class:`BatchSource`), captured
-        by the engine on a thread up to ``prefetch_bytes`` ahead of the trainer."""
+        by the engine on a thread up to ``prefetch_bytes`` ahead of the trainer; ``pin_memory``
+        (the loop passes it on CUDA): its tensors in pinned host memory, copied there on that
+        thread."""
         if self.plan is None:
             raise RuntimeError(
                 "EngineOnlineSource.batches before configure(): pass the source to train_drafter, which configures it from TrainConfig"
             )
         self.transport = self.make_transport(self.prefetch_bytes)
+        self._pin = bool(pin_memory)
         errors: list = []
         th = threading.Thread(
             target=self._produce, args=(start, stop, rank, world, errors), daemon=True

@@ -157,3 +157,23 @@ def test_in_process_mode_same_contract(tmp_path, monkeypatch):
         )
         wd = Path(c.workdir)
     assert not wd.exists()
+
+
+def test_in_process_engine_keeps_this_process_compile_threads(tmp_path, monkeypatch):
+    """An engine that sets TORCHINDUCTOR_COMPILE_THREADS=1 when imported (as ``import vllm``
+    does, vllm/env_override.py): in-process, inductor's thread count stays what this host gives
+    and the variable is put back (here: absent) once the engine started."""
+    import torch._inductor.config as inductor
+
+    monkeypatch.syspath_prepend(str(FAKE_DIR))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
+    (tmp_path / "fake_sets_compile_threads.py").write_text(
+        "import os\nos.environ['TORCHINDUCTOR_COMPILE_THREADS'] = '1'\n"
+        "from fake_engine_backend import Backend  # noqa: F401\n"
+    )
+    before = inductor.compile_threads
+    with EngineClient("module:fake_sets_compile_threads", "unused", python="") as c:
+        assert c.info()["pid"] == os.getpid()  # the fake ran here and set the variable at import
+        assert "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ
+        assert inductor.compile_threads == before == inductor.decide_compile_threads()

@@ -193,3 +193,26 @@ def test_final_from_hf_rechecked_within_its_tolerance(target, offline, tmp_path)
     src = _source(s, _one_by_one(model), recheck_every=1, transport=nudging(1e-2), final_tol=1e-4)
     with pytest.raises(RecheckError, match="streamed final .* tolerance 0.0001"):
         train_drafter(src, model, CFG, tmp_path / "bad")
+
+
+def test_pin_memory_pins_every_tensor_of_each_batch(target, offline, monkeypatch):
+    """On CUDA the loop asks for pinned batches (as from the offline loader): each tensor the
+    capture thread puts goes through ``Tensor.pin_memory`` (stood in here: this torch has no
+    CUDA), values unchanged; without the flag none does."""
+    model = target[0]
+    s = offline[0]
+    pinned = []
+
+    def fake_pin(self):
+        pinned.append(self.data_ptr())
+        return self.clone()
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
+    src = _source(s, _one_by_one(model)).configure(CFG.batch_size, CFG.seed)
+    got = list(src.batches(0, 2, pin_memory=True))
+    ref = _source(s, _one_by_one(model)).configure(CFG.batch_size, CFG.seed)
+    plain = list(ref.batches(0, 2, pin_memory=False))
+    assert len(pinned) == 2 * len(got[0]) and len(got) == 2  # every tensor of both batches
+    for a, b in zip(got, plain):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert len(pinned) == 2 * len(got[0])  # the unpinned run called it never

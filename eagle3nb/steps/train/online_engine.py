@@ -70,7 +70,9 @@ def engine_online_source(p: RunParams, rd: RunDir, model, tok, path, device: str
     ids, bnds = resolve_aux(p, tinfo["n_layers"])
     samples = extract.checked_train_samples(rd, "train on")
     ref = model
-    if model.dtype != models.DTYPES[p.dtype]:  # SGLang's boundary N: HF in the run's dtype
+    # SGLang's boundary N: HF in the run's dtype (vLLM gives its own; a second copy of the target
+    # on the GPU beside vLLM's and 03's would only take memory)
+    if p.online_engine == "sglang" and model.dtype != models.DTYPES[p.dtype]:
         ref = models.load_target(p.model, p.dtype, model.device)[0]
     start = (lambda: _start_vllm(p, path)) if p.online_engine == "vllm" else None
     start = start or (lambda: _start_sglang(p, path, model, device))
