@@ -3,7 +3,8 @@ versions without ``enable_return_aux_hidden_states`` (0.5.14-0.5.22; 0.5.17 is t
 runs on torch 2.11), behind :meth:`eagle3nb.engines.sglang_backend.Backend.capture`.
 
 The recipe is SGLang's own offline benchmark, ``sglang/benchmark/one_batch.py`` (line numbers
-below: 0.5.17 wheel / 0.5.23 wheel): ``load_model`` builds the ``ModelRunner`` with its memory
+below: 0.5.17 wheel / 0.5.23 wheel; 0.5.22's ``one_batch.py`` is byte-identical to 0.5.23's, its
+other lines are listed after this paragraph): ``load_model`` builds the ``ModelRunner`` with its memory
 pool and attention backend (0.5.17 ``:299-369`` / 0.5.23 ``:327-387``; 0.5.23 wants the scheduler
 context published first, as its ``correctness_test`` does, ``:691-699``);
 ``prepare_synthetic_inputs_for_latency_test(custom_inputs=samples)`` makes the ``Req`` s (``:435-461``
@@ -15,6 +16,22 @@ with ``ForwardBatch.init_new(..., capture_hidden_mode=CaptureHiddenMode.FULL)``
 the input of that layer = boundary id + 1, ``:434-437``) switches the capture on; in FULL mode the
 logits processor returns the packed aux states of every prompt token
 (``srt/layers/logits_processor.py:654-705``; 0.5.17). No SGLang file is patched for the capture.
+
+SGLang 0.5.22 (read in ``~/.cache/eagle3nb/engines/sglang-0.5.22``, ``bench/setup_engine_versions.sh``):
+``one_batch.py`` as 0.5.23 (``load_model`` ``:327-387``, ``_init_process_global_configs`` published
+as ``correctness_test`` does ``:691-699``, ``prepare_synthetic_inputs_for_latency_test`` with
+``extend_end`` ``:450-476``, ``extend`` ``:496-533``); ``runtime_context.py`` ``spawn_world_rank``
+``:95``, ``SpawnRanks`` ``:230``, ``get_schedule`` ``:1314``, ``publish`` ``:1481``;
+``ScheduleBatch.init_new`` (``srt/managers/schedule_batch.py:2556-2567``, the same arguments as
+0.5.23), ``prefill_input_ids_cpu`` ``:2407``; ``ForwardBatch.init_new(..., capture_hidden_mode=,
+return_hidden_states_before_norm=)`` ``forward_batch_info.py:937-972``; FULL mode returns the packed
+aux states, else the post-norm final state (``logits_processor.py:815-834``,
+``_get_hidden_states_to_store``); the setters ``models/llama.py:922-934`` (loop ``:478-498``),
+``qwen3.py:725-738``, ``qwen3_moe.py:1141-1156`` (-> ``qwen2_moe.py:1160-1163``),
+``deepseek_v2.py:3404-3419``, ``gpt_oss.py:1336-1351``, ``kimi_k25.py:916-927`` (their rules:
+``eagle3nb/boundaries/versions/sglang_0_5_22.py``); ``destroy_model_parallel`` /
+``destroy_distributed_environment`` ``srt/distributed/parallel_state.py:3261, 3328``. No
+``enable_return_aux_hidden_states`` anywhere in the 0.5.22 wheel, so ``auto`` picks this route.
 
 Boundary N is not capturable here either (an id N - 1 names a layer N that does not exist), so
 :meth:`RunnerCapture.capture` returns no ``final``, as the engine route. ``logprobs=True`` runs a
@@ -50,6 +67,8 @@ __all__ = [
 SHOWN = {
     "0.5.17": "one NVIDIA H100, torch 2.11.0+cu130, bf16, 2026-12-06 "
     "(../shared/reference/gpu_engines_h200.md)",
+    "0.5.22": "CPU (SGLANG_USE_CPU_ENGINE=1), float32, bench/engine_versions.py: the twins' rules "
+    "and the default job's 02b (bench/reference_engine_versions.json)",
     "0.5.23": "CPU (SGLANG_USE_CPU_ENGINE=1), float32 and bfloat16, tests/engines/test_sglang_runner.py",
 }
 ANY_VERSION_ENV = "EAGLE3NB_SGLANG_RUNNER_ANY_VERSION"

@@ -21,11 +21,17 @@ The same rules as 0.5.23 at other lines. Explicit ids become ``layers_to_capture
 - ``mixtral.py:340`` has no ``set_eagle3_layers_to_capture``, which
   ``model_executor/model_runner_components/attention_backend_setup.py:54-55`` calls: refused.
 
-What 0.5.22 lacks, so that eagle3nb's SGLang worker (capture, 02b; serving, 04) cannot run it: the
-capture-only mode ``enable_return_aux_hidden_states`` (no such server argument in the 0.5.22 wheel;
-0.5.23 added it with its range check ``spec_aux_hidden_state.py:113-130``). These rules name what a
-0.5.22 engine reads from an exported drafter's ids (a GPU host serving with it), measured on CPU
-nowhere: ``bench/reference_engine_versions.json`` records the refusal.
+What 0.5.22 lacks: the capture-only mode ``enable_return_aux_hidden_states`` (no such server
+argument in the 0.5.22 wheel; 0.5.23 added it with its range check ``spec_aux_hidden_state.py:113-130``).
+eagle3nb captures through SGLang's in-process ``ModelRunner`` instead
+(``eagle3nb/engines/sglang_runner.py``, ``capture_route: runner``; ``auto`` picks it here): the recipe
+``benchmark/one_batch.py`` is byte-identical to 0.5.23's, and the runner's other lines are the ones
+read above plus ``forward_batch_info.py:937-972``, ``logits_processor.py:815-834`` and
+``schedule_batch.py:2556-2567`` (cited in the runner's docstring). EAGLE-3 serving on CPU (04) is
+refused: eagle3nb's CPU speculative stand-ins (``eagle3nb/engines/sglang_spec_cpu.py``) mirror
+0.5.23's kernel schemas, and 0.5.22's ``kernels/ops/speculative/cache_locs.py`` differs from them.
+What was measured through the runner, and the default job's served tau, is in
+``bench/reference_engine_versions.json``.
 """
 
 from __future__ import annotations

@@ -64,9 +64,11 @@ def _free_bytes(device: str) -> int:
     return available_memory_bytes()
 
 
-def _engine_reason(p, engine: str, path, cfg: dict, drafter_cfg: dict) -> str | None:
+def _engine_reason(p, engine: str, path, cfg: dict, drafter_cfg: dict, device: str) -> str | None:
     """Why ``engine`` cannot serve this export here (None: it can): not installed, the export
-    refused it, its rule for the target's class refuses, or a CPU limit."""
+    refused it, its rule for the target's class refuses, or a CPU limit (SGLang serves EAGLE-3 on
+    CPU only in the version eagle3nb's stand-ins mirror, :func:`eagle3nb.engines.sglang_spec_cpu.check`:
+    the same refusal the engine would raise at start, given before 04 starts it)."""
     from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
     from eagle3nb.engines.vllm_helpers import check_vllm_params, vllm_python
     from eagle3nb.preflight import check_engine_rules
@@ -78,6 +80,14 @@ def _engine_reason(p, engine: str, path, cfg: dict, drafter_cfg: dict) -> str | 
         return f"not installed ({py} is missing; bash .ci/setup_engines.sh installs it)"
     if engine in engine_read.refused_engines(drafter_cfg):
         return f"the export refused it: {engine_read.refused_engines(drafter_cfg)[engine]}"
+    if engine == "sglang" and not str(device).startswith("cuda"):
+        from eagle3nb.engines import sglang_spec_cpu
+        from eagle3nb.engines.versions import installed_engine_version
+
+        try:  # no engine start: the venv's dist-info names the version
+            sglang_spec_cpu.check(installed_engine_version("sglang", py), "cpu", 1)
+        except RuntimeError as e:
+            return str(e)
     head = "mla" if mla.MLA_ARCH in (drafter_cfg.get("architectures") or []) else "llama"
     q = p.model_copy(
         update={"eval_engines": [engine], "vllm_extract": False, "extract_engine": "hf"}
@@ -118,7 +128,7 @@ def resolve_eval_engines(p, path, drafter_cfg: dict, device: str) -> tuple[list[
             f"{free / 2**30:.1f} GiB free on {device}"
         )
     for e in ("vllm", "sglang"):
-        reason = _engine_reason(p, e, path, cfg, drafter_cfg)
+        reason = _engine_reason(p, e, path, cfg, drafter_cfg, device)
         if reason:
             why[e] = reason
         else:
