@@ -4,7 +4,7 @@ version's own sources (``eagle3nb/boundaries/versions/<engine>_<version>.py``), 
 
     bash bench/setup_engine_versions.sh                       # once; not run by CI
     flock /tmp/eagle3nb-heavy.lock env PYTHONPATH=. .venv/bin/python bench/engine_versions.py \
-        [--versions vllm:0.31.0,sglang:0.5.22] [--classes LlamaForCausalLM,...] [--no-run] \
+        [--versions vllm:0.31.0,sglang:0.5.22] [--classes LlamaForCausalLM,...] \
         [--out bench/reference_engine_versions.json]
     flock /tmp/eagle3nb-heavy.lock env PYTHONPATH=. .venv/bin/python bench/engine_versions.py --only-jobs
     PYTHONPATH=. .venv/bin/python bench/engine_versions.py --table     # the docs table
@@ -14,17 +14,23 @@ tests/engines/test_twin_engines.py builds it) shrunk to its twin (:func:`eagle3n
 captured by that version through eagle3nb's engine worker in its own venv at a few probe id sets
 (vLLM ids 0..N, 1..N and 1,2,4; SGLang 0..N-2, 1,2,4 and 0,3,N: enough to tell ``same``, ``plus1``,
 ``first_id_1`` and ``unless_n`` apart), each slot named by the HF boundary it equals (the twin
-proof's own measurement, :mod:`eagle3nb.engines.twin_check`). A probe the engine refuses is recorded
+proof's own measurement, :mod:`eagle3nb.engines.twin_check`). SGLang without the aux API (0.5.22)
+captures through its in-process ModelRunner (:mod:`eagle3nb.engines.sglang_runner`), a fresh one
+per probe set (as a run builds one per id set: SGLang's setters keep per-layer flags,
+``qwen2_moe.py:1160-1163``). A probe the engine refuses is recorded
 with its error. ``agrees``: for every probe the source rule's boundaries equal the measured ones, or
 both refuse; and the rule eagle3nb's own measurement derives from the probes
 (:func:`eagle3nb.boundaries.measured.derive_rule`) has the source row's kind and range. A class
 whose every probe failed in the engine is ``not_measured`` (``agrees`` None). ``measured_kinds``:
-the rule kinds consistent with every captured probe.
+the rule kinds consistent with every captured probe. Measuring some versions keeps the other
+versions' records already in ``--out``.
 
-The run: ``python -m eagle3nb.run params/smoke.yaml`` (the smoke params, not the ~20-minute default
-job: two quiet cores do not give each version 20 minutes) with the version's python and its engine
-for capture, training data and serving (vLLM: 02a + 04 served; SGLang: 02b + 04 served); the
-served tau comes from the run's metrics.json.
+``--only-jobs``: the default job (``python -m eagle3nb.run params/default.yaml``) once, with
+``vllm_python`` = the vLLM version's venv and ``sglang_python`` = the SGLang version's venv of
+``--versions``: 02a and 04 run on that vLLM, 02b (and 04 where it can serve) on that SGLang; per
+engine version the JSON gets (``default_job``) the served tau (the engine's own counters), the
+simulator's and the layer-offset taus, the rule each manifest names (read from source or
+measured), 04's refusal where it left the engine out, the command, the wall time and the load.
 """
 
 from __future__ import annotations
@@ -172,8 +178,9 @@ def measure_class(client, engine: str, version: str, arch: str, root: Path) -> d
         t0 = time.perf_counter()
         try:
             got = client.capture_model(
-                str(tdir), samples, ids, twin_check.TWIN_ENGINE_OPTIONS[engine]
-            )
+                str(probe_folder(tdir, engine, ids)), samples, ids,
+                twin_check.TWIN_ENGINE_OPTIONS[engine],
+            )  # fmt: skip
             meas = twin_check._measure(got, samples, tdir, len(ids), tol)  # the twin proof's own
             p["measured"] = [s["boundary"] for s in meas["slots"]]
             p["errors"] = [s["error"] for s in meas["slots"]]
@@ -202,6 +209,20 @@ def measure_class(client, engine: str, version: str, arch: str, root: Path) -> d
         )
     )
     return summarize(rec)
+
+
+def probe_folder(tdir: Path, engine: str, ids: list[int]) -> Path:
+    """The twin folder one probe set is captured from: for SGLang a copy per id set, so the worker
+    builds a fresh engine (or ModelRunner) for it (its capture key is the folder): SGLang's
+    ``set_eagle3_layers_to_capture`` marks layers and never unmarks them (``qwen2_moe.py:1160-1163``,
+    0.5.22 and 0.5.23), so a second id set on the same model would capture the first one's layers
+    too. vLLM's worker builds one per id set already."""
+    if engine != "sglang":
+        return tdir
+    d = tdir.parent / f"{tdir.name}-ids-{'-'.join(map(str, ids))}"
+    if not d.is_dir():
+        shutil.copytree(tdir, d)
+    return d
 
 
 def summarize(c: dict) -> dict:
@@ -258,50 +279,119 @@ def measure_version(engine: str, version: str, classes: list[str], work: Path) -
     return out
 
 
-def run_job(engine: str, version: str, run_name: str) -> dict:
-    """The smoke job through this version: its python, its engine capturing the training data and
-    serving the drafter; the served tau from metrics.json."""
-    py = str(venv_python(engine, version))
-    sets = [f"run_name={run_name}", "eval_engines=[simulator, " + engine + "]"]
-    if engine == "vllm":
-        sets += [f"vllm_python={py}", "vllm_extract=true", "train_on=vllm", "extract_engine=hf"]
-    else:
-        sets += [f"sglang_python={py}", "vllm_extract=false", "extract_engine=sglang"]
-    cmd = [sys.executable, "-m", "eagle3nb.run", "params/smoke.yaml"]
+def load_average() -> list[float]:
+    """The 1, 5 and 15 minute load averages of this machine (2 cores shared by six agents)."""
+    import os
+
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def run_default_job(vllm_version: str, sglang_version: str, run_name: str) -> dict:
+    """``params/default.yaml`` once with both engines' pythons set to these versions' venvs
+    (02a and 04 on vLLM ``vllm_version``; 02b, and 04 where it can serve, on SGLang
+    ``sglang_version``, whose capture route ``auto`` picks). Returns the command, rc, wall time,
+    load before and after, and per engine version :func:`job_facts`; the run's last output lines
+    where it failed."""
+    pys = {"vllm": str(venv_python("vllm", vllm_version))}
+    pys["sglang"] = str(venv_python("sglang", sglang_version))
+    sets = [f"run_name={run_name}", f"vllm_python={pys['vllm']}", f"sglang_python={pys['sglang']}"]
+    cmd = [sys.executable, "-m", "eagle3nb.run", "params/default.yaml"]
     for s in sets:
         cmd += ["--set", s]
+    out = {"command": "PYTHONPATH=. .venv/bin/python " + " ".join(cmd[1:])}
+    out["load_before"] = load_average()
     t0 = time.perf_counter()
-    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3000)
-    out = {
-        "command": " ".join(cmd[1:]),
-        "rc": r.returncode,
-        "seconds": round(time.perf_counter() - t0),
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=5400)
+    out.update(rc=r.returncode, seconds=round(time.perf_counter() - t0), load_after=load_average())
+    out["date"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    run = REPO / "outputs" / run_name
+    out["run_dir"] = f"outputs/{run_name}"
+    if r.returncode != 0:
+        out["error"] = (r.stdout + r.stderr)[-4000:]
+    out["engines"] = {
+        f"vllm {vllm_version}": job_facts(run, "vllm", vllm_version),
+        f"sglang {sglang_version}": job_facts(run, "sglang", sglang_version),
     }
-    metrics = REPO / "outputs" / run_name / "metrics.json"
-    if r.returncode != 0 or not metrics.is_file():
-        out["error"] = (r.stdout + r.stderr)[-2500:]
-        return out
-    tau = json.loads(metrics.read_text()).get("eval", {}).get("tau", {})
-    out["tau"] = tau
-    out["served_tau"] = {k: v for k, v in tau.items() if "served by" in k}
     return out
+
+
+def _read(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def job_facts(run: Path, engine: str, version: str) -> dict:
+    """What the default job's files say about ``engine`` ``version``: the taus 04 wrote
+    (``served by`` rows are the engine's own counters; ``trained`` and ``trained, layer offset``
+    are the simulator's), the served runs (batch size, category, tau, counters, load), why 04 left
+    the engine out, the capture step's rule (its dataset manifest's twin check) and the exported
+    drafter's ids with how their rule is known."""
+    m = _read(run / "metrics.json")
+    ev = m.get("eval", {})
+    name = {"vllm": "vLLM", "sglang": "SGLang"}[engine]
+    tau = ev.get("tau", {})
+    f = {
+        "simulator_tau": {k: v for k, v in tau.items() if "served by" not in k},
+        "served_tau": {k: v for k, v in tau.items() if f"served by {name} {version}" in k},
+    }
+    served = ev.get("served", {})
+    f["served_runs"] = [
+        {
+            k: r.get(k)
+            for k in (
+                "drafter",
+                "k",
+                "batch_size",
+                "category",
+                "tau",
+                "counters",
+                "greedy_mismatches",
+                "load_average",
+            )
+        }  # fmt: skip
+        for r in served.get("runs", [])
+        if r.get("engine") == engine and r.get("engine_version") == version
+    ]
+    if engine in served.get("left_out", {}):
+        f["left_out_of_04"] = served["left_out"][engine]
+    ds = run / ("dataset_vllm" if engine == "vllm" else "dataset") / "manifest.json"
+    man = _read(ds)
+    if man:
+        tc = man.get("twin_check", {})
+        f["capture"] = {
+            "step": "02a_extract_vllm" if engine == "vllm" else "02b_extract_sglang",
+            "engine": man.get("engine"),
+            "layer_ids": man.get("layer_ids"),
+            "aux_boundaries": man.get("aux_boundaries"),
+            "n_samples": man.get("n_samples"),
+            "rule_known_by": tc.get("rule_known_by"),
+            "engine_rule": tc.get("engine_rule"),
+        }
+    ids = _read(run / "drafter" / "config.json").get("eagle3nb", {}).get("engine_ids", {})
+    if engine in ids:
+        f["exported_ids"] = ids[engine]
+    f["notebook_seconds"] = m.get("timing", {}).get("notebook_seconds")
+    return f
 
 
 def markdown(res: dict) -> str:
     """The docs table (docs/architectures.md): version x class, source rule, measured, agrees, tau."""
     rows = [
         "| version (torch, transformers) | class | source rule | measured: ids -> boundaries "
-        "| agrees | served tau (smoke job) |",
+        "| agrees | served tau (default job) |",
         "|---|---|---|---|---|---|",
     ]
     for v in res["versions"]:
         inst = v.get("installed", {})
         name = f"{v['engine']} {v['version']} ({inst.get('torch', '?')}, {inst.get('transformers', '?')})"
-        job = v.get("job", {})
+        job = res.get("default_job", {}).get("engines", {}).get(f"{v['engine']} {v['version']}")
         tau = ", ".join(
-            f"{t:.3f}" for k, t in job.get("served_tau", {}).items() if "offset" not in k
+            f"{t:.3f}" for k, t in (job or {}).get("served_tau", {}).items() if "offset" not in k
         )
-        tau = tau or ("run failed: see JSON" if job.get("error") else "not run")
+        if not tau and job and job.get("left_out_of_04"):
+            tau = "not served: " + job["left_out_of_04"].split(";")[0][:120]
+        tau = tau or (
+            "run failed: see JSON" if res.get("default_job", {}).get("error") else "not run"
+        )
         if "error" in v:
             rows.append(f"| {name} | all | - | not measured: {v['error'][:160]} | - | {tau} |")
             continue
@@ -334,10 +424,9 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--versions", default="vllm:0.31.0,sglang:0.5.22")
     ap.add_argument("--classes", default=",".join(CLASSES))
-    ap.add_argument("--no-run", action="store_true", help="skip the smoke job per version")
     ap.add_argument("--table", action="store_true", help="print --out as the docs table")
     ap.add_argument(
-        "--only-jobs", action="store_true", help="add the smoke jobs to --out's measured versions"
+        "--only-jobs", action="store_true", help="add the default job on --versions to --out"
     )
     ap.add_argument("--out", default=str(REPO / "bench" / "reference_engine_versions.json"))
     ap.add_argument("--work", default="/tmp/eagle3nb-engine-versions")
@@ -347,42 +436,40 @@ def main(argv=None) -> dict:
     commit = subprocess.run(
         ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True
     ).stdout.strip()
-    res = {
-        "what": __doc__.split("\n\n")[0],
-        "command": "flock /tmp/eagle3nb-heavy.lock env PYTHONPATH=. .venv/bin/python "
-        "bench/engine_versions.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "eagle3nb_commit": commit,
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "twin_layers": N,
-        "probes": PROBES,
-        "not_installable": NOT_INSTALLABLE,
-        "job": "params/smoke.yaml (not params/default.yaml: ~20 min per version on 2 cores)",
-        "versions": [],
-    }
+    command = "flock /tmp/eagle3nb-heavy.lock env PYTHONPATH=. .venv/bin/python " + (
+        "bench/engine_versions.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    )
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if a.table:
         res = json.loads(Path(a.out).read_text())
         print(markdown(res))
         return res
-    if a.only_jobs:  # the measurement holds the heavy lock apart from the jobs
+    versions = dict(ev.split(":") for ev in a.versions.split(","))
+    if a.only_jobs:  # the measurement holds the heavy lock apart from the job
+        if set(versions) != {"vllm", "sglang"}:
+            raise SystemExit(
+                f"--only-jobs: --versions={a.versions!r} must name one vLLM and one SGLang"
+            )
         res = json.loads(Path(a.out).read_text())
-        for rec in res["versions"]:
-            for c in rec.get("classes", []):
-                summarize(c)
-            if "error" not in rec:
-                print(f"job: {rec['engine']} {rec['version']}", flush=True)
-                rec["job"] = run_job(
-                    rec["engine"], rec["version"], "engine-versions-" + rec["engine"]
-                )
-                atomic_write_json(a.out, res)
+        print(f"default job: vllm {versions['vllm']}, sglang {versions['sglang']}", flush=True)
+        job = run_default_job(versions["vllm"], versions["sglang"], "engine-versions-default")
+        res["default_job"] = dict(job, eagle3nb_commit=commit, bench_command=command)
+        res.pop("job", None)  # the smoke job this key once named never ran
+        atomic_write_json(a.out, res)
+        print(json.dumps(res["default_job"], indent=1)[-3000:])
         return res
-    for ev in a.versions.split(","):
-        engine, version = ev.split(":")
+    out = Path(a.out)
+    res = json.loads(out.read_text()) if out.is_file() else {"versions": []}
+    res.update(
+        what=__doc__.split("\n\n")[0], twin_layers=N, probes=PROBES, not_installable=NOT_INSTALLABLE
+    )
+    for engine, version in versions.items():
         print(f"{engine} {version}", flush=True)
         rec = measure_version(engine, version, a.classes.split(","), work)
-        if not a.no_run and "error" not in rec:
-            rec["job"] = run_job(engine, version, f"engine-versions-{engine}-{version}")
-        res["versions"].append(rec)
-        atomic_write_json(a.out, res)  # each version kept as it finishes
+        rec.update(command=command, eagle3nb_commit=commit, date=when)
+        keep = [v for v in res["versions"] if (v["engine"], v["version"]) != (engine, version)]
+        res["versions"] = keep + [rec]
+        atomic_write_json(out, res)  # each version kept as it finishes
     print(json.dumps(res, indent=1)[-3000:])
     return res
 
