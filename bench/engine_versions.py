@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -85,6 +86,12 @@ PROBES = {
     "sglang": [list(range(N - 1)), [1, 2, 4], [0, 3, N]],
 }
 KINDS = ("same", "plus1", "first_id_1", "unless_n")
+# SGLang's ModelRunner route sizes its CPU KV pool from the host's free memory unless told (the
+# engine route caps it at 16384 tokens, sglang_backend.py); the probes hold 25 tokens
+PROBE_OPTIONS = {"sglang": {"max_total_tokens": 1024}}
+# the default job's SGLang options: the route auto picks without the aux API, named, and the
+# engine route's CPU pool (16384 tokens) for the runner too
+JOB_SGLANG_OPTIONS = "{capture_route: auto, max_total_tokens: 16384}"
 STORIES = models.resolve_model("stories260K-hd32")
 
 
@@ -179,7 +186,7 @@ def measure_class(client, engine: str, version: str, arch: str, root: Path) -> d
         try:
             got = client.capture_model(
                 str(probe_folder(tdir, engine, ids)), samples, ids,
-                twin_check.TWIN_ENGINE_OPTIONS[engine],
+                dict(twin_check.TWIN_ENGINE_OPTIONS[engine], **PROBE_OPTIONS.get(engine, {})),
             )  # fmt: skip
             meas = twin_check._measure(got, samples, tdir, len(ids), tol)  # the twin proof's own
             p["measured"] = [s["boundary"] for s in meas["slots"]]
@@ -295,10 +302,11 @@ def run_default_job(vllm_version: str, sglang_version: str, run_name: str) -> di
     pys = {"vllm": str(venv_python("vllm", vllm_version))}
     pys["sglang"] = str(venv_python("sglang", sglang_version))
     sets = [f"run_name={run_name}", f"vllm_python={pys['vllm']}", f"sglang_python={pys['sglang']}"]
+    sets.append(f"sglang_options={JOB_SGLANG_OPTIONS}")
     cmd = [sys.executable, "-m", "eagle3nb.run", "params/default.yaml"]
     for s in sets:
         cmd += ["--set", s]
-    out = {"command": "PYTHONPATH=. .venv/bin/python " + " ".join(cmd[1:])}
+    out = {"command": "PYTHONPATH=. .venv/bin/python " + shlex.join(cmd[1:])}
     out["load_before"] = load_average()
     t0 = time.perf_counter()
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=5400)
