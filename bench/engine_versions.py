@@ -15,9 +15,8 @@ captured by that version through eagle3nb's engine worker in its own venv at a f
 (vLLM ids 0..N, 1..N and 1,2,4; SGLang 0..N-2, 1,2,4 and 0,3,N: enough to tell ``same``, ``plus1``,
 ``first_id_1`` and ``unless_n`` apart), each slot named by the HF boundary it equals (the twin
 proof's own measurement, :mod:`eagle3nb.engines.twin_check`). SGLang without the aux API (0.5.22)
-captures through its in-process ModelRunner (:mod:`eagle3nb.engines.sglang_runner`), a fresh one
-per probe set (as a run builds one per id set: SGLang's setters keep per-layer flags,
-``qwen2_moe.py:1160-1163``). A probe the engine refuses is recorded
+captures through its in-process ModelRunner (:mod:`eagle3nb.engines.sglang_runner`); every SGLang
+probe set runs in a fresh worker (:class:`Workers` says why). A probe the engine refuses is recorded
 with its error. ``agrees``: for every probe the source rule's boundaries equal the measured ones, or
 both refuse; and the rule eagle3nb's own measurement derives from the probes
 (:func:`eagle3nb.boundaries.measured.derive_rule`) has the source row's kind and range. A class
@@ -36,6 +35,7 @@ measured), 04's refusal where it left the engine out, the command, the wall time
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import shlex
@@ -164,7 +164,36 @@ def start_client(engine: str, python: Path, workdir: Path):
     return start_sglang(STORIES, "float32", "cpu", 0, str(python), workdir, ctx)
 
 
-def measure_class(client, engine: str, version: str, arch: str, root: Path) -> dict:
+class Workers:
+    """The engine workers the probes run in: one for every probe of a vLLM version; for SGLang a
+    fresh worker per probe set, as a run builds one per id set. In one process SGLang 0.5.22's
+    ModelRunner (the route without the aux API) is built once per model safely: a second build after
+    a MoE twin fails (``eplb/expert_location.py:488``, ``assert resources.expert_location_metadata is
+    None``) and leaves ``init_parallel_runtime`` refusing every later build
+    (``distributed/bootstrap.py:104``, "ran twice in this process"); its setters also never unmark
+    layers (``qwen2_moe.py:1160-1163``)."""
+
+    def __init__(self, engine: str, python: Path, workdir: Path):
+        self.engine, self.python, self.workdir = engine, python, workdir
+        self.shared = None if engine == "sglang" else start_client(engine, python, workdir)
+
+    @contextlib.contextmanager
+    def probe(self):
+        if self.shared is not None:
+            yield self.shared
+            return
+        client = start_client(self.engine, self.python, self.workdir)
+        try:
+            yield client
+        finally:
+            client.close()
+
+    def close(self) -> None:
+        if self.shared is not None:
+            self.shared.close()
+
+
+def measure_class(workers, engine: str, version: str, arch: str, root: Path) -> dict:
     """Every probe of ``engine`` on the twin of ``arch``: measured boundaries (or the engine's error)
     next to what the source-read rule predicts."""
     from eagle3nb.engines.twin_measure import engine_model_file
@@ -184,10 +213,11 @@ def measure_class(client, engine: str, version: str, arch: str, root: Path) -> d
         p = {"ids": ids, "source": predicted(rule, ids)}
         t0 = time.perf_counter()
         try:
-            got = client.capture_model(
-                str(probe_folder(tdir, engine, ids)), samples, ids,
-                dict(twin_check.TWIN_ENGINE_OPTIONS[engine], **PROBE_OPTIONS.get(engine, {})),
-            )  # fmt: skip
+            with workers.probe() as client:
+                got = client.capture_model(
+                    str(tdir), samples, ids,
+                    dict(twin_check.TWIN_ENGINE_OPTIONS[engine], **PROBE_OPTIONS.get(engine, {})),
+                )  # fmt: skip
             meas = twin_check._measure(got, samples, tdir, len(ids), tol)  # the twin proof's own
             p["measured"] = [s["boundary"] for s in meas["slots"]]
             p["errors"] = [s["error"] for s in meas["slots"]]
@@ -216,20 +246,6 @@ def measure_class(client, engine: str, version: str, arch: str, root: Path) -> d
         )
     )
     return summarize(rec)
-
-
-def probe_folder(tdir: Path, engine: str, ids: list[int]) -> Path:
-    """The twin folder one probe set is captured from: for SGLang a copy per id set, so the worker
-    builds a fresh engine (or ModelRunner) for it (its capture key is the folder): SGLang's
-    ``set_eagle3_layers_to_capture`` marks layers and never unmarks them (``qwen2_moe.py:1160-1163``,
-    0.5.22 and 0.5.23), so a second id set on the same model would capture the first one's layers
-    too. vLLM's worker builds one per id set already."""
-    if engine != "sglang":
-        return tdir
-    d = tdir.parent / f"{tdir.name}-ids-{'-'.join(map(str, ids))}"
-    if not d.is_dir():
-        shutil.copytree(tdir, d)
-    return d
 
 
 def summarize(c: dict) -> dict:
@@ -268,7 +284,7 @@ def measure_version(engine: str, version: str, classes: list[str], work: Path) -
     out["installed"] = venv_versions(py)
     t0 = time.perf_counter()
     try:
-        client = start_client(engine, py, work / f"{engine}-{version}")
+        workers = Workers(engine, py, work / f"{engine}-{version}")
     except Exception as e:
         out["error"] = f"engine worker failed to start: {type(e).__name__}: {str(e)[-1500:]}"
         return out
@@ -276,12 +292,12 @@ def measure_version(engine: str, version: str, classes: list[str], work: Path) -
     try:
         for arch in classes:
             try:
-                out["classes"].append(measure_class(client, engine, version, arch, work / "twins"))
+                out["classes"].append(measure_class(workers, engine, version, arch, work / "twins"))
             except Exception as e:
                 out["classes"].append({"class": arch, "error": traceback.format_exc()[-1500:]})
                 print(f"  {arch}: {type(e).__name__}: {e}", flush=True)
     finally:
-        client.close()
+        workers.close()
     out["seconds"] = round(time.perf_counter() - t0, 1)
     return out
 
