@@ -484,9 +484,8 @@ def main(argv=None) -> dict:
         return res
     out = Path(a.out)
     res = json.loads(out.read_text()) if out.is_file() else {"versions": []}
-    res.update(
-        what=__doc__.split("\n\n")[0], twin_layers=N, probes=PROBES, not_installable=NOT_INSTALLABLE
-    )
+    res.update(what=__doc__.split("\n\n")[0], twin_layers=N, probes=PROBES)
+    res.update(not_installable=NOT_INSTALLABLE, command=command, eagle3nb_commit=commit, date=when)
     for engine, version in versions.items():
         print(f"{engine} {version}", flush=True)
         rec = measure_version(engine, version, a.classes.split(","), work)

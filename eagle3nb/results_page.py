@@ -295,14 +295,21 @@ def _sglang_builds(d):
 
 
 def _engine_versions(d):
-    rows = []
+    """Per version and class: the source rule, the measured one, and the default job's served tau
+    (``default_job``, trained drafter; the job's class only, the embedded Llama target)."""
+    rows, jobs = [], (d.get("default_job") or {}).get("engines", {})
     for v in d["versions"]:
-        tau = (v.get("job") or {}).get("served_tau") or {}
+        job = jobs.get(f"{v['engine']} {v['version']}") or {}
+        tau = {k: t for k, t in (job.get("served_tau") or {}).items() if "offset" not in k}
+        served = ", ".join(f"{t:.4f}" for t in tau.values())
+        if not served and job.get("left_out_of_04"):
+            served = "not served (04 left it out: see the JSON)"
         for c in v.get("classes", []):
             k = (c.get("derived") or {}).get("kind")
             got = k if c.get("agrees") is not None else "not measured"
+            job_class = c["class"] == "LlamaForCausalLM"
             rows.append([f"{v['engine']} {v['version']}", c["class"], c.get("source_rule"), got,
-                         c.get("agrees"), ", ".join(f"{t:.3f}" for t in tau.values()) or "-"])  # fmt: skip
+                         c.get("agrees"), (served or "-") if job_class else "-"])  # fmt: skip
     return _table(["version", "class", "source rule", "measured", "agrees", "served tau"], rows)
 
 

@@ -175,7 +175,7 @@ class InputFields(BaseModel):
     sglang_python: Optional[str] = _p(
         None,
         "python of the SGLang venv (None for the cache made by .ci/setup_engines.sh; empty string to import sglang here on a GPU box)",
-        [GENERATE, EXTRACT_SGLANG, EVAL],
+        [GENERATE, EXTRACT_SGLANG, TRAIN, EVAL],  # 03: the export's ids by this version's rule
     )
     sglang_options: dict = _p(
         None,

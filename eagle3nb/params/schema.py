@@ -303,7 +303,7 @@ class RunParams(InputFields):
     vllm_python: Optional[str] = _p(
         None,
         'python of the vLLM venv; None for the cached one of .ci/setup_engines.sh, "" to run vLLM in this process (GPU box)',
-        VLLM,
+        (*VLLM, TRAIN),  # 03 starts no vLLM, but exports ids by this version's rule
     )
     vllm_options: dict = _p(
         None,
