@@ -147,3 +147,21 @@ def test_train_config_defaults_are_runparams_defaults():
     assert differ == {}, (
         f"TrainConfig default vs RunParams default: {differ}; make eagle3nb/training/loop.py TrainConfig agree"
     )
+
+
+def test_03_exports_ids_by_the_run_pythons_engine_versions(monkeypatch):
+    """03's export writes each engine's ids by the rule of the version installed for the run's
+    python (``engine_versions``): papermill injects into 03 only the fields its cell declares, so
+    without ``sglang_python`` / ``vllm_python`` there 03 read the CI venvs' versions (the default
+    job on vLLM 0.31.0 / SGLang 0.5.22 exported ids recorded as 0.32.0 / 0.5.23 rules,
+    bench/engine_versions.py --only-jobs)."""
+    from eagle3nb.engines import versions
+    from eagle3nb.steps.shared.checks import engine_versions
+
+    run = {
+        "sglang_python": "/v/sglang-0.5.22/bin/python",
+        "vllm_python": "/v/vllm-0.31.0/bin/python",
+    }
+    injected = {k: v for k, v in run.items() if "03_train" in params.declared_by(k)}
+    monkeypatch.setattr(versions, "installed_engine_version", lambda e, py: py.split("-")[1][:6])
+    assert engine_versions(RunParams(**injected)) == {"sglang": "0.5.22", "vllm": "0.31.0"}
