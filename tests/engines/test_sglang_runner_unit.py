@@ -13,6 +13,7 @@ from eagle3nb.engines import sglang_runner as sr
 def test_route_auto_follows_the_aux_api():
     assert sr.pick_route("auto", "0.5.23", True) == "engine"
     assert sr.pick_route("auto", "0.5.17", False) == "runner"
+    assert sr.pick_route("auto", "0.5.22", False) == "runner"  # no aux API; shown on CPU
     assert sr.pick_route("runner", "0.5.23", True) == "runner"  # the CPU test's forced route
 
 
@@ -20,7 +21,7 @@ def test_route_refusals(monkeypatch):
     monkeypatch.delenv(sr.ANY_VERSION_ENV, raising=False)
     with pytest.raises(ValueError, match="has no enable_return_aux_hidden_states"):
         sr.pick_route("engine", "0.5.17", False)
-    with pytest.raises(RuntimeError, match=r"SGLang 0\.5\.18: .*0\.5\.17, 0\.5\.23 only"):
+    with pytest.raises(RuntimeError, match=r"SGLang 0\.5\.18: .*0\.5\.17, 0\.5\.22, 0\.5\.23 only"):
         sr.pick_route("auto", "0.5.18", False)
     with pytest.raises(ValueError, match="capture_route='hf'"):
         sr.pick_route("hf", "0.5.17", False)
