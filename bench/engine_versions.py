@@ -358,20 +358,9 @@ def job_facts(run: Path, engine: str, version: str) -> dict:
         "served_tau": {k: v for k, v in tau.items() if f"served by {name} {version}" in k},
     }
     served = ev.get("served", {})
+    keys = ("drafter", "k", "batch_size", "category", "tau", "counters", "greedy_mismatches")
     f["served_runs"] = [
-        {
-            k: r.get(k)
-            for k in (
-                "drafter",
-                "k",
-                "batch_size",
-                "category",
-                "tau",
-                "counters",
-                "greedy_mismatches",
-                "load_average",
-            )
-        }  # fmt: skip
+        {k: r.get(k) for k in (*keys, "load_average")}
         for r in served.get("runs", [])
         if r.get("engine") == engine and r.get("engine_version") == version
     ]
