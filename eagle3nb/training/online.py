@@ -22,7 +22,7 @@ import torch
 from eagle3nb.padding import pad_right
 from eagle3nb.target.capture import HFCaptureEngine, capture_boundaries, n_layers_of
 
-__all__ = ["OnlineSource"]
+__all__ = ["OnlineSource", "loss_bearing_items", "nonfinite_samples"]
 
 
 def loss_bearing_items(samples) -> tuple[list[dict], list[int]]:
@@ -47,6 +47,19 @@ def loss_bearing_items(samples) -> tuple[list[dict], list[int]]:
             "no sample with a loss-bearing token: nothing to train on online; check 01's output and the loss mask (mode)"
         )
     return items, [int(s[0]) for s in samples if not any(s[2])]
+
+
+def nonfinite_samples(aux: torch.Tensor, final: torch.Tensor) -> torch.Tensor:
+    """``[B]`` bool: the samples of a batch holding a NaN or an infinity anywhere in ``aux
+    [B, T, n_aux*H]`` or ``final [B, T, H]`` (float32), by each sample's float32 sum: a NaN or an
+    infinity makes the sum non-finite (inf + -inf is NaN), finite values only past 3.4e38 in
+    total, which no residual stream reaches. Why not ``isfinite`` per element: on the host it
+    read 0.5 GB per batch at the 8B shape (0.30 s on 2 cores against 0.012 s for the sum), and
+    engine-fed online training builds its batches on one thread."""
+    return ~(
+        torch.isfinite(aux.sum(dim=tuple(range(1, aux.dim())), dtype=torch.float32))
+        & torch.isfinite(final.sum(dim=tuple(range(1, final.dim())), dtype=torch.float32))
+    )
 
 
 class OnlineSource:
@@ -213,7 +226,7 @@ class OnlineSource:
             torch.cuda.synchronize()
         self.capture_seconds += time.time() - t0
         self.captured_tokens += int(attn.sum())
-        bad = ~(torch.isfinite(aux).all(-1).all(-1) & torch.isfinite(final).all(-1).all(-1))  # [B]
+        bad = nonfinite_samples(aux, final)  # [B]
         if bad.any():  # offline drops such samples at extraction; online drops them from the loss
             self.nonfinite_rows += int(bad.sum())
             loss[bad] = 0

@@ -75,6 +75,18 @@ def test_streamed_training_equals_offline_bit_for_bit(target, offline, tmp_path)
     assert st["batches_put"] == CFG.max_steps and st["max_bytes"] <= st["capacity_bytes"]
 
 
+def test_three_build_threads_give_the_same_batches_in_step_order(target, offline, tmp_path):
+    """Batches built on 3 threads (as on CUDA) reach the trainer in step order: the same
+    weights as offline, exactly; the stats count every batch once."""
+    model = target[0]
+    s, d_off, _ = offline
+    src = _source(s, _one_by_one(model), build_threads=3)
+    d_on, _ = train_drafter(src, model, CFG, tmp_path / "on3")
+    for (k, a), b in zip(d_off.state_dict().items(), d_on.state_dict().values()):
+        assert torch.equal(a, b), k
+    assert src.stats()["transport"]["batches_put"] == CFG.max_steps
+
+
 def test_queue_holds_the_engine_back_within_its_bytes():
     """A producer faster than the consumer: the queue never holds more than its capacity (each
     batch smaller than it), the producer's wait is counted; then the other way round."""

@@ -137,3 +137,17 @@ def test_run_online_skips_extraction_and_trains(tmp_path):
         and dman["dataset_engine"]["online"]
         and dman["aux_boundaries"] == [1, 2, 4]
     )
+
+
+def test_nonfinite_samples_equals_the_elementwise_check():
+    from eagle3nb.training.online import nonfinite_samples
+
+    g = torch.Generator().manual_seed(0)
+    aux, final = torch.randn(6, 5, 12, generator=g) * 1e3, torch.randn(6, 5, 4, generator=g)
+    aux[1, 2, 3] = float("nan")
+    aux[2, 0, 0] = float("inf")
+    aux[3, 4, 1], aux[3, 4, 2] = float("inf"), float("-inf")  # their sum is NaN
+    final[4, 1, 1] = float("-inf")
+    want = ~(torch.isfinite(aux).all(-1).all(-1) & torch.isfinite(final).all(-1).all(-1))
+    got = nonfinite_samples(aux, final)
+    assert got.tolist() == want.tolist() == [False, True, True, True, True, False]
