@@ -36,9 +36,11 @@ LIBRARIES = ("target", "text", "dataset", "training", "drafter", "viz")
 ABOVE_LIBRARIES = ("eagle3nb.params", "eagle3nb.steps", "eagle3nb.engines")
 ENGINE_SIDE = (
     "worker",
+    "child_watch",
     "vllm_backend",
     "sglang_backend",
     "sglang_runner",
+    "sglang_capture_ids",
     "sglang_netns",
     "sglang_ops",
     "sglang_transport",

@@ -33,6 +33,7 @@ import os
 from pathlib import Path
 
 from eagle3nb.engines import (
+    child_watch,
     sglang_forkserver,
     sglang_ops,
     sglang_runner,
@@ -221,6 +222,7 @@ class Backend(OtherModelCapture, sglang_serve.ServeAcceptance, sglang_runner.Run
     def _stop(self) -> None:
         self._close_other()  # a twin's engine (capture_model)
         self.close_runner()  # the in-process ModelRunner (sglang_runner)
+        child_watch.forget()  # its processes stop on purpose now (a dead one was reported)
         if self._engine is not None:
             self._engine.shutdown()
         self._engine, self._mode = None, None

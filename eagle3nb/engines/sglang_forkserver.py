@@ -32,6 +32,8 @@ import importlib.util
 import multiprocessing
 import os
 
+from eagle3nb.engines import child_watch
+
 __all__ = ["ENV", "PRELOAD", "enabled", "start", "install"]
 
 ENV = "EAGLE3NB_SGLANG_FORKSERVER"
@@ -44,7 +46,10 @@ class _EnvProcess(multiprocessing.Process):
 
     def start(self):
         self._parent_env = dict(os.environ)
+        name = getattr(self._target, "__name__", None) or self.name  # start() drops _target
         super().start()
+        # the worker watches it: a scheduler that dies signals this server, not the worker
+        child_watch.register(self.pid, name, self)
 
     def run(self):
         for k in set(os.environ) - set(self._parent_env):
