@@ -37,6 +37,7 @@ __all__ = [
     "EngineChildExited",
     "register",
     "forget",
+    "stop_all",
     "watched",
     "exit_status",
     "watching",
@@ -119,8 +120,9 @@ def _first_exited() -> tuple[int, str, int | None] | None:
     return None
 
 
-def _kill_watched() -> None:
-    """SIGKILL the registered processes still running (the rest of the failed engine)."""
+def stop_all() -> None:
+    """SIGKILL the registered processes still running and forget them all: the rest of an engine
+    that failed (its start raised, or one of its processes exited)."""
     for pid in watched():
         if not exit_status(pid)[0]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -164,7 +166,7 @@ def watching(what: str, log: str | os.PathLike | None = None, interval: float = 
         yield  # signals reach the main thread only: no watch here
         return
     if hit := _first_exited():  # died while the worker was idle
-        _kill_watched()
+        stop_all()
         raise EngineChildExited(_message(hit, what, log))
     if not _installed:  # installed once and kept: a signal that comes late finds it disarmed
         signal.signal(_SIGNAL, _handler)
@@ -184,7 +186,7 @@ def watching(what: str, log: str | os.PathLike | None = None, interval: float = 
     try:
         yield
     except ChildExited as e:
-        _kill_watched()
+        stop_all()
         raise EngineChildExited(_message(e.args[0], what, log)) from None
     finally:  # a signal still on its way finds the watch disarmed (the next call's check sees it)
         signal.pthread_sigmask(signal.SIG_BLOCK, {_SIGNAL})

@@ -216,7 +216,11 @@ class Backend(OtherModelCapture, sglang_serve.ServeAcceptance, sglang_runner.Run
         kw.update(self.options.get("engine_kwargs") or {})
         if sglang_forkserver.enabled(self.device):  # children forked with SGLang imported
             sglang_forkserver.install(importlib.import_module("sglang.srt.entrypoints.engine"))
-        self._engine = sglang.Engine(**kw)
+        try:
+            self._engine = sglang.Engine(**kw)
+        except BaseException:  # SGLang saw its scheduler die: the rest of that engine goes too
+            child_watch.stop_all()
+            raise
         self._mode = mode
 
     def _stop(self) -> None:
