@@ -174,8 +174,12 @@ class RunnerCapture:
             ranks = SpawnRanks(world_rank=spawn_world_rank(sa, tp_rank=0, pp_rank=0), gpu_id=0)
             publish(sa, role="scheduler", ranks=ranks)
             ob._init_process_global_configs()
-        with native_ops(self.version) if native else contextlib.nullcontext():
-            bench, _ = ob.load_model(sa, pa, 0, 0)
+        try:
+            with native_ops(self.version) if native else contextlib.nullcontext():
+                bench, _ = ob.load_model(sa, pa, 0, 0)
+        except BaseException:  # a load that failed half way must not block the next one
+            _release_process_state()
+            raise
         self.runner, self.ob, self.server_args = bench.torch_runner, ob, sa
         self.model_path, self.dtype, self.device, self.native = (
             str(model_path),
@@ -311,16 +315,31 @@ class RunnerCapture:
         import gc
 
         import torch
-        from sglang.srt.distributed import parallel_state as ps
 
         self.runner = None
         gc.collect()
-        with contextlib.suppress(Exception):  # nothing to destroy is fine
-            ps.destroy_model_parallel()
-        with contextlib.suppress(Exception):
-            ps.destroy_distributed_environment()
+        _release_process_state()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _release_process_state() -> None:
+    """SGLang's process-wide state a ModelRunner sets up: the parallel groups
+    (``srt/distributed/parallel_state.py`` ``destroy_model_parallel`` /
+    ``destroy_distributed_environment``, both versions; 0.5.23's destroy also clears
+    ``init_parallel_runtime``'s once-guard, ``distributed/bootstrap.py:66-72``) and, for an MoE
+    model, 0.5.23's expert-location metadata, which a second MoE load asserts is unset
+    (``eplb/expert_location.py:484-489``)."""
+    from sglang.srt.distributed import parallel_state as ps
+
+    with contextlib.suppress(Exception):  # nothing to destroy is fine
+        ps.destroy_model_parallel()
+    with contextlib.suppress(Exception):
+        ps.destroy_distributed_environment()
+    with contextlib.suppress(Exception):  # absent before 0.5.23, or nothing published yet
+        from sglang.srt.runtime_context import get_resources
+
+        get_resources().expert_location_metadata = None
 
 
 class RunnerRoute:
