@@ -42,6 +42,7 @@ __all__ = [
     "exit_status",
     "watching",
     "log_tail",
+    "drop_zmq_contexts",
 ]
 
 INTERVAL = 1.0  # seconds between two reads of /proc
@@ -195,3 +196,21 @@ def watching(what: str, log: str | os.PathLike | None = None, interval: float = 
         t.join(timeout=interval * 2)
         _armed.clear()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {_SIGNAL})
+
+
+def drop_zmq_contexts() -> None:
+    """Destroy, with linger 0, the ZMQ contexts an engine whose start failed leaves behind: their
+    sockets hold messages for the dead scheduler, and ZMQ's default linger (-1) made the next
+    engine's start block for ever in the garbage collector's ``Context.__del__`` -> ``term()``
+    (seen with SGLang 0.5.23 after a refused id set, py-spy: ``Engine.__init__`` ->
+    ``zmq/sugar/context.py:264``). Only a failed engine's are alive then (the worker runs one)."""
+    import gc
+
+    import zmq
+
+    for obj in gc.get_objects():
+        if isinstance(obj, zmq.Context) and not obj.closed:
+            try:
+                obj.destroy(linger=0)
+            except Exception:  # noqa: BLE001 - one that cannot be destroyed is left as it is
+                pass

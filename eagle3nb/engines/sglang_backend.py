@@ -119,24 +119,6 @@ def launch_env(
     return env
 
 
-def _drop_zmq_contexts() -> None:
-    """Destroy, with linger 0, the ZMQ contexts an engine whose start failed leaves behind: their
-    sockets hold messages for the dead scheduler, and ZMQ's default linger (-1) made the next
-    engine's start block for ever in the garbage collector's ``Context.__del__`` -> ``term()``
-    (seen with SGLang 0.5.23 after a refused id set, py-spy: ``Engine.__init__`` ->
-    ``zmq/sugar/context.py:264``). Only a failed engine's are alive then (the worker runs one)."""
-    import gc
-
-    import zmq
-
-    for obj in gc.get_objects():
-        if isinstance(obj, zmq.Context) and not obj.closed:
-            try:
-                obj.destroy(linger=0)
-            except Exception:  # noqa: BLE001 - one that cannot be destroyed is left as it is
-                pass
-
-
 class Backend(OtherModelCapture, sglang_serve.ServeAcceptance, sglang_runner.RunnerRoute):
     """One SGLang ``Engine`` at a time: plain for :meth:`generate`, capture-only for :meth:`capture`,
     EAGLE-3 serving for :meth:`serve_acceptance` (:mod:`eagle3nb.engines.sglang_serve`).
@@ -238,7 +220,7 @@ class Backend(OtherModelCapture, sglang_serve.ServeAcceptance, sglang_runner.Run
             self._engine = sglang.Engine(**kw)
         except BaseException:  # SGLang saw its scheduler die: the rest of that engine goes too
             child_watch.stop_all()
-            _drop_zmq_contexts()
+            child_watch.drop_zmq_contexts()
             raise
         self._mode = mode
 
