@@ -75,11 +75,13 @@ drafter/            the EAGLE-3 draft model and what is done with it
     hub             upload an exported drafter through huggingface_hub (dry run by default)
 engines/            real engines (vLLM, SGLang) behind one interface, across a process boundary
     worker          engine side: JSON-line worker in the engine's venv; the backend contract
+    child_watch     engine side: the worker's watch over its engine processes (one that exits fails the call)
     vllm_backend    engine side: vLLM generation, capture (extract_hidden_states), EAGLE-3 serving
     vllm_connector  engine side: synchronous hidden-states connector that vLLM loads
     vllm_eager      engine side: vLLM on CUDA with graphs off captures boundary N at id 0
     sglang_backend  engine side: SGLang generation and aux capture through sglang.Engine
     sglang_runner   engine side: SGLang capture through its in-process ModelRunner (no aux API)
+    sglang_capture_ids  engine side: a loaded SGLang model's captured layers reset and set between forwards
     sglang_ops      engine side: SGLang's CUDA kernel limits (MLP width) and the torch-ops patch
     sglang_netns    engine side: the SGLang worker's loopback-only network namespace
     sglang_transport  engine side: SGLang's scheduler hands captured states over as tensors

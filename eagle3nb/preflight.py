@@ -241,7 +241,8 @@ def _rule_or_measure(p: RunParams, engine, version, arch, python, ids, on_cpu):
     device = "cpu" if on_cpu else "cuda"
     with tempfile.TemporaryDirectory(prefix="eagle3nb-measure-") as work:
         path = models.resolve_model(p.model)
-        got = measure_in_preflight(engine, python, path, ids, p.dtype, device, work, p.seed)
+        opts = {"options": p.sglang_options} if engine == "sglang" else {}  # its capture_route
+        got = measure_in_preflight(engine, python, path, ids, p.dtype, device, work, p.seed, **opts)
     print(f"preflight: {engine} {version} on {arch}: rule measured ({got['rule'].summary()})")
     return got["rule"]
 

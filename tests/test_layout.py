@@ -36,9 +36,11 @@ LIBRARIES = ("target", "text", "dataset", "training", "drafter", "viz")
 ABOVE_LIBRARIES = ("eagle3nb.params", "eagle3nb.steps", "eagle3nb.engines")
 ENGINE_SIDE = (
     "worker",
+    "child_watch",
     "vllm_backend",
     "sglang_backend",
     "sglang_runner",
+    "sglang_capture_ids",
     "sglang_netns",
     "sglang_ops",
     "sglang_transport",
@@ -56,7 +58,8 @@ ENGINE_SIDE_THIRD_PARTY = {
     "sglang",
     "psutil",
     "sgl_kernel",
-}  # psutil, sgl_kernel: SGLang's own
+    "zmq",
+}  # psutil, sgl_kernel, zmq (pyzmq): SGLang's own
 MAX_MODULE_LINES = 400
 # Files allowed past MAX_MODULE_LINES, up to LISTED_MODULE_MAX, each with a one-line reason: a
 # module that reads as one concern is better whole than split by size (issue 36).

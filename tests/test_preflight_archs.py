@@ -198,15 +198,15 @@ def test_unknown_engine_version_is_refused_with_how_to_measure(tmp_path, monkeyp
         check_against_model(_params(m, twin_check="off", **kw))
     calls = []
 
-    def fake_measurement(engine, python, path, ids, dtype, device, work, seed):
-        calls.append((engine, ids))
+    def fake_measurement(engine, python, path, ids, dtype, device, work, seed, options=None):
+        calls.append((engine, ids, options))
         row = RULES[("sglang", "0.5.23", "LlamaForCausalLM")]
         rule = replace(row, version="0.5.99", source="measured (fake)", measured={"fake": True})
         return {"rule": rule, "known_by": rule.known_by, "measured_now": True}
 
     monkeypatch.setattr(twin_measure, "measure_in_preflight", fake_measurement)
     info = check_against_model(_params(m, **kw))
-    assert calls == [("sglang", [0, 1])]
+    assert calls == [("sglang", [0, 1], {})]  # the run's sglang_options (their capture_route)
     assert info["engines"]["sglang"]["known_by"] == "measured"
 
 

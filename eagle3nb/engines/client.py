@@ -144,6 +144,7 @@ class EngineClient:
             "dtype": dtype,
             "options": dict(options or {}),
             "workdir": self.workdir,
+            "log": self.log_path,  # the worker's stderr: child_watch quotes its tail
         }
         if threads is None and (budget := thread_budget.current()) is not None:
             threads = budget.worker

@@ -33,6 +33,7 @@ import os
 from pathlib import Path
 
 from eagle3nb.engines import (
+    child_watch,
     sglang_forkserver,
     sglang_ops,
     sglang_runner,
@@ -215,12 +216,18 @@ class Backend(OtherModelCapture, sglang_serve.ServeAcceptance, sglang_runner.Run
         kw.update(self.options.get("engine_kwargs") or {})
         if sglang_forkserver.enabled(self.device):  # children forked with SGLang imported
             sglang_forkserver.install(importlib.import_module("sglang.srt.entrypoints.engine"))
-        self._engine = sglang.Engine(**kw)
+        try:
+            self._engine = sglang.Engine(**kw)
+        except BaseException:  # SGLang saw its scheduler die: the rest of that engine goes too
+            child_watch.stop_all()
+            child_watch.drop_zmq_contexts()
+            raise
         self._mode = mode
 
     def _stop(self) -> None:
         self._close_other()  # a twin's engine (capture_model)
         self.close_runner()  # the in-process ModelRunner (sglang_runner)
+        child_watch.forget()  # its processes stop on purpose now (a dead one was reported)
         if self._engine is not None:
             self._engine.shutdown()
         self._engine, self._mode = None, None

@@ -32,6 +32,8 @@ import importlib.util
 import multiprocessing
 import os
 
+from eagle3nb.engines import child_watch
+
 __all__ = ["ENV", "PRELOAD", "enabled", "start", "install"]
 
 ENV = "EAGLE3NB_SGLANG_FORKSERVER"
@@ -44,7 +46,13 @@ class _EnvProcess(multiprocessing.Process):
 
     def start(self):
         self._parent_env = dict(os.environ)
+        name = getattr(self._target, "__name__", None) or self.name  # start() drops _target
         super().start()
+        # the worker watches it, and the server: a scheduler that fails signals its parent, this
+        # server (SIGQUIT, scheduler.py:6373), which dies and stays defunct under the worker
+        child_watch.register(self.pid, name, self)
+        for pid in _servers() - {_resource_tracker_pid()}:
+            child_watch.register(pid, "SGLang's forkserver (a failing scheduler signals it)")
 
     def run(self):
         for k in set(os.environ) - set(self._parent_env):
@@ -75,6 +83,12 @@ def _servers() -> set[int]:
 
     pids = (forkserver._forkserver._forkserver_pid, resource_tracker._resource_tracker._pid)
     return {p for p in pids if p}
+
+
+def _resource_tracker_pid():
+    from multiprocessing import resource_tracker
+
+    return resource_tracker._resource_tracker._pid
 
 
 def _sparing_servers(kill_process_tree):

@@ -16,6 +16,8 @@ with ``ForwardBatch.init_new(..., capture_hidden_mode=CaptureHiddenMode.FULL)``
 the input of that layer = boundary id + 1, ``:434-437``) switches the capture on; in FULL mode the
 logits processor returns the packed aux states of every prompt token
 (``srt/layers/logits_processor.py:654-705``; 0.5.17). No SGLang file is patched for the capture.
+Each forward first resets the model to its state after a load and re-arms SGLang's own capture
+checks (:func:`eagle3nb.engines.sglang_capture_ids.set_capture`): one load serves every id set.
 
 SGLang 0.5.22 (read in ``~/.cache/eagle3nb/engines/sglang-0.5.22``, ``bench/setup_engine_versions.sh``):
 ``one_batch.py`` as 0.5.23 (``load_model`` ``:327-387``, ``_init_process_global_configs`` published
@@ -52,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import os
 
+from eagle3nb.engines.sglang_capture_ids import set_capture
 from eagle3nb.engines.sglang_ops import mlp_width_problem, native_ops
 
 __all__ = [
@@ -171,8 +174,12 @@ class RunnerCapture:
             ranks = SpawnRanks(world_rank=spawn_world_rank(sa, tp_rank=0, pp_rank=0), gpu_id=0)
             publish(sa, role="scheduler", ranks=ranks)
             ob._init_process_global_configs()
-        with native_ops(self.version) if native else contextlib.nullcontext():
-            bench, _ = ob.load_model(sa, pa, 0, 0)
+        try:
+            with native_ops(self.version) if native else contextlib.nullcontext():
+                bench, _ = ob.load_model(sa, pa, 0, 0)
+        except BaseException:  # a load that failed half way must not block the next one
+            _release_process_state()
+            raise
         self.runner, self.ob, self.server_args = bench.torch_runner, ob, sa
         self.model_path, self.dtype, self.device, self.native = (
             str(model_path),
@@ -202,11 +209,9 @@ class RunnerCapture:
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
         r, ob = self.runner, self.ob
-        model = r.model
-        if ids is None:  # capture off: the post-norm final state comes back (logits_processor.py)
-            model.capture_aux_hidden_states, model.model.layers_to_capture = False, []
-        else:
-            model.set_eagle3_layers_to_capture(list(ids))
+        # ids None: capture off, the post-norm final state comes back (logits_processor.py); a
+        # set: as a fresh load with it, SGLang's own refusals raised here (sglang_capture_ids)
+        set_capture(r.model, r.model_config, None if ids is None else list(ids))
         reqs = ob.prepare_synthetic_inputs_for_latency_test(len(samples), 0, custom_inputs=samples)
         try:  # the published schedule context (0.5.23; 0.5.17's ModelRunner publishes it too,
             from sglang.srt.runtime_context import get_schedule  # model_runner.py:334)
@@ -310,16 +315,31 @@ class RunnerCapture:
         import gc
 
         import torch
-        from sglang.srt.distributed import parallel_state as ps
 
         self.runner = None
         gc.collect()
-        with contextlib.suppress(Exception):  # nothing to destroy is fine
-            ps.destroy_model_parallel()
-        with contextlib.suppress(Exception):
-            ps.destroy_distributed_environment()
+        _release_process_state()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _release_process_state() -> None:
+    """SGLang's process-wide state a ModelRunner sets up: the parallel groups
+    (``srt/distributed/parallel_state.py`` ``destroy_model_parallel`` /
+    ``destroy_distributed_environment``, both versions; 0.5.23's destroy also clears
+    ``init_parallel_runtime``'s once-guard, ``distributed/bootstrap.py:66-72``) and, for an MoE
+    model, 0.5.23's expert-location metadata, which a second MoE load asserts is unset
+    (``eplb/expert_location.py:484-489``)."""
+    from sglang.srt.distributed import parallel_state as ps
+
+    with contextlib.suppress(Exception):  # nothing to destroy is fine
+        ps.destroy_model_parallel()
+    with contextlib.suppress(Exception):
+        ps.destroy_distributed_environment()
+    with contextlib.suppress(Exception):  # absent before 0.5.23, or nothing published yet
+        from sglang.srt.runtime_context import get_resources
+
+        get_resources().expert_location_metadata = None
 
 
 class RunnerRoute:

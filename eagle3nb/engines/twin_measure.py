@@ -24,7 +24,20 @@ from eagle3nb.boundaries.rules import EngineRule, measured_rule, register_measur
 from eagle3nb.target import models
 from eagle3nb.target.twin import build_twin, probe_samples, twin_ids, twin_layers
 
-__all__ = ["measure_rule", "engine_model_file", "rule_for_run", "measure_in_preflight"]
+__all__ = [
+    "measure_rule",
+    "engine_model_file",
+    "measure_capture",
+    "measure_facts",
+    "rule_for_run",
+    "measure_in_preflight",
+    "RUNNER_TWIN_OPTIONS",
+]
+
+# SGLang's in-process ModelRunner (sglang_runner): one model load per twin, the probe sets applied
+# between forwards (sglang_capture_ids); a KV pool for the twin's two short samples (16 + 9 tokens)
+# instead of one sized from host memory
+RUNNER_TWIN_OPTIONS = {"capture_route": "runner", "max_total_tokens": 1024}
 
 
 def engine_model_file(engine: str, python: str | None, arch: str) -> dict:
@@ -79,7 +92,8 @@ def measure_rule(
         run_ids: the run's ids for this engine, on the target (asked of the twin too).
         dtype, device: the engine's (they set the naming tolerance,
             :func:`eagle3nb.boundaries.alignment.tolerance`).
-        facts: further record fields (``torch``, ``model_file``, ``model_file_sha256``).
+        facts: further record fields (``torch``, ``model_file``, ``model_file_sha256``,
+            ``capture_route``: :func:`measure_facts`).
         keep: also keep the rule per user (:mod:`eagle3nb.boundaries.measured_store`).
 
     Returns:
@@ -137,14 +151,49 @@ def measure_rule(
     return rule
 
 
+def measure_capture(client, engine: str, route: str = "engine") -> Callable:
+    """The ``capture`` a measurement calls: ``client.capture_model`` on the twin with the twin
+    options (:data:`eagle3nb.engines.twin_check.TWIN_ENGINE_OPTIONS`). SGLang on ``route``
+    ``runner``: its in-process ModelRunner (:data:`RUNNER_TWIN_OPTIONS`): one model load per twin,
+    each id set applied to the loaded model between forwards, a set SGLang refuses raised there
+    (:mod:`eagle3nb.engines.sglang_capture_ids`); ``engine`` (vLLM, SGLang's aux API): one engine
+    build per id set."""
+    from eagle3nb.engines.twin_check import TWIN_ENGINE_OPTIONS
+
+    opts = dict(TWIN_ENGINE_OPTIONS.get(engine) or {})
+    if engine == "sglang" and route == "runner":
+        opts.update(RUNNER_TWIN_OPTIONS)
+
+    def capture(path, samples, ids):
+        return client.capture_model(path, samples, ids, opts)
+
+    return capture
+
+
+def measure_facts(info: dict, python, arch: str, route: str | None = None) -> dict:
+    """The record fields a measurement adds (:func:`measure_rule` ``facts``): ``torch``, the
+    engine's ``model_file`` for ``arch`` and its ``model_file_sha256``
+    (:func:`engine_model_file`), and ``capture_route``: which path captured the twin (``route``,
+    else the engine's own ``info()["capture_route"]``, else ``engine``)."""
+    mf = engine_model_file(info["engine_name"], python, arch)
+    return {
+        "torch": info.get("torch_version"),
+        "model_file": mf["path"],
+        "model_file_sha256": mf["sha256"],
+        "capture_route": route or info.get("capture_route") or "engine",
+    }
+
+
 def rule_for_run(
     client, target_path, run_ids, dtype, twin_dir, seed=0, python=None, keep=True
 ) -> dict:
     """The id rule of the engine behind ``client`` for the target's class: its version file's row
     (``{"known_by": "read from source"}``), else a measured rule kept from an earlier run on the same
-    engine build (same torch and model-file sha256), else measured now on the running engine
-    (:func:`measure_rule`; ``keep`` False for a fake engine: never kept per user). Returns
-    ``{"rule": EngineRule, "known_by", "measured_now"}``.
+    engine build and capture route (same torch, model-file sha256 and route), else measured now on
+    the running engine (:func:`measure_rule`, through the route the engine captures the run with:
+    SGLang's in-process ModelRunner where ``sglang_options.capture_route`` is runner or the
+    installed SGLang has no aux API, :func:`measure_capture`; ``keep`` False for a fake engine:
+    never kept per user). Returns ``{"rule": EngineRule, "known_by", "measured_now"}``.
 
     Raises:
         ValueError: as :func:`measure_rule`.
@@ -156,23 +205,14 @@ def rule_for_run(
     row = table_rule(engine, version, arch)
     if row is not None:
         return {"rule": row, "known_by": row.known_by, "measured_now": False}
-    mf = engine_model_file(engine, python or getattr(client, "python", None), arch)
-    facts = {
-        "torch": info.get("torch_version"),
-        "model_file": mf["path"],
-        "model_file_sha256": mf["sha256"],
-    }
+    facts = measure_facts(info, python or getattr(client, "python", None), arch)
     kept = measured_rule(engine, version, arch)
     same = kept is not None and all(
         (kept.measured or {}).get(k) == v for k, v in facts.items() if k != "model_file"
     )
     if same:
         return {"rule": kept, "known_by": kept.known_by, "measured_now": False}
-    from eagle3nb.engines.twin_check import TWIN_ENGINE_OPTIONS
-
-    def capture(path, samples, ids):
-        return client.capture_model(path, samples, ids, TWIN_ENGINE_OPTIONS.get(engine))
-
+    capture = measure_capture(client, engine, facts["capture_route"])
     device = info.get("device", "cpu")
     rule = measure_rule(
         capture, engine, version, target_path, run_ids, dtype, twin_dir, seed, device, facts, keep
@@ -180,10 +220,14 @@ def rule_for_run(
     return {"rule": rule, "known_by": rule.known_by, "measured_now": True}
 
 
-def measure_in_preflight(engine, python, target_path, run_ids, dtype, device, workdir, seed=0):
+def measure_in_preflight(
+    engine, python, target_path, run_ids, dtype, device, workdir, seed=0, options=None
+):
     """Preflight's measurement for an engine version no file holds: start ``engine`` (``python``'s
-    venv) on the target's twin, take :func:`rule_for_run` (a kept measurement of the same engine
-    build, else measured now), close the engine. Returns as :func:`rule_for_run`.
+    venv) on the target's twin, with ``options`` (SGLang: the run's ``sglang_options``, so its
+    ``capture_route`` picks the path the run captures with), take :func:`rule_for_run` (a kept
+    measurement of the same engine build and route, else measured now), close the engine. Returns
+    as :func:`rule_for_run`.
 
     Raises:
         ValueError: as :func:`measure_rule`; whatever starting the engine raises.
@@ -197,7 +241,7 @@ def measure_in_preflight(engine, python, target_path, run_ids, dtype, device, wo
     nt = twin_layers(int(cfg["num_hidden_layers"]))
     tdir = build_twin(target_path, work / "twin", nt, seed, arch, models.MODEL_TYPE_ALIASES)
     if engine == "sglang":
-        client = start_sglang(tdir, dtype, device, seed, python, work, 256)
+        client = start_sglang(tdir, dtype, device, seed, python, work, 256, options)
     else:
         client = open_engine(engine, tdir, dtype, python=python, workdir_parent=work)
     try:

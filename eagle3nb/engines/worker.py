@@ -13,9 +13,11 @@ engines themselves are told to stay on loopback):
 - start: ``python -m eagle3nb.engines.worker '<json spec>'`` with spec ``{"engine": "vllm",
   "model_path": ..., "dtype": ..., "options": {...}, "workdir": ..., "threads": n}`` (``threads``
   optional: the worker's share of the thread budget, :mod:`eagle3nb.threads`; torch's intra-op pool
-  is sized to it before the engine is imported); the worker answers ``{"ready": true, "info":
-  {...}, "pid", "threads": {"torch_threads", "env"}}`` once the backend is built (the thread counts
-  it really runs with), or ``{"ready": false, "error", "type", "traceback"}``.
+  is sized to it before the engine is imported; ``log`` optional: the worker's stderr file, whose
+  tail :mod:`eagle3nb.engines.child_watch` quotes when an engine process exits); the worker
+  answers ``{"ready": true, "info": {...}, "pid", "threads": {"torch_threads", "env"}}`` once the
+  backend is built (the thread counts it really runs with), or ``{"ready": false, "error",
+  "type", "traceback"}``.
 - request ``{"id": n, "method": "generate" | "capture" | "serve_acceptance" | "info" | "close",
   "args": {...}}``; answer ``{"id": n, "ok": true, "result": ...}`` or ``{"id": n, "ok": false,
   "error": str, "type": exception class name, "traceback": str}``.
@@ -59,6 +61,8 @@ import json
 import os
 import sys
 import traceback
+
+from eagle3nb.engines import child_watch
 
 __all__ = [
     "REGISTRY",
@@ -263,18 +267,31 @@ def _error(e: BaseException) -> dict:
     return {"error": str(e), "type": type(e).__name__, "traceback": traceback.format_exc()}
 
 
+def _doing(spec: dict, method: str, args: dict) -> str:
+    """What the worker is doing, for :mod:`eagle3nb.engines.child_watch`'s message."""
+    model = args.get("model_path") or spec["model_path"]
+    ids = f" with layer ids {list(args['layer_ids'])}" if "layer_ids" in args else ""
+    return f"running {method} of {spec['engine']} on {model}{ids}"
+
+
 def serve(spec: dict, inp=None, out=None) -> None:
-    """Build the backend from ``spec`` and answer requests until ``close`` or end of input."""
+    """Build the backend from ``spec`` and answer requests until ``close`` or end of input. The
+    backend's creation and each request run under :func:`eagle3nb.engines.child_watch.watching`:
+    an engine process that exits meanwhile makes that call fail within seconds (the answer names
+    it, its exit code, the model and ids, the log's tail), and the backend is closed, so the next
+    request starts its engine anew."""
     inp = inp or sys.stdin
     workdir = spec["workdir"]
+    log = spec.get("log") or os.path.join(workdir, "engine.log")  # the client's (its stderr)
     os.makedirs(workdir, exist_ok=True)
     try:
         threads = size_threads(spec.get("threads"))
         mod = importlib.import_module(backend_module(spec["engine"]))
         opts = dict(spec.get("options") or {})
         opts.setdefault("workdir", workdir)
-        backend = mod.Backend(spec["model_path"], spec["dtype"], opts)
-        info = backend.info()
+        with child_watch.watching(_doing(spec, "start", {}), log):
+            backend = mod.Backend(spec["model_path"], spec["dtype"], opts)
+            info = backend.info()
     except BaseException as e:  # noqa: BLE001 (reported to the client, which raises)
         _answer(out, {"ready": False, **_error(e)})
         return
@@ -290,16 +307,22 @@ def serve(spec: dict, inp=None, out=None) -> None:
                 _answer(out, {"id": rid, "ok": True, "result": None})
                 return
             try:
-                if method == "info":
-                    res = backend.info()
-                elif method in ("capture", "capture_model"):
-                    res = _save_tensors(workdir, rid, getattr(backend, method)(**args))
-                elif method in ("generate", "serve_acceptance"):
-                    res = getattr(backend, method)(**args)
-                else:
-                    raise ValueError(f"unknown method {method!r}")
+                with child_watch.watching(_doing(spec, method, args), log):
+                    if method == "info":
+                        res = backend.info()
+                    elif method in ("capture", "capture_model"):
+                        res = _save_tensors(workdir, rid, getattr(backend, method)(**args))
+                    elif method in ("generate", "serve_acceptance"):
+                        res = getattr(backend, method)(**args)
+                    else:
+                        raise ValueError(f"unknown method {method!r}")
                 _answer(out, {"id": rid, "ok": True, "result": res})
-            except Exception as e:  # noqa: BLE001 (the client re-raises with the engine's message)
+            except (Exception, child_watch.ChildExited) as e:  # noqa: BLE001 (the client re-raises)
+                if isinstance(e, (child_watch.EngineChildExited, child_watch.ChildExited)):
+                    try:  # its engine is gone: the next request starts a fresh one
+                        backend.close()
+                    except Exception:  # noqa: BLE001
+                        pass
                 _answer(out, {"id": rid, "ok": False, **_error(e)})
     finally:
         try:
