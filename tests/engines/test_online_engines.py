@@ -22,6 +22,7 @@ from safetensors import safe_open
 
 from testkit import requires_engine
 from eagle3nb import params
+from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.drafter.export import load_drafter
 from eagle3nb.manifest import read_json
 from eagle3nb.repo_paths import REPO_ROOT
@@ -159,6 +160,32 @@ def test_online_from_vllm_resumes_after_sigkill(runs, embed, vllm_online):
     assert [(b["step"], b["sample_ids"]) for b in resumed] == [(s, want[s]) for s in (3, 4, 5)]
     _compare(_weights(q, embed), _weights(k, embed), 0.0)
     _no_states_under(RunDir(k).root)
+
+
+@requires_engine("vllm")
+def test_online_from_vllm_first_epoch_cache(runs, embed):
+    """Over two epochs and more, the first-epoch cache (bound: 0.5 MiB, less than one epoch of
+    this data) against recapturing every epoch: the same weights up to float noise (a cached
+    sample's states come from its first-epoch engine call, a recaptured one's from another call
+    with other neighbours; vLLM's float32 CPU kernels differ by a few ulp over batch shapes); the
+    shard files within the bound, the samples past it recaptured; the folder a dataset the offline
+    reader opens, with the engine block; every re-check, cached rows included, bit-equal."""
+    steps = dict(max_steps=14)  # <= 24 samples in batches of 4: at least two epochs
+    a = _online(runs, "online-vllm-14", online_engine="vllm", **steps)
+    train_step(a, progress=False)
+    bound = 0.5 / 1024  # GiB
+    c = _online(runs, "online-vllm-cache", online_engine="vllm", online_cache_gib=bound, **steps)
+    on = train_step(c, progress=False)["stats"]["online"]
+    _compare(_weights(a, embed), _weights(c, embed), WEIGHT_ATOL)
+    cache = on["cache"]
+    files = list(RunDir(c).online_cache.glob("*.safetensors"))
+    assert cache["full"] and sum(f.stat().st_size for f in files) == cache["bytes"] <= 512 * 1024
+    assert cache["reads"] > 0 and cache["samples_recaptured_every_epoch"] > 0
+    assert on["batches"]["from_cache_rows"] == cache["reads"]
+    assert all(r["exact"] and r["max_abs_diff"] == 0.0 for r in on["rechecks"])
+    man = AuxDataset(RunDir(c).online_cache).manifest
+    assert (man["engine"]["name"], man["engine"]["version"]) == ("vllm", "0.32.0")
+    assert man["convention"] == "vllm" and man["online_cache"]["capacity_bytes"] == 512 * 1024
 
 
 @requires_engine("sglang")
