@@ -293,8 +293,7 @@ class EngineOnlineSource(OnlineSource):
         self._pin = bool(pin_memory)
         errors: list = []
         lanes = self.build_threads or (3 if self._pin else 1)  # CPU: one, as bit-exact tests ran
-        if self.cache is not None:  # the cache is filled in step order, by one thread
-            lanes = 1
+        lanes = 1 if self.cache is not None else lanes  # the cache fills in step order
         turn, state = threading.Condition(), {"next": start, "stop": False, "alive": lanes}
         ths = [threading.Thread(target=self._produce, daemon=True, args=(
             start, stop, rank, world, errors, i, lanes, turn, state)) for i in range(lanes)]  # fmt: skip
