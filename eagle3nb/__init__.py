@@ -57,6 +57,7 @@ training/           training the drafter with training-time test (TTT)
     online          online training: the target captures each batch's aux states in the loop
     engine_online   online training fed by the serving engine: batches captured ahead, re-checked
     transport       captured batches handed to the trainer: put / get / close, bounded in bytes
+    online_cache    opt-in first-epoch cache of engine captures, bounded in bytes, dataset format
     shard_target    online training with the target sharded over the ranks (FSDP2)
     progress        progress lines (stdout, train.log), bar postfix, tensorboard/wandb/mlflow
     monitor         after each step: history entry, progress line, held-out evaluation, best

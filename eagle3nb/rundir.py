@@ -25,6 +25,7 @@ class RunDir:
         self.dataset = self.root / "dataset"
         self.dataset_vllm = self.root / "dataset_vllm"  # 02a: captured by vLLM itself
         self.train = self.root / "train"
+        self.online_cache = self.root / "online_cache"  # 03 online, online_cache_gib > 0 only
         self.drafter = self.root / "drafter"
         self.figures = self.root / "figures"
         self.metrics = self.root / "metrics.json"

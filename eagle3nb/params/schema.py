@@ -52,6 +52,12 @@ class RunParams(InputFields):
         [TRAIN],
         ge=1,
     )
+    online_cache_gib: float = _p(
+        0.0,
+        "online from vllm/sglang: GiB of the first epoch's captured states kept in outputs/<run>/online_cache/ (dataset format) and read by later epochs; samples past it are recaptured every epoch; 0 = off, no states on disk",
+        [TRAIN],
+        ge=0,
+    )
     online_recheck_every: int = _p(
         50,
         "online from vllm/sglang: steps between re-checks of a streamed batch against the engine's own capture of it (0 = none)",

@@ -13,7 +13,12 @@ How a batch travels: a capture thread walks the plan from the resume step, asks 
 (``capture``: one engine call per training batch; the worker hands tensors over through shared
 memory, :mod:`eagle3nb.steps.train.online_engine`), pads them as ``collate`` pads stored samples
 and puts the batch into a :class:`eagle3nb.training.transport.BatchTransport` (by default a queue
-bounded in bytes); the loop takes batches in order. Every epoch re-captures (nothing is cached).
+bounded in bytes); the loop takes batches in order. Every epoch re-captures, unless the opt-in
+first-epoch cache (:mod:`eagle3nb.training.online_cache`, ``cache_dir`` / ``cache_bytes``) holds a
+sample: then its states are read from there and only the others are captured (one engine call).
+Each captured batch's step and sample ids are recorded in :attr:`EngineOnlineSource.cursor`
+(``batches_log``: one JSON line per batch, appended), so a resumed run can be shown to have
+captured the same batches as an uninterrupted one.
 
 Faults: an exception of a class in ``restartable`` (the engine died) restarts the engine once
 (``restart``) and captures the same batch again; a second one stops the run with an error naming
@@ -21,8 +26,9 @@ the step and the samples being captured. Resume: batches are a pure function of 
 run killed after its last checkpoint captures the same batches again from there.
 
 Re-check: every ``recheck_every`` steps the loop's batch (as it came out of the transport) is
-compared with the engine's own capture of the same samples, asked again in one call: bit-equal
-when ``exact`` (float32 on CPU), else within ``recheck_tol`` (max |diff|).
+compared with the engine's own capture of the same samples, asked again as the calls they came
+from (a cached sample: the call of the first epoch that captured it): bit-equal when ``exact``
+(float32 on CPU), else within ``recheck_tol`` (max |diff|).
 
 This layer imports no engine: the step (:mod:`eagle3nb.steps.train.online_engine`) passes the
 capture and restart callables.
@@ -32,14 +38,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
 import time
+from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 
 from eagle3nb.padding import pad_right
 from eagle3nb.training.online import OnlineSource, loss_bearing_items, nonfinite_samples
+from eagle3nb.training.online_cache import FirstEpochCache
 from eagle3nb.training.transport import BatchTransport, ByteBoundedQueue, TransportClosed
 
 __all__ = ["EngineOnlineSource", "RecheckError"]
@@ -75,6 +84,10 @@ class EngineOnlineSource(OnlineSource):
         build_threads: threads that capture and build batches, each its own steps, put in step
             order (the engine's calls stay one at a time); None: 3 when the trainer asks for
             pinned batches (CUDA), else 1.
+        cache_dir, cache_bytes: the first-epoch cache's folder and bound
+            (:class:`eagle3nb.training.online_cache.FirstEpochCache`); None / 0: no cache.
+        batches_log: a JSON-lines file getting ``{"step", "sample_ids", "cached"}`` per batch
+            handed to the trainer (None: not written).
 
     Raises:
         ValueError: no sample with a loss-bearing token.
@@ -95,6 +108,9 @@ class EngineOnlineSource(OnlineSource):
         on_close: Callable | None = None,
         final_tol: float | None = None,
         build_threads: int | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        cache_bytes: int = 0,
+        batches_log: str | os.PathLike | None = None,
     ):
         self.items, empty = loss_bearing_items(samples)
         self.manifest = dict(
@@ -122,6 +138,14 @@ class EngineOnlineSource(OnlineSource):
         self.build_threads = build_threads
         self._stats_lock = threading.Lock()
         self._engine_lock = threading.Lock()  # one engine call at a time (one pipe)
+        self._by_sid = {int(x["sample_id"]): i for i, x in enumerate(self.items)}
+        self.cache = None
+        if cache_dir is not None and cache_bytes > 0:
+            self.cache = FirstEpochCache(cache_dir, self.manifest, cache_bytes)
+        self.batches_log = batches_log
+        if batches_log is not None:
+            Path(batches_log).parent.mkdir(parents=True, exist_ok=True)
+        self.cursor: list[dict] = []  # per batch captured in this process: step, sample ids
 
     def fingerprint(self) -> str:
         """:meth:`OnlineSource.fingerprint` plus the engine (name, version) and its ids: a
@@ -137,6 +161,8 @@ class EngineOnlineSource(OnlineSource):
         called by 03 after training, also when training raised."""
         if self.transport is not None:
             self.transport.close()
+        if self.cache is not None:
+            self.cache.close()
         if self.on_close is not None:
             self.on_close()
 
@@ -167,18 +193,34 @@ class EngineOnlineSource(OnlineSource):
         samples: ``input_ids, loss_mask, attn_mask [B, T]`` int64, ``aux [B, T, n_aux*H]`` and
         ``final [B, T, H]`` float32 (zero at padding), ``sample_index [B]`` int64 (-1 for the
         loss-free stand-in row of a rank without samples, ``keep_loss`` False)."""
-        t0 = time.time()
-        caps = self._capture(idx, step)
-        with self._stats_lock:
-            self.capture_seconds += time.time() - t0
         items = [self.items[i] for i in idx]
+        sids = [int(x["sample_id"]) for x in items]
+        hit = [i for i, s in zip(idx, sids) if self.cache is not None and self.cache.has(s)]
+        fresh = [i for i in idx if i not in hit]
+        got, calls = {}, {}
+        if fresh:
+            t0 = time.time()
+            got = dict(zip(fresh, self._capture(fresh, step)))
+            calls = {i: tuple(fresh) for i in fresh}
+            with self._stats_lock:
+                self.capture_seconds += time.time() - t0
+                self.captured_tokens += sum(self.items[i]["input_ids"].numel() for i in fresh)
+        for i in hit:  # the first epoch's states, and the call they came from (for the re-check)
+            got[i], call = self.cache.read(self.items[i]["sample_id"])
+            calls[i] = tuple(self._by_sid[s] for s in call)
+        if self.cache is not None:
+            fresh_sids = [int(self.items[i]["sample_id"]) for i in fresh]
+            for i in fresh:
+                x = self.items[i]
+                s = (int(x["sample_id"]), x["input_ids"].tolist(), x["loss_mask"].tolist())
+                self.cache.offer(s, got[i], fresh_sids)
+        caps = [got[i] for i in idx]
         ids, attn = pad_right([x["input_ids"] for x in items], dtype=torch.long)
         loss = pad_right([x["loss_mask"] for x in items], dtype=torch.long)[0]
         aux = pad_right([c.aux for c in caps], dtype=torch.float32)[0]  # [B, T, n_aux*H]
         final = pad_right([c.final for c in caps], dtype=torch.float32)[0]  # [B, T, H]
         bad = nonfinite_samples(aux, final)  # [B]
         with self._stats_lock:
-            self.captured_tokens += int(attn.sum())
             self.nonfinite_rows += int(bad.sum())
         if bad.any():  # offline drops such samples at extraction; online drops them from the loss
             loss[bad] = 0
@@ -186,10 +228,19 @@ class EngineOnlineSource(OnlineSource):
         if not keep_loss:
             loss = torch.zeros_like(loss)
         index = torch.tensor(idx if keep_loss else [-1], dtype=torch.long)
+        self._log_batch(step, sids, len(hit))
         return {
             "input_ids": ids, "loss_mask": loss, "attn_mask": attn, "aux": aux, "final": final,
-            "sample_index": index,
+            "sample_index": index, "_calls": [calls[i] for i in idx],
         }  # fmt: skip
+
+    def _log_batch(self, step: int, sids: list[int], cached: int) -> None:
+        rec = {"step": step, "sample_ids": sids, "cached": cached}
+        with self._stats_lock:  # build threads (CUDA) append in the order they finish
+            self.cursor.append(rec)
+            if self.batches_log is not None:  # appended and flushed: what a killed run captured
+                with open(self.batches_log, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(rec) + "\n")
 
     def _produce(self, start: int, stop: int, rank: int, world: int, errors: list, lane: int,
                  lanes: int, turn: threading.Condition, state: dict) -> None:  # fmt: skip
@@ -242,6 +293,7 @@ class EngineOnlineSource(OnlineSource):
         self._pin = bool(pin_memory)
         errors: list = []
         lanes = self.build_threads or (3 if self._pin else 1)  # CPU: one, as bit-exact tests ran
+        lanes = 1 if self.cache is not None else lanes  # the cache fills in step order
         turn, state = threading.Condition(), {"next": start, "stop": False, "alive": lanes}
         ths = [threading.Thread(target=self._produce, daemon=True, args=(
             start, stop, rank, world, errors, i, lanes, turn, state)) for i in range(lanes)]  # fmt: skip
@@ -252,9 +304,9 @@ class EngineOnlineSource(OnlineSource):
                 b = self.transport.get()
                 if b is None:
                     break
-                step = b.pop("_step")
+                step, calls = b.pop("_step"), b.pop("_calls")
                 if self.recheck_every and (step + 1) % self.recheck_every == 0:
-                    self.recheck(b, step)
+                    self.recheck(b, step, calls)
                 yield b
         finally:
             self.transport.close()
@@ -266,9 +318,11 @@ class EngineOnlineSource(OnlineSource):
         if errors:
             raise errors[0]
 
-    def recheck(self, b: dict, step: int) -> dict:
+    def recheck(self, b: dict, step: int, calls: list | None = None) -> dict:
         """Compare streamed batch ``b`` (step ``step``) with the engine's capture of the same
-        samples asked again now; the record goes to :attr:`rechecks`.
+        samples asked again now, as the engine calls ``calls`` (per row, the item indices of the
+        call it came from; None: the batch's samples in one call); the record goes to
+        :attr:`rechecks`.
 
         Raises:
             RecheckError: a difference (any, when ``exact``; else over ``recheck_tol``), naming
@@ -277,7 +331,11 @@ class EngineOnlineSource(OnlineSource):
         idx = [int(i) for i in b["sample_index"].tolist() if i >= 0]
         if not idx:
             return {}
-        caps = self._capture(idx, step)
+        calls = [tuple(c) for c in calls] if calls is not None else [tuple(idx)] * len(idx)
+        again = {}
+        for call in dict.fromkeys(calls[: len(idx)]):  # each distinct call once, in order
+            again.update({(call, i): c for i, c in zip(call, self._capture(list(call), step))})
+        caps = [again[(call, i)] for call, i in zip(calls, idx)]
         worst = 0.0
         for r, (i, c) in enumerate(zip(idx, caps)):
             n = int(b["attn_mask"][r].sum())
@@ -298,6 +356,7 @@ class EngineOnlineSource(OnlineSource):
                         + "): the batch was changed on its way to the trainer"
                     )  # fmt: skip
         rec = {"step": step, "samples": len(idx), "max_abs_diff": worst, "exact": self.exact}
+        rec["engine_calls"] = len(set(calls[: len(idx)]))
         self.rechecks.append(rec)
         return rec
 
@@ -307,11 +366,14 @@ class EngineOnlineSource(OnlineSource):
             return ""
         st = self.transport.stats()
         mib = 1 << 20
-        return (
+        line = (
             f"capture waiting {st['capture_wait_seconds']:.1f} s / trainer waiting "
             f"{st['trainer_wait_seconds']:.1f} s, queue {st['depth']} batches "
             f"{st['bytes'] / mib:.1f}/{st['capacity_bytes'] / mib:.0f} MiB"
         )
+        if self.cache is not None:
+            line += ", " + self.cache.status(len(self.items))
+        return line
 
     def stats(self) -> dict:
         """metrics.json["train"]["online"]: capture seconds and tokens/s, the transport's
@@ -326,5 +388,13 @@ class EngineOnlineSource(OnlineSource):
             "transport": self.transport.stats() if self.transport is not None else None,
             "restarts": self.restarts,
             "rechecks": self.rechecks,
+            "cache": self.cache.stats(len(self.items)) if self.cache is not None else None,
+            "batches": {
+                "first_step": self.cursor[0]["step"] if self.cursor else None,
+                "last_step": self.cursor[-1]["step"] if self.cursor else None,
+                "captured": len(self.cursor),
+                "from_cache_rows": sum(r["cached"] for r in self.cursor),
+                "log": str(self.batches_log) if self.batches_log is not None else None,
+            },
             "note": "capture times are the engine calls of this process (a resumed run counts its last part)",
         }

@@ -1,12 +1,14 @@
 """03 online from the real engines (vLLM 0.32.0 CPU, SGLang 0.5.23 CPU, each in its own venv):
 the drafter trained on batches the engine captures while training equals, up to float noise, the
 drafter trained offline on the dataset that engine wrote (02a / 02b) with the same batch plan; the
-online run folder holds no captured state; a run killed with SIGKILL after its last checkpoint
-resumes to the same weights as the uninterrupted run.
+online run folder holds no captured state; a run of 03 in its own process, SIGKILLed after its
+last checkpoint, resumes to the uninterrupted run's weights bit for bit, its sample cursor giving
+the same batches.
 
 Small on purpose (24 prompts of 24 new tokens, 6 steps): the engines are the kept workers of the
-session (eagle3nb.engines.pool), only the killed run starts its own vLLM."""
+session (eagle3nb.engines.pool), only the killed process starts its own vLLM."""
 
+import json
 import os
 import shutil
 import signal
@@ -20,6 +22,7 @@ from safetensors import safe_open
 
 from testkit import requires_engine
 from eagle3nb import params
+from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.drafter.export import load_drafter
 from eagle3nb.manifest import read_json
 from eagle3nb.repo_paths import REPO_ROOT
@@ -81,6 +84,20 @@ def _no_states_under(root):
             for k in g.keys():
                 assert k.split(".")[-1] not in ("aux", "final"), (f, k)
     assert not list(root.rglob("capture-*"))  # the worker's hand-over files
+    assert not (root / "online_cache").exists()  # online_cache_gib is 0 (off) by default
+
+
+def _batches(p) -> list[dict]:
+    """The sample cursor: ``train/online_batches.jsonl``, one record per captured batch."""
+    lines = (RunDir(p).train / "online_batches.jsonl").read_text().split("\n")
+    return [json.loads(x) for x in lines[:-1]]  # a last line cut by the kill has no newline
+
+
+@pytest.fixture(scope="module")
+def vllm_online(runs):
+    """03 online from vLLM, uninterrupted: ``(params, stats)``."""
+    q = _online(runs, "online-vllm", online_engine="vllm")
+    return q, train_step(q, progress=False)["stats"]
 
 
 def _compare(a, b, atol):
@@ -89,19 +106,19 @@ def _compare(a, b, atol):
 
 
 @requires_engine("vllm")
-def test_online_from_vllm_equals_offline_and_resumes_after_kill(runs, embed):
+def test_online_from_vllm_equals_offline(runs, embed, vllm_online):
     out, p0 = runs
     p_off = _with_data(runs, "offline-vllm", train_on="vllm")
     extract_vllm_step(p_off, progress=False)
     train_step(p_off, progress=False)
-    q = _online(runs, "online-vllm", online_engine="vllm")
-    st = train_step(q, progress=False)["stats"]
+    q, st = vllm_online
     _compare(_weights(p_off, embed), _weights(q, embed), WEIGHT_ATOL)
     on = st["online"]
     assert on["engine"] == "vllm" and on["engine_version"] == "0.32.0"
     assert [r["step"] for r in on["rechecks"]] == [1, 3, 5]
     assert all(r["exact"] and r["max_abs_diff"] == 0.0 for r in on["rechecks"])
     assert on["transport"]["batches_put"] == 6 and on["restarts"] == []
+    assert on["cache"] is None and not RunDir(q).online_cache.exists()
     dman = read_json(RunDir(q).drafter / "manifest.json")
     assert dman["training_mode"] == "online" and dman["dataset_engine"]["online"] is True
     assert (dman["dataset_engine"]["name"], dman["convention"]) == ("vllm", "vllm")
@@ -109,7 +126,15 @@ def test_online_from_vllm_equals_offline_and_resumes_after_kill(runs, embed):
     m = read_metrics(RunDir(q).metrics)
     assert m["alignment"]["vllm"]["online"] is True
     _no_states_under(RunDir(q).root)
-    # kill -9 after step 4 (last checkpoint: step 3), rerun: the uninterrupted run's weights
+
+
+@requires_engine("vllm")
+def test_online_from_vllm_resumes_after_sigkill(runs, embed, vllm_online):
+    """03 online from vLLM in its own process (its own vLLM worker), SIGKILLed right after step 4
+    (the loop's fault injection, EAGLE3NB_FAULT_AT_STEP: no cleanup runs; last checkpoint: step
+    3), then resumed here (the session's kept vLLM worker): the uninterrupted run's weights, bit
+    for bit (float32 on CPU: the same engine calls give the same bits), and the same batches."""
+    q, _ = vllm_online
     k = _online(runs, "online-vllm-kill", online_engine="vllm")
     RunDir(k).train.mkdir(parents=True, exist_ok=True)
     pf = RunDir(k).train / "killed_params.yaml"
@@ -122,9 +147,45 @@ def test_online_from_vllm_equals_offline_and_resumes_after_kill(runs, embed):
     )  # fmt: skip
     assert r.returncode == -signal.SIGKILL, r.stderr[-3000:]
     assert read_json(RunDir(k).train / "checkpoints" / "latest.json")["step"] == 3
+    _no_states_under(RunDir(k).root)  # also what the killed process left
+    want = {b["step"]: b["sample_ids"] for b in _batches(q)}
+    assert sorted(want) == list(range(6))
+    killed = _batches(k)  # steps 0.. as far as the capture thread got before the kill
+    assert [b["step"] for b in killed[:5]] == list(range(5))
+    assert all(b["sample_ids"] == want[b["step"]] for b in killed)
     st = train_step(k, progress=False)["stats"]
     assert st["online"]["transport"]["batches_put"] == 3  # steps 3, 4, 5 captured again
+    assert st["online"]["batches"]["first_step"] == 3
+    resumed = _batches(k)[len(killed) :]
+    assert [(b["step"], b["sample_ids"]) for b in resumed] == [(s, want[s]) for s in (3, 4, 5)]
     _compare(_weights(q, embed), _weights(k, embed), 0.0)
+    _no_states_under(RunDir(k).root)
+
+
+@requires_engine("vllm")
+def test_online_from_vllm_first_epoch_cache(runs, embed):
+    """Over two epochs and more, the first-epoch cache (bound: 0.5 MiB, less than one epoch of
+    this data) against recapturing every epoch: the same weights up to float noise (a cached
+    sample's states come from its first-epoch engine call, a recaptured one's from another call
+    with other neighbours; vLLM's float32 CPU kernels differ by a few ulp over batch shapes); the
+    shard files within the bound, the samples past it recaptured; the folder a dataset the offline
+    reader opens, with the engine block; every re-check, cached rows included, bit-equal."""
+    steps = dict(max_steps=14)  # <= 24 samples in batches of 4: at least two epochs
+    a = _online(runs, "online-vllm-14", online_engine="vllm", **steps)
+    train_step(a, progress=False)
+    bound = 0.5 / 1024  # GiB
+    c = _online(runs, "online-vllm-cache", online_engine="vllm", online_cache_gib=bound, **steps)
+    on = train_step(c, progress=False)["stats"]["online"]
+    _compare(_weights(a, embed), _weights(c, embed), WEIGHT_ATOL)
+    cache = on["cache"]
+    files = list(RunDir(c).online_cache.glob("*.safetensors"))
+    assert cache["full"] and sum(f.stat().st_size for f in files) == cache["bytes"] <= 512 * 1024
+    assert cache["reads"] > 0 and cache["samples_recaptured_every_epoch"] > 0
+    assert on["batches"]["from_cache_rows"] == cache["reads"]
+    assert all(r["exact"] and r["max_abs_diff"] == 0.0 for r in on["rechecks"])
+    man = AuxDataset(RunDir(c).online_cache).manifest
+    assert (man["engine"]["name"], man["engine"]["version"]) == ("vllm", "0.32.0")
+    assert man["convention"] == "vllm" and man["online_cache"]["capacity_bytes"] == 512 * 1024
 
 
 @requires_engine("sglang")

@@ -8,7 +8,10 @@ Where the tensors cross: the worker's capture answer is one safetensors file per
 training batch, not one per sample) in the worker's temp folder, which here lies in shared memory
 (``/dev/shm``, a tmpfs: :func:`shared_memory_dir`), never under the run folder; the client reads it
 and deletes it at once (:func:`eagle3nb.engines.worker.load_tensors`). With ``vllm_python: ""``
-(the engine imported here, a GPU box) the tensors stay in this process.
+(the engine imported here, a GPU box) the tensors stay in this process. With ``online_cache_gib``
+> 0 the first epoch's states are also kept in ``outputs/<run>/online_cache/`` within that bound
+(:mod:`eagle3nb.training.online_cache`); the space is checked before the engine starts. Each batch's
+step and sample ids go to ``train/online_batches.jsonl`` (ids only, no states).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from eagle3nb.steps.shared.checks import (
 from eagle3nb.boundaries import conventions
 from eagle3nb.target import models
 from eagle3nb.training.engine_online import EngineOnlineSource
+from eagle3nb.training.online_cache import GIB, check_cache_space
 
 __all__ = ["engine_online_source", "shared_memory_dir", "RECHECK_TOL"]
 
@@ -66,6 +70,9 @@ def engine_online_source(p: RunParams, rd: RunDir, model, tok, path, device: str
     """
     from eagle3nb.engines.client import EngineError
 
+    cache_bytes = int(p.online_cache_gib * GIB)
+    if cache_bytes:  # refused before the engine starts
+        check_cache_space(rd.online_cache, cache_bytes)
     gman, tinfo = checked_generation(p, rd, model, tok, path)
     ids, bnds = resolve_aux(p, tinfo["n_layers"])
     samples = extract.checked_train_samples(rd, "train on")
@@ -110,6 +117,9 @@ def engine_online_source(p: RunParams, rd: RunDir, model, tok, path, device: str
         # SGLang's boundary N is HF's, computed here: its float32 bits follow torch's thread count
         # (a bench run of 500 steps saw 2.15e-6 at step 99 after the thread budget moved)
         final_tol=FINAL_TOL_HF[p.dtype] if p.online_engine == "sglang" else None,
+        cache_dir=rd.online_cache if cache_bytes else None,
+        cache_bytes=cache_bytes,
+        batches_log=rd.train / "online_batches.jsonl",
     )
     return src
 
