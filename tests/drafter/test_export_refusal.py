@@ -137,7 +137,10 @@ def test_04_leaves_sglang_out_by_name_as_for_the_audits_copy(refused_run, tmp_pa
     for cfg in (_cfg(p), audit_cfg):
         assert _served(q, cfg, N, ARCH) == {"vllm": TRAINED}
         why = cfg["eagle3nb"]["refused_engines"]["sglang"]
-        assert _engine_reason(q, "sglang", p.model, tcfg, cfg) == f"the export refused it: {why}"
+        assert (
+            _engine_reason(q, "sglang", p.model, tcfg, cfg, "cpu")
+            == f"the export refused it: {why}"
+        )
 
 
 def test_retrain_set_from_a_tau_table_else_nearest():
