@@ -15,13 +15,14 @@
 #   bash bench/gpu_2026-12-06.sh install-vllm "$OUT"  # vLLM's bundle only (what online needs)
 #   bash bench/gpu_2026-12-06.sh online  "$OUT"  # issue 44: vLLM-fed vs offline vs HF-online, 8B shape
 #   bash bench/gpu_2026-12-06.sh online-default "$OUT"  # issue 44: bench/online.py, default target
+#   bash bench/gpu_2026-12-06.sh rules   "$OUT"  # issue 42: both engines' rules measured on CUDA, rows hidden
 #
 # Every number lands in a JSON under OUT/results (device, versions, commit, code digest); the
 # log in OUT/run_<part>.log. Work files under $WORK (default /tmp/e3gpu), parts under $PARTS
 # (default /root/e3parts), installs under $OFF (default /root/e3off): they stay between calls
 # while the machine is held; a fresh machine needs stash + install again.
 set -uo pipefail
-part="${1:?usage: bash bench/gpu_2026-12-06.sh stash|chunks|install|capture|job|serve|speed|moe|wb8b|install-vllm|online|online-default OUT}"
+part="${1:?usage: bash bench/gpu_2026-12-06.sh stash|chunks|install|capture|job|serve|speed|moe|wb8b|install-vllm|online|online-default|rules OUT}"
 OUT="${2:?usage: bash bench/gpu_2026-12-06.sh PART OUT}"
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -112,6 +113,10 @@ case "$part" in
     need_vllm
     run timeout 570 $PY bench/online.py params/gpu.yaml --device cuda --engines vllm --steps 300 \
       --rounds 3 --out "$OUT/results/online_default.json" ;;
+  rules)  # issue 42: resumable (a second call continues with the classes not yet measured)
+    need_sglang
+    run $PY bench/gpu_rules.py --out "$OUT/results" --work "$WORK" --sglang-python "$SGPY" \
+      --eager-control --time-budget-s 480 ${RULES_ARGS:-} ;;
   *) echo "unknown part $part" >&2; exit 2 ;;
 esac
 ls -la "$OUT/results"

@@ -28,6 +28,7 @@ __all__ = [
     "measure_rule",
     "engine_model_file",
     "measure_capture",
+    "measure_options",
     "measure_facts",
     "rule_for_run",
     "measure_in_preflight",
@@ -151,18 +152,32 @@ def measure_rule(
     return rule
 
 
-def measure_capture(client, engine: str, route: str = "engine") -> Callable:
-    """The ``capture`` a measurement calls: ``client.capture_model`` on the twin with the twin
-    options (:data:`eagle3nb.engines.twin_check.TWIN_ENGINE_OPTIONS`). SGLang on ``route``
-    ``runner``: its in-process ModelRunner (:data:`RUNNER_TWIN_OPTIONS`): one model load per twin,
-    each id set applied to the loaded model between forwards, a set SGLang refuses raised there
-    (:mod:`eagle3nb.engines.sglang_capture_ids`); ``engine`` (vLLM, SGLang's aux API): one engine
-    build per id set."""
+def measure_options(engine: str, route: str = "engine", device: str = "cpu") -> dict:
+    """The engine options every probe capture runs with (over the client's own): the twin options
+    (:data:`eagle3nb.engines.twin_check.TWIN_ENGINE_OPTIONS`); SGLang on ``route`` ``runner``
+    also :data:`RUNNER_TWIN_OPTIONS`; vLLM on CUDA also ``enforce_eager: False``. Why the last:
+    with CUDA graphs off vLLM captures boundary N, not boundary 0, at aux id 0 (measured on an
+    H200 with vLLM 0.26.0, :mod:`eagle3nb.engines.vllm_eager`), so an eager measurement names
+    no rule at all (id 0's set is not one offset) even for a run whose ids omit 0. The version
+    files' rows describe the compiled engine and :func:`eagle3nb.engines.vllm_eager.refuse_id0`
+    refuses id 0 for an eager run on top of them; a measured rule is taken the same way."""
     from eagle3nb.engines.twin_check import TWIN_ENGINE_OPTIONS
 
     opts = dict(TWIN_ENGINE_OPTIONS.get(engine) or {})
     if engine == "sglang" and route == "runner":
         opts.update(RUNNER_TWIN_OPTIONS)
+    if engine == "vllm" and str(device).startswith("cuda"):
+        opts["enforce_eager"] = False
+    return opts
+
+
+def measure_capture(client, engine: str, route: str = "engine", device: str = "cpu") -> Callable:
+    """The ``capture`` a measurement calls: ``client.capture_model`` on the twin with
+    :func:`measure_options` (``device``: the engine's). SGLang on ``route`` ``runner``: its
+    in-process ModelRunner: one model load per twin, each id set applied to the loaded model
+    between forwards, a set SGLang refuses raised there (:mod:`eagle3nb.engines.sglang_capture_ids`);
+    ``engine`` (vLLM, SGLang's aux API): one engine build per id set."""
+    opts = measure_options(engine, route, device)
 
     def capture(path, samples, ids):
         return client.capture_model(path, samples, ids, opts)
@@ -173,14 +188,17 @@ def measure_capture(client, engine: str, route: str = "engine") -> Callable:
 def measure_facts(info: dict, python, arch: str, route: str | None = None) -> dict:
     """The record fields a measurement adds (:func:`measure_rule` ``facts``): ``torch``, the
     engine's ``model_file`` for ``arch`` and its ``model_file_sha256``
-    (:func:`engine_model_file`), and ``capture_route``: which path captured the twin (``route``,
-    else the engine's own ``info()["capture_route"]``, else ``engine``)."""
+    (:func:`engine_model_file`), ``capture_route``: which path captured the twin (``route``,
+    else the engine's own ``info()["capture_route"]``, else ``engine``), and ``capture_options``:
+    the engine options of the probes (:func:`measure_options` on ``info()["device"]``)."""
     mf = engine_model_file(info["engine_name"], python, arch)
+    route = route or info.get("capture_route") or "engine"
     return {
         "torch": info.get("torch_version"),
         "model_file": mf["path"],
         "model_file_sha256": mf["sha256"],
-        "capture_route": route or info.get("capture_route") or "engine",
+        "capture_route": route,
+        "capture_options": measure_options(info["engine_name"], route, info.get("device", "cpu")),
     }
 
 
@@ -212,8 +230,8 @@ def rule_for_run(
     )
     if same:
         return {"rule": kept, "known_by": kept.known_by, "measured_now": False}
-    capture = measure_capture(client, engine, facts["capture_route"])
     device = info.get("device", "cpu")
+    capture = measure_capture(client, engine, facts["capture_route"], device)
     rule = measure_rule(
         capture, engine, version, target_path, run_ids, dtype, twin_dir, seed, device, facts, keep
     )

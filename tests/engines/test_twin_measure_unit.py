@@ -97,3 +97,50 @@ def test_twin_gate_measures_an_unknown_version_first(tmp_path):
     stored = read_metrics(rd.metrics)["twin_check"]["sglang"]
     assert stored["engine_rule"]["known_by"] == "measured"
     assert not (tmp_path / "kept").exists()  # a fake's measurement is never kept per user
+
+
+class FakeVllmOnCuda:
+    """A fake engine client reporting vLLM 0.9.9 on CUDA (no file holds it): HF at vLLM's capture
+    point (id L = boundary L), except that with CUDA graphs off (``enforce_eager`` not False) id
+    0's slot holds boundary N, as vLLM 0.26.0 measured on an H200 (eagle3nb.engines.vllm_eager).
+    It records the options of every capture."""
+
+    def __init__(self):
+        self.options = []
+
+    def info(self):
+        return {"engine_name": "vllm", "engine_version": "0.9.9", "device": "cuda"}
+
+    def capture_model(self, model_path, samples, ids, options=None):
+        self.options.append(dict(options or {}))
+        model = models.load_target(model_path, "float32")[0]
+        n = models.text_config(models.read_model_config(model_path))["num_hidden_layers"]
+        eager = (options or {}).get("enforce_eager", True)
+        real = [n if (eager and i == 0) else i for i in ids]
+        h = models.text_config(models.read_model_config(model_path))["hidden_size"]
+        every = HFCaptureEngine(model, "vllm").capture(samples, list(range(n + 1)))  # 0..N
+        return [
+            {"aux": torch.cat([c.aux[:, b * h : (b + 1) * h] for b in real], -1)} for c in every
+        ]
+
+
+def test_vllm_on_cuda_is_measured_with_cuda_graphs_on(tmp_path):
+    """The measurement on CUDA turns CUDA graphs on (an eager engine names no rule: id 0 ->
+    boundary N), records that in the rule's record, and an eager capture of the same fake is
+    refused with the matrix (what the run got before: every probe set holding id 0)."""
+    from eagle3nb.engines.twin_measure import rule_for_run
+
+    fake = FakeVllmOnCuda()
+    got = rule_for_run(fake, TARGET, [1, 2, 4], "float32", tmp_path / "twin", keep=False)
+    rule = got["rule"]
+    assert got["measured_now"] and (rule.kind, rule.lo, rule.hi_below_n) == ("same", 0, 0)
+    assert {o.get("enforce_eager") for o in fake.options} == {False}
+    assert rule.measured["capture_options"]["enforce_eager"] is False
+    assert rule.measured["device"] == "cuda"
+    _MEASURED.clear()
+    eager = FakeVllmOnCuda()
+    with pytest.raises(ValueError, match=r"ids \[0, 2, 3\] came back as boundaries \[5, 2, 3\]"):
+        measure_rule(
+            lambda m, s, i: eager.capture_model(m, s, i, {}), "vllm", "0.9.9", TARGET,
+            [1, 2, 4], "float32", tmp_path / "twin2", device="cuda", keep=False,
+        )  # fmt: skip
