@@ -37,14 +37,7 @@ sys.path.insert(0, str(REPO))
 
 from eagle3nb import timing  # noqa: E402
 from eagle3nb.manifest import atomic_write_json, provenance  # noqa: E402
-
-
-def _machine_cpu() -> tuple[float, float]:
-    """``(busy, total)`` CPU seconds of the whole machine since boot (/proc/stat)."""
-    f = [float(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-    hz = os.sysconf("SC_CLK_TCK")
-    idle = f[3] + (f[4] if len(f) > 4 else 0.0)
-    return (sum(f) - idle) / hz, sum(f) / hz
+from cpu_time import machine_cpu_seconds  # noqa: E402 (bench/, this script's folder)
 
 
 def _children_cpu() -> float:
@@ -95,11 +88,11 @@ def _one(code: Path, run: Path, side: str, i: int, lock: str | None) -> dict:
     held = open(lock, "a") if lock else None  # noqa: SIM115 (closed below)
     if held:
         fcntl.flock(held, fcntl.LOCK_EX)
-    load0, (b0, t0m), c0 = os.getloadavg(), _machine_cpu(), _children_cpu()
+    load0, (b0, t0m), c0 = os.getloadavg(), machine_cpu_seconds(), _children_cpu()
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=code, env=env, capture_output=True, text=True)
     secs = time.perf_counter() - t0
-    load1, (b1, t1m), c1 = os.getloadavg(), _machine_cpu(), _children_cpu()
+    load1, (b1, t1m), c1 = os.getloadavg(), machine_cpu_seconds(), _children_cpu()
     if held:
         held.close()
     if proc.returncode != 0:
