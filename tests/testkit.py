@@ -9,11 +9,13 @@ from typing import Sequence
 
 import pytest
 
-from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
+from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, ENGINES_HOME
 
 # the engine pythons as installed (requires_engine's skip reads them)
 ENGINE_PYTHONS = dict(DEFAULT_ENGINE_PYTHONS)
 SETUP_ENGINES = "bash .ci/setup_engines.sh"
+# vLLM 0.26.0's sdist sources, extracted by .ci/setup_engines.sh (CI's third rule table)
+VLLM_026_SRC = ENGINES_HOME / "vllm-src-0.26.0"
 
 
 def requires_engine(engine: str, version: str | None = None) -> pytest.MarkDecorator:
@@ -111,6 +113,49 @@ def engine_site_packages(engine: str) -> Path | None:
     venv = Path(DEFAULT_ENGINE_PYTHONS[engine]).parent.parent
     hits = sorted(venv.glob("lib/python3*/site-packages"))
     return hits[0] if hits else None
+
+
+def venv_site_packages(venv: str) -> Path | None:
+    """The site-packages folder of the engine venv named ``venv`` under ``$EAGLE3NB_ENGINES``
+    (e.g. ``sglang-0.5.22``, made by ``bash bench/setup_engine_versions.sh``), or None while that
+    venv is absent or unfinished (no ``.ready``)."""
+    hits = sorted((ENGINES_HOME / venv).glob("lib/python3*/site-packages"))
+    return hits[0] if hits and (ENGINES_HOME / venv / ".ready").is_file() else None
+
+
+def cited_range(root: Path, rel: str, lo: int, hi: int) -> str:
+    """Lines ``lo`` to ``hi`` (1-based, both included) of ``root / rel``, joined by newlines: the
+    range a source citation names.
+
+    Raises:
+        AssertionError: the file is shorter than ``hi`` lines.
+    """
+    lines = (root / rel).read_text().splitlines()
+    assert hi <= len(lines), f"{root / rel} has {len(lines)} lines, the citation names {lo}-{hi}"
+    return "\n".join(lines[lo - 1 : hi])
+
+
+def cited_texts(root: Path, cited: dict, what: str = "") -> dict:
+    """Each cited range's text, after checking that it holds its snippets.
+
+    Args:
+        root: the folder the cited paths are relative to (a venv's site-packages, an sdist).
+        cited: ``{(rel, lo, hi): (snippet, ...)}``.
+        what: names the sources in a failure (e.g. ``"sglang 0.5.22"``).
+
+    Returns:
+        ``{(rel, lo, hi): text}`` (:func:`cited_range`), for the caller's further checks.
+
+    Raises:
+        AssertionError: a range lacks one of its snippets (names it, the range and the text).
+    """
+    texts = {}
+    for (rel, lo, hi), snippets in cited.items():
+        text = cited_range(root, rel, lo, hi)
+        for snip in snippets:
+            assert snip in text, f"{what} {rel}:{lo}-{hi} lacks {snip!r}: {text!r}".lstrip()
+        texts[rel, lo, hi] = text
+    return texts
 
 
 def engine_file_lines(engine: str, rel: str) -> list[str]:
