@@ -47,6 +47,17 @@ def _source(samples, capture, **kw):
     return EngineOnlineSource(samples, capture, man, **kw)
 
 
+def _trains_as_offline(src, model, d_off, out):
+    """Train on ``src`` into ``out``: the drafter's weights are ``d_off``'s (the offline run's),
+    exactly, tensor by tensor. Returns the training report."""
+    d_on, rep = train_drafter(src, model, CFG, out)
+    want, got = d_off.state_dict(), d_on.state_dict()
+    assert list(got) == list(want)
+    for k, a in want.items():
+        assert torch.equal(a, got[k]), k
+    return rep
+
+
 @pytest.fixture(scope="module")
 def offline(target, tmp_path_factory):
     model, tok, _ = target
@@ -63,9 +74,7 @@ def test_streamed_training_equals_offline_bit_for_bit(target, offline, tmp_path)
     model = target[0]
     s, d_off, r_off = offline
     src = _source(s, _one_by_one(model), recheck_every=2)
-    d_on, r_on = train_drafter(src, model, CFG, tmp_path / "on")
-    for (k, a), b in zip(d_off.state_dict().items(), d_on.state_dict().values()):
-        assert torch.equal(a, b), k
+    r_on = _trains_as_offline(src, model, d_off, tmp_path / "on")
     assert [h["loss"] for h in r_on["history"]] == [h["loss"] for h in r_off["history"]]
     assert [r["step"] for r in src.rechecks] == [1, 3, 5, 7]
     assert all(r["max_abs_diff"] == 0.0 for r in src.rechecks)
@@ -81,9 +90,7 @@ def test_three_build_threads_give_the_same_batches_in_step_order(target, offline
     model = target[0]
     s, d_off, _ = offline
     src = _source(s, _one_by_one(model), build_threads=3)
-    d_on, _ = train_drafter(src, model, CFG, tmp_path / "on3")
-    for (k, a), b in zip(d_off.state_dict().items(), d_on.state_dict().values()):
-        assert torch.equal(a, b), k
+    _trains_as_offline(src, model, d_off, tmp_path / "on3")
     assert src.stats()["transport"]["batches_put"] == CFG.max_steps
 
 
@@ -132,10 +139,8 @@ def test_dead_engine_restarted_once_then_the_run_stops_naming_the_sample(target,
     src = _source(
         s, dies_at_third_call, restart=lambda: restarts.append(1), restartable=(EngineDied,)
     )
-    d_on, _ = train_drafter(src, model, CFG, tmp_path / "a")
+    _trains_as_offline(src, model, d_off, tmp_path / "a")
     assert restarts == [1] and src.restarts[0]["step"] == 2  # the same batch captured again
-    for (k, a), b in zip(d_off.state_dict().items(), d_on.state_dict().values()):
-        assert torch.equal(a, b), k
 
     def always_dies(xs):
         raise EngineDied("fake death")
@@ -174,10 +179,8 @@ def test_resume_after_interruption_equals_uninterrupted(target, offline, tmp_pat
         train_drafter(src, model, CFG, tmp_path / "r", progress=StopAt(5))
     assert json.loads((tmp_path / "r" / "checkpoints" / "latest.json").read_text())["step"] == 3
     src = _source(s, _one_by_one(model))
-    d_res, r_res = train_drafter(src, model, CFG, tmp_path / "r")
+    r_res = _trains_as_offline(src, model, d_off, tmp_path / "r")
     assert src.stats()["transport"]["batches_put"] == CFG.max_steps - 3
-    for (k, a), b in zip(d_off.state_dict().items(), d_res.state_dict().values()):
-        assert torch.equal(a, b), k
     assert r_res["history"] == r_off["history"]
 
 
@@ -222,9 +225,9 @@ def test_pin_memory_pins_every_tensor_of_each_batch(target, offline, monkeypatch
     monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
     src = _source(s, _one_by_one(model)).configure(CFG.batch_size, CFG.seed)
     got = list(src.batches(0, 2, pin_memory=True))
+    assert len(pinned) == 2 * len(got[0]) and len(got) == 2  # every tensor of both batches
     ref = _source(s, _one_by_one(model)).configure(CFG.batch_size, CFG.seed)
     plain = list(ref.batches(0, 2, pin_memory=False))
-    assert len(pinned) == 2 * len(got[0]) and len(got) == 2  # every tensor of both batches
     for a, b in zip(got, plain):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert len(pinned) == 2 * len(got[0])  # the unpinned run called it never
