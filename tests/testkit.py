@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Sequence
 
 import pytest
+import torch
 
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, ENGINES_HOME
 
@@ -86,6 +87,39 @@ TINY_MANIFEST = {
 }
 
 
+def text_samples(tok, texts: Sequence[str], n_prompt: int = 3) -> list[tuple]:
+    """``(index, input_ids, loss_mask)`` per text of ``texts`` tokenized by ``tok``: the first
+    ``n_prompt`` tokens are prompt (mask 0), the rest continuation (mask 1)."""
+    out = []
+    for i, t in enumerate(texts):
+        ids = tok(t).input_ids
+        out.append((i, ids, [0] * n_prompt + [1] * (len(ids) - n_prompt)))
+    return out
+
+
+def same_weights(want, got, atol: float = 0.0) -> None:
+    """Assert that modules ``want`` and ``got`` hold the same parameters and buffers, by name:
+    bit for bit (``atol`` 0), else each within ``atol`` (rtol 0). Names the first tensor that
+    differs."""
+    a, b = want.state_dict(), got.state_dict()
+    assert list(b) == list(a), set(a) ^ set(b)
+    for k, x in a.items():
+        if atol == 0:
+            assert torch.equal(x, b[k]), k
+        else:
+            torch.testing.assert_close(b[k], x, rtol=0, atol=atol, msg=k)
+
+
+def hf_online_source(samples, capture, **kw):
+    """An :class:`eagle3nb.training.engine_online.EngineOnlineSource` over ``samples`` fed by
+    ``capture`` (the online tests' HF target, one sample per call), with :data:`TINY_MANIFEST`
+    naming that capture as its engine; ``kw`` go to the source."""
+    from eagle3nb.training.engine_online import EngineOnlineSource
+
+    man = dict(TINY_MANIFEST, engine={"name": "hf-one-by-one", "version": "test"})
+    return EngineOnlineSource(samples, capture, man, **kw)
+
+
 def write_tiny_dataset(
     target, folder, texts: Sequence[str] = TINY_TEXTS, n_prompt: int = 3, shard_size: int = 2
 ) -> Path:
@@ -97,10 +131,7 @@ def write_tiny_dataset(
 
     model, tok, _ = target
     eng = HFCaptureEngine(model, "sglang")
-    samples = []
-    for i, t in enumerate(texts):
-        ids = tok(t).input_ids
-        samples.append((i, ids, [0] * n_prompt + [1] * (len(ids) - n_prompt)))
+    samples = text_samples(tok, texts, n_prompt)
     write_dataset(
         folder, samples, lambda xs: eng.capture(xs, [0, 1, 3]), TINY_MANIFEST, shard_size=shard_size
     )
