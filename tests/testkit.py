@@ -4,17 +4,24 @@ tiny HF-captured dataset and the installed engines' source files."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Sequence
 
 import pytest
 import torch
 
-from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, ENGINES_HOME
+from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, ENGINES_HOME, EngineClient
+from eagle3nb.repo_paths import REPO_ROOT
 
 # the engine pythons as installed (requires_engine's skip reads them)
 ENGINE_PYTHONS = dict(DEFAULT_ENGINE_PYTHONS)
 SETUP_ENGINES = "bash .ci/setup_engines.sh"
+# the FAKE engine backend (tests/engines/fake): a worker subprocess of this python runs it
+FAKE_BACKEND = "module:fake_engine_backend"
+FAKE_ENGINE_DIR = Path(__file__).parent / "engines" / "fake"
+FAKE_ENGINE_ENV = {"PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{FAKE_ENGINE_DIR}"}
 # vLLM 0.26.0's sdist sources, extracted by .ci/setup_engines.sh (CI's third rule table)
 VLLM_026_SRC = ENGINES_HOME / "vllm-src-0.26.0"
 
@@ -85,6 +92,14 @@ TINY_MANIFEST = {
     "dtype": "float32",
     "template": {},
 }
+
+
+def fake_engine(tmp_path, **kw) -> EngineClient:
+    """An :class:`EngineClient` of the FAKE backend (:data:`FAKE_BACKEND`, model ``"unused"``) in a
+    worker subprocess of this python, its folder under ``tmp_path``; ``kw`` go to the client and
+    replace the defaults (``env`` :data:`FAKE_ENGINE_ENV`, ``startup_timeout`` 60)."""
+    opts = {"python": sys.executable, "workdir_parent": tmp_path, "env": FAKE_ENGINE_ENV}
+    return EngineClient(FAKE_BACKEND, "unused", **{**opts, "startup_timeout": 60, **kw})
 
 
 def text_samples(tok, texts: Sequence[str], n_prompt: int = 3) -> list[tuple]:
