@@ -15,9 +15,10 @@ out by ``git worktree add`` under /tmp). Per run (``fields`` in the JSON says ea
 seconds, CPU seconds of 04's whole process tree (engine workers and their orphaned processes
 included: :func:`cpu_time.run_tree`), the machine's load average before and after and the share
 of CPU time other processes took meanwhile (/proc/stat less that tree). Per round: the ratio
-this / base; the median with its spread and verdict (:mod:`eagle3nb.timing`: neutral 1.0; fewer than 3 rounds, or
-a spread wider than the effect, is disturbed). Each side's timed pairs per setting (its plain
-calls beside the drafter's) are read from its metrics.json: a count load does not move.
+this / base; the median with its spread and verdict (:mod:`eagle3nb.timing`: neutral 1.0;
+fewer than 3 rounds, or a spread wider than the effect, is disturbed). Each side's timed pairs
+per setting (its plain calls beside the drafter's) are read from its metrics.json: a count load
+does not move.
 """
 
 from __future__ import annotations

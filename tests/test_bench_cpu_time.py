@@ -82,14 +82,18 @@ def test_run_tree_passes_the_exit_code_and_times_the_command_not_its_descendants
 
 def test_run_tree_kills_a_descendant_that_outlives_the_grace(tmp_path):
     pidfile = tmp_path / "pid"
+    # the grandchild writes its pid (temp file, then rename) and sleeps for an hour
     forever = (
-        f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(3600)"
+        f"import os, time; p = {str(pidfile)!r}; open(p + '.tmp', 'w').write(str(os.getpid())); "
+        "os.replace(p + '.tmp', p); time.sleep(3600)"
     )
-    child = (
-        "import subprocess, sys, time; "
-        f"subprocess.Popen([sys.executable, '-c', {forever!r}], start_new_session=True); "
-        f"[time.sleep(0.05) for _ in range(400) if not __import__('os').path.exists({str(pidfile)!r})]"
-    )
+    # the child starts it in a session of its own, waits until it runs, and exits
+    child = f"""
+import os, subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", {forever!r}], start_new_session=True)
+while not os.path.exists({str(pidfile)!r}):
+    time.sleep(0.05)
+"""
     t0 = time.perf_counter()
     got = cpu_time.run_tree([sys.executable, "-c", child], grace=1.0)
     assert time.perf_counter() - t0 < 30
