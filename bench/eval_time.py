@@ -11,12 +11,14 @@ Issue 43 asks that the main job's 04 take no longer than before the served-speed
 ``python -m eagle3nb.run <copy>/params.yaml --only 04_eval_acceptance`` on its own copy of the
 run's ``data/``, ``drafter/`` and ``params.yaml`` (``reuse_results: false``; the run's own 04 is
 left alone), with that code on ``PYTHONPATH`` and as working directory (the base commit checked
-out by ``git worktree add`` under /tmp). Per run: wall seconds, CPU seconds of the run and its
-engine workers (``RUSAGE_CHILDREN``), the machine's load average before and after and the share
-of CPU time other processes took meanwhile (/proc/stat). Per round: the ratio this / base; the
-median with its spread and verdict (:mod:`eagle3nb.timing`: neutral 1.0; fewer than 3 rounds, or
-a spread wider than the effect, is disturbed). Each side's timed pairs per setting (its plain
-calls beside the drafter's) are read from its metrics.json: a count load does not move.
+out by ``git worktree add`` under /tmp). Per run (``fields`` in the JSON says each): wall
+seconds, CPU seconds of 04's whole process tree (engine workers and their orphaned processes
+included: :func:`cpu_time.run_tree`), the machine's load average before and after and the share
+of CPU time other processes took meanwhile (/proc/stat less that tree). Per round: the ratio
+this / base; the median with its spread and verdict (:mod:`eagle3nb.timing`: neutral 1.0;
+fewer than 3 rounds, or a spread wider than the effect, is disturbed). Each side's timed pairs
+per setting (its plain calls beside the drafter's) are read from its metrics.json: a count load
+does not move.
 """
 
 from __future__ import annotations
@@ -25,11 +27,9 @@ import argparse
 import fcntl
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,19 +37,24 @@ sys.path.insert(0, str(REPO))
 
 from eagle3nb import timing  # noqa: E402
 from eagle3nb.manifest import atomic_write_json, provenance  # noqa: E402
+from cpu_time import machine_cpu_seconds, run_tree  # noqa: E402 (bench/, this script's folder)
 
 
-def _machine_cpu() -> tuple[float, float]:
-    """``(busy, total)`` CPU seconds of the whole machine since boot (/proc/stat)."""
-    f = [float(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-    hz = os.sysconf("SC_CLK_TCK")
-    idle = f[3] + (f[4] if len(f) > 4 else 0.0)
-    return (sum(f) - idle) / hz, sum(f) / hz
-
-
-def _children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime
+FIELDS = {
+    "seconds": "wall seconds of 04's process (python -m eagle3nb.run --only 04_eval_acceptance), "
+    "from its start to its exit",
+    "cpu_seconds": "user + system CPU seconds of 04's whole process tree: the run, its notebook "
+    "kernel, its engine workers and every process those started, the orphaned ones too (run "
+    "under a subreaper that waits for each: bench/cpu_time.py run_tree)",
+    "other_cpu_share": "(machine busy CPU seconds from /proc/stat over the run - cpu_seconds) / "
+    "machine total CPU seconds (all CPUs) over the run: the CPU other processes took; 04's own "
+    "engine processes are not in it (up to commit b780cec, cpu_seconds was RUSAGE_CHILDREN: "
+    "processes not waited for by their parents were in neither field's own side, so this share "
+    "counted them as others and overstated the other load)",
+    "descendants_killed": "processes of 04's tree still running 120 s after 04 exited, killed then "
+    "(their CPU up to then is in cpu_seconds)",
+    "notebook_seconds": "04's notebook time as its metrics.json records it",
+}
 
 
 def _base_checkout(ref: str) -> Path:
@@ -95,21 +100,21 @@ def _one(code: Path, run: Path, side: str, i: int, lock: str | None) -> dict:
     held = open(lock, "a") if lock else None  # noqa: SIM115 (closed below)
     if held:
         fcntl.flock(held, fcntl.LOCK_EX)
-    load0, (b0, t0m), c0 = os.getloadavg(), _machine_cpu(), _children_cpu()
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=code, env=env, capture_output=True, text=True)
-    secs = time.perf_counter() - t0
-    load1, (b1, t1m), c1 = os.getloadavg(), _machine_cpu(), _children_cpu()
+    load0, (b0, t0m) = os.getloadavg(), machine_cpu_seconds()
+    # the whole process tree of 04, its engine workers' orphaned processes too, reaped before the
+    # second reading (bench/cpu_time.py: RUSAGE_CHILDREN alone counted those as other load)
+    tree = run_tree(cmd, cwd=code, env=env, capture_output=True, text=True)
+    load1, (b1, t1m) = os.getloadavg(), machine_cpu_seconds()
+    proc, own = tree.proc, tree.cpu_seconds
     if held:
         held.close()
     if proc.returncode != 0:
         sys.exit(f"round {i} {side}: 04 failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}"
                  f"\n{proc.stderr[-3000:]}")  # fmt: skip
     m = json.loads((copy / "metrics.json").read_text())
-    own = c1 - c0
     return {
-        "side": side, "round": i, "seconds": round(secs, 1), "cpu_seconds": round(own, 1),
-        "params_dropped": dropped,
+        "side": side, "round": i, "seconds": round(tree.seconds, 1), "cpu_seconds": round(own, 1),
+        "descendants_killed": len(tree.killed), "params_dropped": dropped,
         "notebook_seconds": m.get("timing", {}).get("notebook_seconds", {}).get(
             "04_eval_acceptance"),
         "load_average_before": [round(x, 2) for x in load0],
@@ -143,6 +148,7 @@ def main() -> None:
         "command": "PYTHONPATH=. .venv/bin/python bench/eval_time.py "
         f"{a.run} --base {a.base} --rounds {a.rounds} --lock {a.lock} --out {a.out}",
         "base": a.base,
+        "fields": FIELDS,
         "runs": runs,
         "provenance": provenance(),
     }

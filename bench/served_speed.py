@@ -34,14 +34,7 @@ from eagle3nb.manifest import atomic_write_json, provenance  # noqa: E402
 from eagle3nb.params import load_params  # noqa: E402
 from eagle3nb.rundir import RunDir  # noqa: E402
 from eagle3nb.steps.evaluate.step import eval_step  # noqa: E402
-
-
-def _cpu_seconds() -> tuple[float, float]:
-    """``(busy, total)`` CPU seconds of the whole machine since boot (/proc/stat)."""
-    f = [float(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
-    hz = os.sysconf("SC_CLK_TCK")
-    idle = f[3] + (f[4] if len(f) > 4 else 0.0)
-    return (sum(f) - idle) / hz, sum(f) / hz
+from cpu_time import machine_cpu_seconds  # noqa: E402 (bench/, this script's folder)
 
 
 def _own_cpu_seconds() -> float:
@@ -72,11 +65,11 @@ def main() -> None:
         upd["speed_rounds"] = a.rounds
     p = p.model_copy(update=upd)
     (copy / "params.yaml").write_text((run / "params.yaml").read_text())
-    load0, (busy0, tot0), own0 = os.getloadavg(), _cpu_seconds(), _own_cpu_seconds()
+    load0, (busy0, tot0), own0 = os.getloadavg(), machine_cpu_seconds(), _own_cpu_seconds()
     t0 = time.time()
     out = eval_step(p, progress=False)
     secs = time.time() - t0
-    load1, (busy1, tot1), own1 = os.getloadavg(), _cpu_seconds(), _own_cpu_seconds()
+    load1, (busy1, tot1), own1 = os.getloadavg(), machine_cpu_seconds(), _own_cpu_seconds()
     served = out["stats"]["served"]
     rows = _rows(served["runs"])
     ncpu = os.cpu_count() or 1

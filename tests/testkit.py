@@ -4,16 +4,26 @@ tiny HF-captured dataset and the installed engines' source files."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 from typing import Sequence
 
 import pytest
+import torch
 
-from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
+from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, ENGINES_HOME, EngineClient
+from eagle3nb.repo_paths import REPO_ROOT
 
 # the engine pythons as installed (requires_engine's skip reads them)
 ENGINE_PYTHONS = dict(DEFAULT_ENGINE_PYTHONS)
 SETUP_ENGINES = "bash .ci/setup_engines.sh"
+# the FAKE engine backend (tests/engines/fake): a worker subprocess of this python runs it
+FAKE_BACKEND = "module:fake_engine_backend"
+FAKE_ENGINE_DIR = Path(__file__).parent / "engines" / "fake"
+FAKE_ENGINE_ENV = {"PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{FAKE_ENGINE_DIR}"}
+# vLLM 0.26.0's sdist sources, extracted by .ci/setup_engines.sh (CI's third rule table)
+VLLM_026_SRC = ENGINES_HOME / "vllm-src-0.26.0"
 
 
 def requires_engine(engine: str, version: str | None = None) -> pytest.MarkDecorator:
@@ -84,6 +94,47 @@ TINY_MANIFEST = {
 }
 
 
+def fake_engine(tmp_path, **kw) -> EngineClient:
+    """An :class:`EngineClient` of the FAKE backend (:data:`FAKE_BACKEND`, model ``"unused"``) in a
+    worker subprocess of this python, its folder under ``tmp_path``; ``kw`` go to the client and
+    replace the defaults (``env`` :data:`FAKE_ENGINE_ENV`, ``startup_timeout`` 60)."""
+    opts = {"python": sys.executable, "workdir_parent": tmp_path, "env": FAKE_ENGINE_ENV}
+    return EngineClient(FAKE_BACKEND, "unused", **{**opts, "startup_timeout": 60, **kw})
+
+
+def text_samples(tok, texts: Sequence[str], n_prompt: int = 3) -> list[tuple]:
+    """``(index, input_ids, loss_mask)`` per text of ``texts`` tokenized by ``tok``: the first
+    ``n_prompt`` tokens are prompt (mask 0), the rest continuation (mask 1)."""
+    out = []
+    for i, t in enumerate(texts):
+        ids = tok(t).input_ids
+        out.append((i, ids, [0] * n_prompt + [1] * (len(ids) - n_prompt)))
+    return out
+
+
+def same_weights(want, got, atol: float = 0.0) -> None:
+    """Assert that modules ``want`` and ``got`` hold the same parameters and buffers, by name:
+    bit for bit (``atol`` 0), else each within ``atol`` (rtol 0). Names the first tensor that
+    differs."""
+    a, b = want.state_dict(), got.state_dict()
+    assert list(b) == list(a), set(a) ^ set(b)
+    for k, x in a.items():
+        if atol == 0:
+            assert torch.equal(x, b[k]), k
+        else:
+            torch.testing.assert_close(b[k], x, rtol=0, atol=atol, msg=k)
+
+
+def hf_online_source(samples, capture, **kw):
+    """An :class:`eagle3nb.training.engine_online.EngineOnlineSource` over ``samples`` fed by
+    ``capture`` (the online tests' HF target, one sample per call), with :data:`TINY_MANIFEST`
+    naming that capture as its engine; ``kw`` go to the source."""
+    from eagle3nb.training.engine_online import EngineOnlineSource
+
+    man = dict(TINY_MANIFEST, engine={"name": "hf-one-by-one", "version": "test"})
+    return EngineOnlineSource(samples, capture, man, **kw)
+
+
 def write_tiny_dataset(
     target, folder, texts: Sequence[str] = TINY_TEXTS, n_prompt: int = 3, shard_size: int = 2
 ) -> Path:
@@ -95,10 +146,7 @@ def write_tiny_dataset(
 
     model, tok, _ = target
     eng = HFCaptureEngine(model, "sglang")
-    samples = []
-    for i, t in enumerate(texts):
-        ids = tok(t).input_ids
-        samples.append((i, ids, [0] * n_prompt + [1] * (len(ids) - n_prompt)))
+    samples = text_samples(tok, texts, n_prompt)
     write_dataset(
         folder, samples, lambda xs: eng.capture(xs, [0, 1, 3]), TINY_MANIFEST, shard_size=shard_size
     )
@@ -111,6 +159,49 @@ def engine_site_packages(engine: str) -> Path | None:
     venv = Path(DEFAULT_ENGINE_PYTHONS[engine]).parent.parent
     hits = sorted(venv.glob("lib/python3*/site-packages"))
     return hits[0] if hits else None
+
+
+def venv_site_packages(venv: str) -> Path | None:
+    """The site-packages folder of the engine venv named ``venv`` under ``$EAGLE3NB_ENGINES``
+    (e.g. ``sglang-0.5.22``, made by ``bash bench/setup_engine_versions.sh``), or None while that
+    venv is absent or unfinished (no ``.ready``)."""
+    hits = sorted((ENGINES_HOME / venv).glob("lib/python3*/site-packages"))
+    return hits[0] if hits and (ENGINES_HOME / venv / ".ready").is_file() else None
+
+
+def cited_range(root: Path, rel: str, lo: int, hi: int) -> str:
+    """Lines ``lo`` to ``hi`` (1-based, both included) of ``root / rel``, joined by newlines: the
+    range a source citation names.
+
+    Raises:
+        AssertionError: the file is shorter than ``hi`` lines.
+    """
+    lines = (root / rel).read_text().splitlines()
+    assert hi <= len(lines), f"{root / rel} has {len(lines)} lines, the citation names {lo}-{hi}"
+    return "\n".join(lines[lo - 1 : hi])
+
+
+def cited_texts(root: Path, cited: dict, what: str = "") -> dict:
+    """Each cited range's text, after checking that it holds its snippets.
+
+    Args:
+        root: the folder the cited paths are relative to (a venv's site-packages, an sdist).
+        cited: ``{(rel, lo, hi): (snippet, ...)}``.
+        what: names the sources in a failure (e.g. ``"sglang 0.5.22"``).
+
+    Returns:
+        ``{(rel, lo, hi): text}`` (:func:`cited_range`), for the caller's further checks.
+
+    Raises:
+        AssertionError: a range lacks one of its snippets (names it, the range and the text).
+    """
+    texts = {}
+    for (rel, lo, hi), snippets in cited.items():
+        text = cited_range(root, rel, lo, hi)
+        for snip in snippets:
+            assert snip in text, f"{what} {rel}:{lo}-{hi} lacks {snip!r}: {text!r}".lstrip()
+        texts[rel, lo, hi] = text
+    return texts
 
 
 def engine_file_lines(engine: str, rel: str) -> list[str]:

@@ -63,6 +63,23 @@ def refuse_engine(cfg: dict, engine: str, why: str, n_aux: int, retrain: dict | 
         meta.setdefault("retrain", {})[engine] = retrain
 
 
+_NO_RULE = object()  # _capture_ids: no rule holds the class, so no set is capturable
+
+
+def _capture_ids(engine: str, bs: list[int], n_layers: int, arch: str | None, version: str):
+    """``engine``'s ids for boundaries ``bs`` (:func:`eagle3nb.boundaries.export_ids.engine_ids`);
+    None where it cannot capture this set (ValueError: try another); :data:`_NO_RULE` where the
+    answer is no rule for the class (refused, or only a convention): no set will do, never
+    assumed."""
+    try:
+        ids, rec = engine_ids(engine, bs, n_layers, arch, version)
+    except ValueError:
+        return None
+    if rec.get("refused") or "convention" in rec:
+        return _NO_RULE
+    return ids
+
+
 def best_capturable(rows: list[dict], engine: str, version: str, arch: str | None, n_layers: int):
     """The row of highest tau among measured ``rows`` (``{"boundaries", "tau"}``, best first: the
     audit's candidate table) whose boundaries ``engine`` at ``version`` can be given ids for on
@@ -76,13 +93,11 @@ def best_capturable(rows: list[dict], engine: str, version: str, arch: str | Non
         bs = list(row["boundaries"])
         if any(a >= b for a, b in zip(bs, bs[1:])):
             continue
-        try:
-            ids, rec = engine_ids(engine, bs, n_layers, arch, version)
-        except ValueError:
-            continue
-        if rec.get("refused") or "convention" in rec:
+        ids = _capture_ids(engine, bs, n_layers, arch, version)
+        if ids is _NO_RULE:
             return None
-        return {"boundaries": bs, "tau": row["tau"], "ids": ids}
+        if ids is not None:
+            return {"boundaries": bs, "tau": row["tau"], "ids": ids}
     return None
 
 
@@ -106,13 +121,11 @@ def nearest_capturable(
             if sum(d) <= r and all(a < b for a, b in zip(c, c[1:])):
                 found.append((sum(d), max(d), list(c)))
         for shift, _, c in sorted(found):
-            try:
-                ids, rec = engine_ids(engine, c, n, arch, version)
-            except ValueError:
-                continue
-            if rec.get("refused") or "convention" in rec:
+            ids = _capture_ids(engine, c, n, arch, version)
+            if ids is _NO_RULE:
                 return None
-            return {"boundaries": c, "ids": ids, "shift": shift}
+            if ids is not None:
+                return {"boundaries": c, "ids": ids, "shift": shift}
         if r >= n * k:
             return None
         r = min(2 * r, n * k)

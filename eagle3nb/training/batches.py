@@ -130,6 +130,14 @@ def padding_stats(plan: BatchPlan, world: int = 1, steps: Optional[int] = None) 
     }
 
 
+def plan_padding(plan: BatchPlan, world: int = 1) -> dict:
+    """:func:`padding_stats` of one epoch of ``plan`` against a plain shuffle of the same lengths,
+    global batch and seed (no bucketing): ``{"this_plan", "plain_shuffle"}``, what every batch
+    source's ``padding(world)`` reports to the training report."""
+    plain = BatchPlan(plan.lengths, plan.global_batch, plan.seed, bucket=False)
+    return {"this_plan": padding_stats(plan, world), "plain_shuffle": padding_stats(plain, world)}
+
+
 class _RankBatches:
     """Batch sampler for a DataLoader: this rank's ``(index, keep_loss)`` lists for steps
     ``start..stop-1``."""
@@ -220,12 +228,8 @@ class OfflineSource:
         return self.store.token_masks()
 
     def padding(self, world: int = 1) -> dict:
-        """:func:`padding_stats` of one epoch, this plan against a plain shuffle of the same batch."""
-        plain = BatchPlan(self.plan.lengths, self.plan.global_batch, self.plan.seed, bucket=False)
-        return {
-            "this_plan": padding_stats(self.plan, world),
-            "plain_shuffle": padding_stats(plain, world),
-        }
+        """:func:`plan_padding` of this source's plan."""
+        return plan_padding(self.plan, world)
 
     def batches(
         self, start: int, stop: int, rank: int = 0, world: int = 1, pin_memory: bool = False

@@ -176,14 +176,10 @@ class OnlineSource:
         return self
 
     def padding(self, world: int = 1) -> dict:
-        """Padding of one epoch of this plan vs a plain shuffle (as :meth:`eagle3nb.training.batches.OfflineSource.padding`)."""
-        from eagle3nb.training.batches import BatchPlan, padding_stats
+        """:func:`eagle3nb.training.batches.plan_padding` of this source's plan."""
+        from eagle3nb.training.batches import plan_padding
 
-        plain = BatchPlan(self.plan.lengths, self.plan.global_batch, self.plan.seed, bucket=False)
-        return {
-            "this_plan": padding_stats(self.plan, world),
-            "plain_shuffle": padding_stats(plain, world),
-        }
+        return plan_padding(self.plan, world)
 
     def batches(
         self, start: int, stop: int, rank: int = 0, world: int = 1, pin_memory: bool = False

@@ -3,13 +3,12 @@ boundaries for 6-layer targets, as measured on tiny random-weight models and rea
 engine sources (``../shared/reference/architectures.md`` sections 3 and 4); refusals name the class,
 engine, version and reason; a version or class the table lacks is refused with how to measure it."""
 
-import os
 import re
 from pathlib import Path
 
 import pytest
 
-from testkit import requires_engine
+from testkit import VLLM_026_SRC, cited_range, cited_texts, requires_engine
 from eagle3nb.boundaries.rules import RULES, engine_rule, known_versions
 from eagle3nb.target.models import SUPPORTED_ARCHS
 
@@ -156,10 +155,6 @@ def test_every_rule_cites_an_installed_source_line():
         assert any(ch.isdigit() for ch in rule.source)
 
 
-VLLM_026_SRC = (
-    Path(os.environ.get("EAGLE3NB_ENGINES", Path.home() / ".cache/eagle3nb/engines"))
-    / "vllm-src-0.26.0"
-)  # vLLM 0.26.0's sdist sources, extracted by .ci/setup_engines.sh
 CITE = re.compile(r"([\w/]+\.py):(\d+(?:-\d+)?(?:, \d+(?:-\d+)?)*)")
 
 
@@ -170,12 +165,6 @@ def _cited_ranges(source: str):
         for rng in filter(None, (x.strip() for x in nums.split(","))):
             lo, _, hi = rng.partition("-")
             yield (f if "/" in f else str(models_dir / f)), int(lo), int(hi or lo)
-
-
-def _read_range(root: Path, rel: str, lo: int, hi: int) -> str:
-    lines = (root / rel).read_text().splitlines()
-    assert hi <= len(lines), f"{root / rel} has {len(lines)} lines, the rule cites {lo}-{hi}"
-    return "\n".join(lines[lo - 1 : hi])
 
 
 @requires_engine("vllm")
@@ -208,7 +197,7 @@ def test_cited_source_lines_exist_in_the_installed_engines():
     )
     for rule in (r for r in RULES.values() if (r.engine, r.version) in roots):
         for rel, lo, hi in _cited_ranges(rule.source):
-            text = _read_range(roots[(rule.engine, rule.version)], rel, lo, hi)
+            text = cited_range(roots[(rule.engine, rule.version)], rel, lo, hi)
             assert any(w in text for w in words), f"{rule.source}: {rel}:{lo}-{hi} = {text!r}"
 
 
@@ -272,11 +261,9 @@ def test_vllm_026_cited_lines_hold_the_code_each_rule_claims():
     assert cited == set(VLLM_026_SNIPPETS), cited ^ set(VLLM_026_SNIPPETS)
     reasons = " ".join(r.refused or r.limit for r in rules)
     assert "gpu_model_runner.py:5428-5432" in reasons and "deepseek_v2.py:1430, 1469" in reasons
-    for (rel, lo, hi), snippets in {**VLLM_026_SNIPPETS, **VLLM_026_REASONS}.items():
-        text = _read_range(VLLM_026_SRC, rel, lo, hi)
-        for snip in snippets:
-            assert snip in text, f"{rel}:{lo}-{hi} lacks {snip!r}: {text!r}"
-        if snippets[-1:] == NO_EAGLE3:
+    holds = {**VLLM_026_SNIPPETS, **VLLM_026_REASONS}
+    for (rel, lo, hi), text in cited_texts(VLLM_026_SRC, holds, "vllm 0.26.0").items():
+        if holds[rel, lo, hi][-1:] == NO_EAGLE3:
             assert "SupportsEagle3" not in text, f"{rel}:{lo}-{hi} implements SupportsEagle3"
     for r in rules:  # a refused class is refused for lacking SupportsEagle3, a served one has it
         assert (r.kind == "refused") == ("SupportsEagle3" in (r.refused or "")), r.arch

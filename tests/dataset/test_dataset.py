@@ -9,14 +9,7 @@ from eagle3nb.dataset.read import AuxDataset, collate
 from eagle3nb.dataset.write import write_dataset
 from eagle3nb.manifest import ManifestMismatch
 from eagle3nb.padding import pad_right
-
-
-def samples_from(tok, texts):
-    out = []
-    for i, t in enumerate(texts):
-        ids = tok(t).input_ids
-        out.append((i, ids, [0] * 3 + [1] * (len(ids) - 3)))
-    return out
+from testkit import text_samples
 
 
 TEXTS = [
@@ -47,7 +40,7 @@ def test_write_read_round_trip_and_resume(target, tmp_path):
         calls.append(len(xs))
         return eng.capture(xs, [0, 1, 3])
 
-    s = samples_from(tok, TEXTS)
+    s = text_samples(tok, TEXTS)
     man = write_dataset(tmp_path / "ds", s, capture, MAN, shard_size=2)
     assert calls == [2, 2, 1] and man["complete"] and man["n_samples"] == 5
     ds = AuxDataset(tmp_path / "ds")
@@ -74,7 +67,7 @@ def test_corrupt_shard_is_named(target, tmp_path):
     eng = HFCaptureEngine(model, "sglang")
     write_dataset(
         tmp_path / "ds",
-        samples_from(tok, TEXTS),
+        text_samples(tok, TEXTS),
         lambda xs: eng.capture(xs, [0, 1, 3]),
         MAN,
         shard_size=2,
@@ -93,7 +86,7 @@ def test_corrupt_shard_is_named(target, tmp_path):
 def test_other_settings_refused_on_resume(target, tmp_path):
     model, tok, _ = target
     eng = HFCaptureEngine(model, "sglang")
-    s = samples_from(tok, TEXTS)
+    s = text_samples(tok, TEXTS)
     write_dataset(tmp_path / "ds", s, lambda xs: eng.capture(xs, [0, 1, 3]), MAN, shard_size=2)
     with pytest.raises(ManifestMismatch, match="layer_ids"):
         write_dataset(

@@ -4,29 +4,17 @@ worker killed after logging its error (the error is named in the raised message)
 Real engines: tests/engines/test_engine_vllm.py."""
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from eagle3nb.engines.client import EngineClient, EngineError, check_engine_python
-
-FAKE_DIR = Path(__file__).parent / "fake"
-REPO = Path(__file__).resolve().parents[2]
-ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{FAKE_DIR}"}
+from testkit import FAKE_ENGINE_DIR, fake_engine
 
 
 def _client(tmp_path, **opts):
-    return EngineClient(
-        "module:fake_engine_backend",
-        "unused",
-        options=opts,
-        python=sys.executable,
-        workdir_parent=tmp_path,
-        env=ENV,
-        startup_timeout=60,
-    )
+    return fake_engine(tmp_path, options=opts)
 
 
 def test_protocol_roundtrip_and_tensors(tmp_path):
@@ -91,15 +79,7 @@ def test_start_failure_names_the_error(tmp_path):
 
 
 def test_request_timeout_stops_the_worker(tmp_path):
-    c = EngineClient(
-        "module:fake_engine_backend",
-        "unused",
-        options={"sleep": 30},
-        python=sys.executable,
-        workdir_parent=tmp_path,
-        env=ENV,
-        request_timeout=2,
-    )
+    c = fake_engine(tmp_path, options={"sleep": 30}, request_timeout=2)
     pid = c.pid
     with pytest.raises(EngineError, match="no answer to capture within 2 s"):
         c.capture([[1]], [0])
@@ -145,7 +125,7 @@ def test_in_process_mode_refuses_missing_engine_package():
 
 def test_in_process_mode_same_contract(tmp_path, monkeypatch):
     """python '' runs the backend in this process (GPU box): same answers, no worker, temp folder removed."""
-    monkeypatch.syspath_prepend(str(FAKE_DIR))
+    monkeypatch.syspath_prepend(str(FAKE_ENGINE_DIR))
     with EngineClient(
         "module:fake_engine_backend", "unused", python="", workdir_parent=tmp_path
     ) as c:
@@ -165,7 +145,7 @@ def test_in_process_engine_keeps_this_process_compile_threads(tmp_path, monkeypa
     and the variable is put back (here: absent) once the engine started."""
     import torch._inductor.config as inductor
 
-    monkeypatch.syspath_prepend(str(FAKE_DIR))
+    monkeypatch.syspath_prepend(str(FAKE_ENGINE_DIR))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS", raising=False)
     (tmp_path / "fake_sets_compile_threads.py").write_text(

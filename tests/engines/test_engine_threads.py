@@ -2,37 +2,19 @@
 (tests/engines/fake) and, when its venv exists, the real vLLM engine's python report the torch
 threads and pool variables they see; a user's own OMP_NUM_THREADS is kept."""
 
-import os
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
-from testkit import requires_engine
+from testkit import FAKE_ENGINE_ENV, fake_engine, requires_engine
 from eagle3nb import threads
+from eagle3nb.repo_paths import REPO_ROOT
 from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS, EngineClient
-
-FAKE_DIR = Path(__file__).parent / "fake"
-REPO = Path(__file__).resolve().parents[2]
-ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{FAKE_DIR}"}
-
-
-def _fake(tmp_path, **kw):
-    return EngineClient(
-        "module:fake_engine_backend",
-        "unused",
-        python=sys.executable,
-        workdir_parent=tmp_path,
-        startup_timeout=60,
-        **kw,
-    )
 
 
 def test_fake_worker_runs_with_the_budget(tmp_path, monkeypatch):
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         monkeypatch.delenv(k, raising=False)
-    with _fake(tmp_path, env=ENV, threads=1) as c:
+    with fake_engine(tmp_path, threads=1) as c:
         assert c.threads == {
             "torch_threads": 1,
             "env": {
@@ -50,11 +32,13 @@ def test_worker_takes_this_process_budget_and_keeps_a_users_setting(tmp_path, mo
     before = torch.get_num_threads()
     try:
         threads.apply(threads.plan(1, threads.Cores(2, (0, 1), None, "affinity")))
-        with _fake(tmp_path, env=dict(ENV, OMP_NUM_THREADS="2")) as c:  # the user's own 2 is kept
+        with fake_engine(
+            tmp_path, env=dict(FAKE_ENGINE_ENV, OMP_NUM_THREADS="2")
+        ) as c:  # the user's own 2 is kept
             assert c.threads["env"]["OMP_NUM_THREADS"] == "2"
             assert c.threads["env"]["MKL_NUM_THREADS"] == "1" and c.threads["torch_threads"] == 1
         threads.clear()  # threads: -1 -> no setting at all
-        with _fake(tmp_path, env=ENV) as c:
+        with fake_engine(tmp_path) as c:
             assert c.threads["env"]["MKL_NUM_THREADS"] is None
     finally:
         threads.clear()
@@ -70,7 +54,7 @@ def test_real_vllm_worker_python_runs_with_the_budget(tmp_path, monkeypatch):
     # starts on the first request, so no engine is started here
     for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND"):
         monkeypatch.delenv(k, raising=False)
-    model = REPO.parent / "shared" / "models" / "stories260K-hd32"
+    model = REPO_ROOT.parent / "shared" / "models" / "stories260K-hd32"
     if not model.is_dir():
         pytest.skip(f"model folder {model} absent")
     with EngineClient(

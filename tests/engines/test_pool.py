@@ -6,16 +6,12 @@ Real engines share it in tests/engines/test_engine_vllm.py and the steps (start_
 import json
 import os
 import sys
-from pathlib import Path
 
 import pytest
 
 from eagle3nb.engines import pool
 from eagle3nb.engines.worker import folder_stamp
-
-FAKE_DIR = Path(__file__).parent / "fake"
-REPO = Path(__file__).resolve().parents[2]
-ENV = {"PYTHONPATH": f"{REPO}{os.pathsep}{FAKE_DIR}"}
+from testkit import FAKE_BACKEND, FAKE_ENGINE_ENV
 
 
 @pytest.fixture
@@ -34,12 +30,12 @@ def keep(monkeypatch):
 
 def _open(model, dtype="float32", **opts):
     return pool.open_engine(
-        "module:fake_engine_backend",
+        FAKE_BACKEND,
         model,
         dtype,
         options=opts,
         python=sys.executable,
-        env=ENV,
+        env=FAKE_ENGINE_ENV,
         threads=1,
         startup_timeout=60,
     )
@@ -86,13 +82,11 @@ def test_threads_default_to_the_budget_a_step_gives(keep, tmp_path):
 
     m = _model(tmp_path)
     threads.clear()
-    a = pool.open_engine(
-        "module:fake_engine_backend", m, options={}, python=sys.executable, env=ENV
-    )
+    a = pool.open_engine(FAKE_BACKEND, m, options={}, python=sys.executable, env=FAKE_ENGINE_ENV)
     assert a.threads["torch_threads"] == threads.plan(0).worker  # all the cores, not unset
     a.close()
     b = pool.open_engine(
-        "module:fake_engine_backend", m, python=sys.executable, env=ENV,
+        FAKE_BACKEND, m, python=sys.executable, env=FAKE_ENGINE_ENV,
         threads=threads.plan(0).worker,
     )  # fmt: skip
     assert b is a

@@ -4,14 +4,11 @@ the 0.5.22 wheel, and its recipe file ``benchmark/one_batch.py`` is 0.5.23's byt
 the venvs (``bash bench/setup_engine_versions.sh`` installs 0.5.22, not run by CI: skipped where a
 venv is absent, as tests/boundaries/test_rules_versions.py is). No engine starts."""
 
-import os
-from pathlib import Path
-
 import pytest
 
 from eagle3nb.engines import sglang_runner
+from testkit import ENGINES_HOME, cited_texts, venv_site_packages
 
-ENGINES = Path(os.environ.get("EAGLE3NB_ENGINES", Path.home() / ".cache/eagle3nb/engines"))
 P = "sglang/"
 # (file, first line, last line): what the runner calls or relies on there, in SGLang 0.5.22
 CITED_0522 = {
@@ -64,22 +61,15 @@ CITED_0522 = {
 }
 
 
-def _site(venv: str) -> Path | None:
-    hits = sorted((ENGINES / venv).glob("lib/python3*/site-packages"))
-    return hits[0] if hits and (ENGINES / venv / ".ready").is_file() else None
-
-
 def test_runner_route_lines_of_sglang_0522_hold_what_the_runner_calls():
-    root = _site("sglang-0.5.22")
+    root = venv_site_packages("sglang-0.5.22")
     if root is None:
-        pytest.skip(f"{ENGINES / 'sglang-0.5.22'} absent (bash bench/setup_engine_versions.sh)")
+        pytest.skip(
+            f"{ENGINES_HOME / 'sglang-0.5.22'} absent (bash bench/setup_engine_versions.sh)"
+        )
     assert "0.5.22" in sglang_runner.SHOWN
     doc = sglang_runner.__doc__
-    for (rel, lo, hi), want in CITED_0522.items():
-        lines = (root / rel).read_text().splitlines()
-        text = "\n".join(lines[lo - 1 : hi])
-        for snip in want:
-            assert snip in text, f"0.5.22 {rel}:{lo}-{hi} lacks {snip!r}"
+    for rel, lo, hi in cited_texts(root, CITED_0522, "sglang 0.5.22"):
         cite = f":{lo}-{hi}" if lo != hi else f":{lo}"
         assert cite in doc or f"{lo}," in doc or f", {lo}" in doc, f"docstring lacks {rel}{cite}"
     # no aux API anywhere in the wheel: `auto` picks the runner (sglang_runner.has_aux_api)
@@ -87,7 +77,7 @@ def test_runner_route_lines_of_sglang_0522_hold_what_the_runner_calls():
         "enable_return_aux_hidden_states" in f.read_text(errors="replace")
         for f in (root / "sglang/srt").rglob("*.py")
     )
-    new = _site("sglang-0.5.23")
+    new = venv_site_packages("sglang-0.5.23")
     if new is not None:  # the recipe the docstring cites for 0.5.23, unchanged
         rel = "sglang/benchmark/one_batch.py"
         assert (root / rel).read_bytes() == (new / rel).read_bytes()

@@ -6,19 +6,12 @@ back from that file rather than restating its numbers."""
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
 from eagle3nb.engines.vllm_eager import SOURCE, id0_hazard, refuse_id0
 from eagle3nb.repo_paths import REPO_ROOT
-from testkit import engine_file_lines, requires_engine
-
-VLLM_026_SRC = (
-    Path(os.environ.get("EAGLE3NB_ENGINES", Path.home() / ".cache/eagle3nb/engines"))
-    / "vllm-src-0.26.0"
-)
+from testkit import VLLM_026_SRC, cited_range, engine_file_lines, requires_engine
 
 
 @pytest.mark.parametrize(
@@ -43,8 +36,8 @@ def test_hazard_only_for_id0_on_cuda_without_graphs(ids, cuda, eager, refused):
         refuse_id0(ids, cuda, eager, "capture")  # no raise
 
 
-def _line(root: Path, rel: str, n: int) -> str:
-    return (root / rel).read_text().splitlines()[n - 1]
+def _line(root, rel: str, n: int) -> str:
+    return cited_range(root, rel, n, n)
 
 
 def test_cited_vllm_026_lines_hold_the_aliasing():

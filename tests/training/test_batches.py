@@ -7,7 +7,7 @@ import torch
 from testkit import write_tiny_dataset
 
 from eagle3nb.dataset.read import AuxDataset
-from eagle3nb.training.batches import BatchPlan, OfflineSource, padding_stats
+from eagle3nb.training.batches import BatchPlan, OfflineSource, padding_stats, plan_padding
 
 TEXTS = [
     "Once upon a time there was a cat.",
@@ -113,6 +113,9 @@ def test_bucketing_cuts_padding_counted_by_hand():
         padding_stats(plan, 2)["padding_fraction"]
         < 0.5 * padding_stats(plain, 2)["padding_fraction"]
     )
+    # what a source reports: the plan against a plain shuffle of the same lengths, batch and seed
+    want = {"this_plan": padding_stats(plan, 2), "plain_shuffle": padding_stats(plain, 2)}
+    assert plan_padding(plan, 2) == want
 
 
 def test_source_batches_resume_at_a_step_and_fill_empty_ranks(ds_dir):

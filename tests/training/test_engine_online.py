@@ -12,13 +12,13 @@ import time
 
 import pytest
 import torch
-from testkit import ONLINE_TEXTS, TINY_MANIFEST
+from testkit import ONLINE_TEXTS, TINY_MANIFEST, hf_online_source, same_weights, text_samples
 from test_loop import StopAt
 
 from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.dataset.write import write_dataset
 from eagle3nb.target.capture import HFCaptureEngine
-from eagle3nb.training.engine_online import EngineOnlineSource, RecheckError
+from eagle3nb.training.engine_online import RecheckError
 from eagle3nb.training.loop import TrainConfig, train_drafter
 from eagle3nb.training.transport import ByteBoundedQueue, batch_nbytes
 
@@ -34,7 +34,7 @@ class EngineDied(RuntimeError):
 
 
 def _samples(tok):
-    return [(i, tok(t).input_ids, [0] * 3 + [1] * (len(tok(t).input_ids) - 3)) for i, t in enumerate(ONLINE_TEXTS)]  # fmt: skip
+    return text_samples(tok, ONLINE_TEXTS)
 
 
 def _one_by_one(model):
@@ -42,9 +42,12 @@ def _one_by_one(model):
     return lambda xs: eng.capture(xs, IDS)
 
 
-def _source(samples, capture, **kw):
-    man = dict(TINY_MANIFEST, engine={"name": "hf-one-by-one", "version": "test"})
-    return EngineOnlineSource(samples, capture, man, **kw)
+def _trains_as_offline(src, model, d_off, out):
+    """Train on ``src`` into ``out``: the drafter's weights are ``d_off``'s (the offline run's),
+    exactly, tensor by tensor. Returns the training report."""
+    d_on, rep = train_drafter(src, model, CFG, out)
+    same_weights(d_off, d_on)
+    return rep
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +65,8 @@ def test_streamed_training_equals_offline_bit_for_bit(target, offline, tmp_path)
     queue; re-checks (every 2 steps) found the streamed batches equal to a fresh capture."""
     model = target[0]
     s, d_off, r_off = offline
-    src = _source(s, _one_by_one(model), recheck_every=2)
-    d_on, r_on = train_drafter(src, model, CFG, tmp_path / "on")
-    for (k, a), b in zip(d_off.state_dict().items(), d_on.state_dict().values()):
-        assert torch.equal(a, b), k
+    src = hf_online_source(s, _one_by_one(model), recheck_every=2)
+    r_on = _trains_as_offline(src, model, d_off, tmp_path / "on")
     assert [h["loss"] for h in r_on["history"]] == [h["loss"] for h in r_off["history"]]
     assert [r["step"] for r in src.rechecks] == [1, 3, 5, 7]
     assert all(r["max_abs_diff"] == 0.0 for r in src.rechecks)
@@ -80,10 +81,8 @@ def test_three_build_threads_give_the_same_batches_in_step_order(target, offline
     weights as offline, exactly; the stats count every batch once."""
     model = target[0]
     s, d_off, _ = offline
-    src = _source(s, _one_by_one(model), build_threads=3)
-    d_on, _ = train_drafter(src, model, CFG, tmp_path / "on3")
-    for (k, a), b in zip(d_off.state_dict().items(), d_on.state_dict().values()):
-        assert torch.equal(a, b), k
+    src = hf_online_source(s, _one_by_one(model), build_threads=3)
+    _trains_as_offline(src, model, d_off, tmp_path / "on3")
     assert src.stats()["transport"]["batches_put"] == CFG.max_steps
 
 
@@ -129,18 +128,16 @@ def test_dead_engine_restarted_once_then_the_run_stops_naming_the_sample(target,
             raise EngineDied("fake death")
         return cap(xs)
 
-    src = _source(
+    src = hf_online_source(
         s, dies_at_third_call, restart=lambda: restarts.append(1), restartable=(EngineDied,)
     )
-    d_on, _ = train_drafter(src, model, CFG, tmp_path / "a")
+    _trains_as_offline(src, model, d_off, tmp_path / "a")
     assert restarts == [1] and src.restarts[0]["step"] == 2  # the same batch captured again
-    for (k, a), b in zip(d_off.state_dict().items(), d_on.state_dict().values()):
-        assert torch.equal(a, b), k
 
     def always_dies(xs):
         raise EngineDied("fake death")
 
-    src = _source(s, always_dies, restart=lambda: None, restartable=(EngineDied,))
+    src = hf_online_source(s, always_dies, restart=lambda: None, restartable=(EngineDied,))
     want = [s[i][0] for i in sorted(src.configure(3).plan.global_batch_at(0), key=lambda i: (-len(s[i][1]), i))]  # fmt: skip
     with pytest.raises(
         RuntimeError, match=re.escape(f"step 0, sample ids {want} after its one restart")
@@ -159,7 +156,7 @@ def test_recheck_catches_a_changed_batch(target, offline, tmp_path):
                 b["aux"][0, 0, 0] += 1e-6
             return b
 
-    src = _source(s, _one_by_one(model), recheck_every=1, transport=Corrupting)
+    src = hf_online_source(s, _one_by_one(model), recheck_every=1, transport=Corrupting)
     with pytest.raises(RecheckError, match="re-check at step 0: streamed aux of sample id"):
         train_drafter(src, model, CFG, tmp_path / "c")
 
@@ -169,15 +166,13 @@ def test_resume_after_interruption_equals_uninterrupted(target, offline, tmp_pat
     the uninterrupted run, and the capture restarted at step 3's batch."""
     model = target[0]
     s, d_off, r_off = offline
-    src = _source(s, _one_by_one(model))
+    src = hf_online_source(s, _one_by_one(model))
     with pytest.raises(KeyboardInterrupt):
         train_drafter(src, model, CFG, tmp_path / "r", progress=StopAt(5))
     assert json.loads((tmp_path / "r" / "checkpoints" / "latest.json").read_text())["step"] == 3
-    src = _source(s, _one_by_one(model))
-    d_res, r_res = train_drafter(src, model, CFG, tmp_path / "r")
+    src = hf_online_source(s, _one_by_one(model))
+    r_res = _trains_as_offline(src, model, d_off, tmp_path / "r")
     assert src.stats()["transport"]["batches_put"] == CFG.max_steps - 3
-    for (k, a), b in zip(d_off.state_dict().items(), d_res.state_dict().values()):
-        assert torch.equal(a, b), k
     assert r_res["history"] == r_off["history"]
 
 
@@ -197,12 +192,16 @@ def test_final_from_hf_rechecked_within_its_tolerance(target, offline, tmp_path)
 
         return Nudge
 
-    src = _source(s, _one_by_one(model), recheck_every=4, transport=nudging(1e-6), final_tol=1e-4)
+    src = hf_online_source(
+        s, _one_by_one(model), recheck_every=4, transport=nudging(1e-6), final_tol=1e-4
+    )
     train_drafter(src, model, CFG, tmp_path / "ok")
     assert [r["step"] for r in src.rechecks] == [3, 7] and 0 < src.rechecks[0][
         "max_abs_diff"
     ] < 1e-4
-    src = _source(s, _one_by_one(model), recheck_every=1, transport=nudging(1e-2), final_tol=1e-4)
+    src = hf_online_source(
+        s, _one_by_one(model), recheck_every=1, transport=nudging(1e-2), final_tol=1e-4
+    )
     with pytest.raises(RecheckError, match="streamed final .* tolerance 0.0001"):
         train_drafter(src, model, CFG, tmp_path / "bad")
 
@@ -220,11 +219,11 @@ def test_pin_memory_pins_every_tensor_of_each_batch(target, offline, monkeypatch
         return self.clone()
 
     monkeypatch.setattr(torch.Tensor, "pin_memory", fake_pin)
-    src = _source(s, _one_by_one(model)).configure(CFG.batch_size, CFG.seed)
+    src = hf_online_source(s, _one_by_one(model)).configure(CFG.batch_size, CFG.seed)
     got = list(src.batches(0, 2, pin_memory=True))
-    ref = _source(s, _one_by_one(model)).configure(CFG.batch_size, CFG.seed)
-    plain = list(ref.batches(0, 2, pin_memory=False))
     assert len(pinned) == 2 * len(got[0]) and len(got) == 2  # every tensor of both batches
+    ref = hf_online_source(s, _one_by_one(model)).configure(CFG.batch_size, CFG.seed)
+    plain = list(ref.batches(0, 2, pin_memory=False))
     for a, b in zip(got, plain):
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert len(pinned) == 2 * len(got[0])  # the unpinned run called it never

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from eagle3nb.dataset.read import AuxDataset
+from testkit import same_weights
 from eagle3nb.training.loop import TrainConfig, lr_lambda, train_drafter
 
 
@@ -56,8 +57,7 @@ def test_training_lowers_loss_and_resume_equals_uninterrupted(target, tiny_ds, t
         )  # last checkpoint: step 4
     assert json.loads((tmp_path / "b" / "checkpoints" / "latest.json").read_text())["step"] == 4
     d_res, rep_res = train_drafter(tiny_ds, model, cfg, tmp_path / "b")
-    for (k, a), b in zip(d_full.state_dict().items(), d_res.state_dict().values()):
-        assert torch.equal(a, b), k
+    same_weights(d_full, d_res)
     assert rep_res["history"] == rep["history"]
     with pytest.raises(ValueError, match="another training config"):
         train_drafter(tiny_ds, model, TrainConfig(**{**cfg.__dict__, "lr": 1e-4}), tmp_path / "b")
@@ -87,8 +87,7 @@ def test_batches_without_loss_tokens_are_counted_not_applied(target, tiny_ds, tm
     d0, _ = __import__("eagle3nb.training.loop", fromlist=["build_drafter"]).build_drafter(
         ds, model, cfg
     )
-    for (k, a), b in zip(d.state_dict().items(), d0.state_dict().values()):
-        assert torch.equal(a, b), k  # no update, no weight drift
+    same_weights(d0, d)  # no update, no weight drift
 
 
 def test_attention_setting_reaches_the_drafter_and_is_validated(target, tiny_ds, tmp_path):
@@ -114,8 +113,7 @@ def test_attention_setting_reaches_the_drafter_and_is_validated(target, tiny_ds,
     assert (
         d_f.midlayer.self_attn.attn_impl == "flex" and d_e.midlayer.self_attn.attn_impl == "eager"
     )
-    for (k, a), b in zip(d_e.state_dict().items(), d_f.state_dict().values()):
-        torch.testing.assert_close(b, a, rtol=0, atol=1e-6, msg=k)
+    same_weights(d_e, d_f, atol=1e-6)
     with pytest.raises(ValueError, match="attention='flash'"):
         TrainConfig(attention="flash")
     assert (

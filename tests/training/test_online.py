@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from testkit import ONLINE_TEXTS, TINY_MANIFEST
+from testkit import ONLINE_TEXTS, TINY_MANIFEST, same_weights
 
 from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.dataset.write import write_dataset
@@ -66,8 +66,7 @@ def test_online_training_equals_offline(target, tmp_path, capture_batch):
     for a, b in zip(r_off["history"], r_on["history"]):
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-5), a["step"]
         assert b["step_acc"] == pytest.approx(a["step_acc"], abs=1e-6), a["step"]
-    for (k, a), b in zip(d_off.state_dict().items(), d_on.state_dict().values()):
-        torch.testing.assert_close(b, a, rtol=0, atol=1e-5, msg=k)
+    same_weights(d_off, d_on, atol=1e-5)
 
 
 def test_online_batch_equals_stored_collate(target, tmp_path):

@@ -11,12 +11,11 @@ import json
 
 import pytest
 import torch
-from testkit import ONLINE_TEXTS, TINY_MANIFEST
+from testkit import ONLINE_TEXTS, hf_online_source, same_weights, text_samples
 from test_loop import StopAt
 
 from eagle3nb.dataset.read import AuxDataset
 from eagle3nb.target.capture import HFCaptureEngine
-from eagle3nb.training.engine_online import EngineOnlineSource
 from eagle3nb.training.loop import TrainConfig, train_drafter
 from eagle3nb.training.online_cache import FirstEpochCache, check_cache_space
 
@@ -30,11 +29,7 @@ N = len(ONLINE_TEXTS)
 
 
 def _samples(tok):
-    out = []
-    for i, t in enumerate(ONLINE_TEXTS):
-        ids = tok(t).input_ids
-        out.append((i, ids, [0] * 3 + [1] * (len(ids) - 3)))
-    return out
+    return text_samples(tok, ONLINE_TEXTS)
 
 
 class Counting:
@@ -48,22 +43,12 @@ class Counting:
         return self.eng.capture(xs, IDS)
 
 
-def _source(samples, capture, **kw):
-    man = dict(TINY_MANIFEST, engine={"name": "hf-one-by-one", "version": "test"})
-    return EngineOnlineSource(samples, capture, man, **kw)
-
-
-def _same(a, b):
-    for (k, x), y in zip(a.state_dict().items(), b.state_dict().values()):
-        assert torch.equal(x, y), k
-
-
 @pytest.fixture(scope="module")
 def recaptured(target, tmp_path_factory):
     """3 epochs, every epoch captured again (no cache)."""
     model, tok, _ = target
     s, cap = _samples(tok), Counting(target[0])
-    src = _source(s, cap)
+    src = hf_online_source(s, cap)
     d, rep = train_drafter(src, model, CFG, tmp_path_factory.mktemp("nocache"))
     assert cap.samples == 3 * N and src.cache is None
     return s, d, rep
@@ -73,13 +58,13 @@ def test_epochs_from_the_cache_equal_recapturing(target, recaptured, tmp_path):
     model = target[0]
     s, d_ref, r_ref = recaptured
     cap = Counting(model)
-    src = _source(
+    src = hf_online_source(
         s, cap, cache_dir=tmp_path / "cache", cache_bytes=1 << 30, recheck_every=1,
         batches_log=tmp_path / "batches.jsonl",
     )  # fmt: skip
     d, rep = train_drafter(src, model, CFG, tmp_path / "train")
     src.close()  # as 03 does: the last, partial shard is written
-    _same(d_ref, d)
+    same_weights(d_ref, d)
     assert [h["loss"] for h in rep["history"]] == [h["loss"] for h in r_ref["history"]]
     # the engine captured the first epoch only (+ the re-checks' own calls, counted apart)
     asked_by_rechecks = sum(r["samples"] for r in src.rechecks)
@@ -111,16 +96,16 @@ def test_bound_held_samples_past_it_recaptured(target, recaptured, tmp_path):
     model = target[0]
     s, d_ref, _ = recaptured
     # bytes of the whole first epoch, from a cache with room for everything
-    big = _source(s, Counting(model), cache_dir=tmp_path / "big", cache_bytes=1 << 30)
+    big = hf_online_source(s, Counting(model), cache_dir=tmp_path / "big", cache_bytes=1 << 30)
     train_drafter(big, model, dataclasses.replace(CFG, max_steps=3), tmp_path / "b")
     big.close()
     whole = AuxDataset(tmp_path / "big").manifest["online_cache"]["bytes"]
     bound = whole // 2
     cap = Counting(model)
-    src = _source(s, cap, cache_dir=tmp_path / "half", cache_bytes=bound)
+    src = hf_online_source(s, cap, cache_dir=tmp_path / "half", cache_bytes=bound)
     d, _ = train_drafter(src, model, CFG, tmp_path / "train")
     src.close()
-    _same(d_ref, d)
+    same_weights(d_ref, d)
     files = sorted((tmp_path / "half").glob("*.safetensors"))
     on_disk = sum(f.stat().st_size for f in files)
     st = src.stats()["cache"]
@@ -138,15 +123,15 @@ def test_resume_reads_the_shards_a_stopped_run_wrote(target, recaptured, tmp_pat
     model = target[0]
     s, d_ref, r_ref = recaptured
     kw = dict(cache_dir=tmp_path / "cache", cache_bytes=1 << 30)
-    src = _source(s, Counting(model), **kw)
+    src = hf_online_source(s, Counting(model), **kw)
     with pytest.raises(KeyboardInterrupt):
         train_drafter(src, model, CFG, tmp_path / "r", progress=StopAt(5))
     src.close()  # 03 closes the source also when training raised
     cap = Counting(model)
-    src = _source(s, cap, **kw)
+    src = hf_online_source(s, cap, **kw)
     d, rep = train_drafter(src, model, CFG, tmp_path / "r")
     assert cap.samples == 0 and src.stats()["batches"]["first_step"] == 3
-    _same(d_ref, d)
+    same_weights(d_ref, d)
     assert rep["history"] == r_ref["history"]
 
 
@@ -154,7 +139,7 @@ def test_cache_changed_on_disk_is_filled_again(target, recaptured, tmp_path):
     model = target[0]
     s = recaptured[0]
     kw = dict(cache_dir=tmp_path / "cache", cache_bytes=1 << 30)
-    src = _source(s, Counting(model), **kw)
+    src = hf_online_source(s, Counting(model), **kw)
     train_drafter(src, model, dataclasses.replace(CFG, max_steps=3), tmp_path / "a")
     src.close()
     shard = sorted((tmp_path / "cache").glob("*.safetensors"))[0]
