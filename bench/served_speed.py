@@ -9,8 +9,10 @@ after serving.
 
 Copies the run folder's inputs of 04 (params.yaml, data/, drafter/, train/'s nothing) to
 ``<run>-served-speed`` (so the run's own metrics and model card are left alone), runs 04 there
-with ``reuse_results: false`` (:func:`eagle3nb.steps.evaluate.step.eval_step`: two workers per
-engine, with and without the drafter called turn about, ``speed_rounds`` rounds) and writes, per
+as users run it (``python -m eagle3nb.run <copy>/params.yaml --only 04_eval_acceptance`` with
+``reuse_results: false``: two workers per engine, with and without the drafter called turn about,
+``speed_rounds`` rounds), in a child under :func:`cpu_time.run_tree` (its whole process tree's
+CPU seconds, so other processes' share is not overstated), and writes, per
 engine, drafter, k and batch size over the whole set: the speedup's median, min-max and verdict
 (:mod:`eagle3nb.timing`), each side's tokens/s over the rounds, tau (the bound), and how quiet the
 machine was (load average and the CPU time of other processes before, during and after; the
@@ -29,18 +31,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
+from cpu_time import machine_cpu_seconds, run_tree  # noqa: E402 (bench/, this script's folder)
 from eagle3nb.manifest import atomic_write_json, provenance  # noqa: E402
 from eagle3nb.params import load_params  # noqa: E402
-from eagle3nb.rundir import RunDir  # noqa: E402
-from eagle3nb.steps.evaluate.step import eval_step  # noqa: E402
-from cpu_time import machine_cpu_seconds  # noqa: E402 (bench/, this script's folder)
-
-
-def _own_cpu_seconds() -> float:
-    """CPU seconds of this process and its waited-for children (the engine workers)."""
-    t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
 
 
 def main() -> None:
@@ -60,47 +55,56 @@ def main() -> None:
     for part in ("data", "drafter"):
         shutil.copytree(run / part, copy / part)
     p = load_params(run / "params.yaml")
-    upd = {"run_name": copy.name, "outputs_dir": str(copy.parent), "reuse_results": False}
-    if a.rounds:
-        upd["speed_rounds"] = a.rounds
-    p = p.model_copy(update=upd)
     (copy / "params.yaml").write_text((run / "params.yaml").read_text())
-    load0, (busy0, tot0), own0 = os.getloadavg(), machine_cpu_seconds(), _own_cpu_seconds()
-    t0 = time.time()
-    out = eval_step(p, progress=False)
-    secs = time.time() - t0
-    load1, (busy1, tot1), own1 = os.getloadavg(), machine_cpu_seconds(), _own_cpu_seconds()
-    served = out["stats"]["served"]
+    # 04 as users run it (python -m eagle3nb.run), in a child under bench/cpu_time.py's subreaper:
+    # its CPU seconds then hold every engine process it started, orphaned ones too, so the other
+    # processes' share is the machine's busy time less the whole tree's
+    cmd = [sys.executable, "-m", "eagle3nb.run", str(copy / "params.yaml"), "--only",
+           "04_eval_acceptance", "--set", f"run_name={copy.name}", "--set",
+           f"outputs_dir={copy.parent}", "--set", "reuse_results=false"]  # fmt: skip
+    if a.rounds:
+        cmd += ["--set", f"speed_rounds={a.rounds}"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    load0, (busy0, tot0) = os.getloadavg(), machine_cpu_seconds()
+    tree = run_tree(cmd, cwd=REPO, env=env)
+    load1, (busy1, tot1) = os.getloadavg(), machine_cpu_seconds()
+    if tree.returncode != 0:
+        sys.exit(f"04 failed (rc {tree.returncode}): see {copy}/eval.log")
+    m = json.loads((copy / "metrics.json").read_text())
+    served = m["eval"]["served"]
     rows = _rows(served["runs"])
     ncpu = os.cpu_count() or 1
-    other = max(0.0, (busy1 - busy0) - (own1 - own0))
+    other = max(0.0, (busy1 - busy0) - tree.cpu_seconds)
     res = {
         "what": "04's served speed of the default job's drafter: each engine with and without "
         "the drafter, two workers called turn about, split into speed_rounds rounds; median, "
         "min-max and verdict per engine, drafter, k and batch size (eagle3nb/timing.py)",
         "command": "flock /tmp/eagle3nb-heavy.lock env PYTHONPATH=. .venv/bin/python "
-        f"bench/served_speed.py {run} --out {a.out}",
+        f"bench/served_speed.py {run} --out {a.out}"
+        + (f" --rounds {a.rounds}" if a.rounds else ""),
         "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "run": str(run),
-        "speed_rounds": p.speed_rounds,
+        "speed_rounds": a.rounds or p.speed_rounds,
         "speed_prompts": p.speed_prompts,
         "eval_batch_sizes": list(p.eval_batch_sizes),
-        "seconds_04": round(secs, 1),
+        "seconds_04": round(tree.seconds, 1),
+        "cpu_seconds_04": round(tree.cpu_seconds, 1),
         "quiet": {
             "cpus": ncpu,
             "load_average_before": [round(x, 2) for x in load0],
             "load_average_after": [round(x, 2) for x in load1],
             "other_processes_cpu_share_during": round(other / max(tot1 - tot0, 1e-9), 3),
+            "load_average_per_engine": {r["engine"]: r["load_average"] for r in rows},
             "how": "load average (1, 5, 15 min) before and after; the CPU time of every other "
-            "process on the machine during the run over all CPUs' time (/proc/stat minus this "
-            "process and its workers)",
+            "process on the machine during 04 over all CPUs' time (/proc/stat's busy time less "
+            "04's whole process tree, bench/cpu_time.py run_tree)",
         },
         "rows": rows,
         "note": served["speed_note"],
         "provenance": provenance(),
     }
     _write(a.out, res, rows)
-    print(f"run folder {RunDir(p).root}")
+    print(f"run folder {copy}")
 
 
 def _rows(runs: list[dict]) -> list[dict]:
