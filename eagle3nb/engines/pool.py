@@ -37,7 +37,7 @@ from eagle3nb import threads as thread_budget
 from eagle3nb.engines.client import EngineClient
 from eagle3nb.engines.worker import folder_stamp
 
-__all__ = ["KEEP_ENV", "kept_capacity", "open_engine", "running", "stop_all"]
+__all__ = ["KEEP_ENV", "kept_capacity", "open_engine", "running", "stop", "stop_all"]
 
 KEEP_ENV = "EAGLE3NB_KEEP_ENGINES"
 
@@ -156,6 +156,18 @@ def running() -> list[dict]:
             {"engine": engine, "model_path": model_path, "dtype": dtype, "holders": n, "pid": c.pid}
         )
     return out
+
+
+def stop(client: EngineClient) -> None:
+    """Stop ``client``'s worker now, kept or held, and drop it from the pool (a worker on a one-off
+    target, e.g. a test's: its memory back at once instead of when the pool trims it). Other
+    holders of the same worker are left with a stopped client; a client the pool does not hold
+    is closed as usual."""
+    for k, entry in list(_POOL.items()):
+        if entry[0] is client:
+            del _POOL[k]
+    client._release = None
+    client.close()
 
 
 def stop_all() -> None:

@@ -108,6 +108,20 @@ def test_idle_workers_are_bounded_and_stopped_at_the_end(keep, tmp_path):
     assert pool.running() == [] and b.pid is None and not _alive(pb)
 
 
+def test_stop_ends_a_held_worker_at_once_and_drops_it(keep, tmp_path):
+    keep(2)
+    m = _model(tmp_path)
+    with _open(m) as a:
+        pass
+    with _open(m, dtype="bfloat16") as b:
+        pa, pb = a.pid, b.pid
+        pool.stop(b)  # held, not idle: stopped anyway, the pool forgets it
+        assert b.pid is None and not _alive(pb)
+    assert [r["pid"] for r in pool.running()] == [pa]
+    with _open(m, dtype="bfloat16") as c:  # the same key starts a new worker
+        assert c.pid not in (pa, pb)
+
+
 def test_dead_worker_or_rewritten_model_starts_a_new_one(keep, tmp_path):
     keep(2)
     m = _model(tmp_path)
