@@ -49,12 +49,18 @@ from eagle3nb.target import models
 from eagle3nb.target.twin import build_twin
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_twin_engines import VERSION, _full_folder  # noqa: E402
+from test_twin_engines import CLASSES, VERSION, _full_folder  # noqa: E402
 
 # engine -> classes run whole here (docstring: why these)
 RUN = {
-    "vllm": ["LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM"],
-    "sglang": ["LlamaForCausalLM", "Qwen3MoeForCausalLM", "Glm4MoeForCausalLM"],
+    "vllm": CLASSES["vllm"] + ["DeepseekV3ForCausalLM"],
+    "sglang": CLASSES["sglang"],
+}
+# per class: what its run sets apart (DeepSeek on vLLM: the MLA head, the one vLLM serves on CPU;
+# Llama-4: the full draft vocab, as tests/engines/test_serve_moe_archs.py serves it)
+OWN = {
+    "DeepseekV3ForCausalLM": {"drafter_head": "mla"},
+    "Llama4ForCausalLM": {"draft_vocab_size": 512},
 }
 CASES = [pytest.param(e, a, marks=requires_engine(e), id=f"{e}-{a}") for e in RUN for a in RUN[e]]
 pytestmark = pytest.mark.slow
@@ -71,14 +77,14 @@ def _target(root: Path, arch: str) -> Path:
     return build_twin(full, root / "target", 6, 0, arch, models.MODEL_TYPE_ALIASES)
 
 
-def _params(engine: str, target: Path, out: Path) -> RunParams:
+def _params(engine: str, arch: str, target: Path, out: Path) -> RunParams:
     sglang = engine == "sglang"
     return RunParams(
         run_name=f"{engine}-measured",
         outputs_dir=str(out),
         model=str(target),
         interactive=False,
-        max_train_prompts=12,
+        max_train_prompts=24,
         max_new_tokens=24,
         extract_engine="sglang" if sglang else "hf",
         sglang_options={"capture_route": "runner"} if sglang else {},
@@ -86,15 +92,16 @@ def _params(engine: str, target: Path, out: Path) -> RunParams:
         train_on=engine,
         drift_samples=0,
         ttt_steps=K,
-        batch_size=4,
-        max_steps=12,
-        warmup_steps=2,
+        batch_size=8,
+        max_steps=40,
+        warmup_steps=3,
         lr=0.005,
         eval_every=0,
         k=K,
         max_eval_prompts=4,
         eval_max_new_tokens=NEW,
         eval_engines=[engine],
+        **OWN.get(arch, {}),
     )
 
 
@@ -140,7 +147,7 @@ def test_a_run_per_class_with_the_row_hidden(hidden, engine, arch, tmp_path):
     kept = hidden(engine)
     secs, t0 = {}, time.perf_counter()
     target = _target(tmp_path, arch)
-    p = _params(engine, target, tmp_path / "runs")
+    p = _params(engine, arch, target, tmp_path / "runs")
     rd = RunDir(p)
     generate_step(p, progress=False)
     secs["01"] = time.perf_counter() - t0
