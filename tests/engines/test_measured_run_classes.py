@@ -42,6 +42,7 @@ import pytest
 from testkit import requires_engine, sglang_ctx
 from eagle3nb.boundaries.config_ids import get_ids
 from eagle3nb.boundaries.cpu_limits import cpu_limit
+from eagle3nb.boundaries.measured import probe_plan
 from eagle3nb.boundaries.measured_store import MEASURED
 from eagle3nb.boundaries.rules import RULES, _MEASURED, engine_rule
 from eagle3nb.params import RunParams
@@ -66,7 +67,11 @@ OWN = {
 CASES = [pytest.param(e, a, marks=requires_engine(e), id=f"{e}-{a}") for e in RUN for a in RUN[e]]
 pytestmark = pytest.mark.slow
 K, NEW = 3, 16
-ROUTE = {"vllm": "engine", "sglang": "runner"}  # how each engine captures the twin
+ROUTE = {"vllm": "engine", "sglang": "runner"}
+# the run's boundaries: vLLM [1, 3, 4] (its ids [1, 3, 4]), SGLang [1, 4, 5] (its ids [0, 3, 4]),
+# given as the run's (SGLang-convention) layer_ids: each engine's ids are one of the measurement's
+# probe sets (probe_plan(6)), so the twin gate builds no fifth set
+LAYER_IDS = {"vllm": [0, 2, 3], "sglang": [0, 3, 4]}  # how each engine captures the twin
 NOISY = {("vllm", "GptOssForCausalLM")}  # served counters compared within noise, not exactly
 
 
@@ -103,6 +108,7 @@ def _params(engine: str, arch: str, target: Path, out: Path) -> RunParams:
         max_eval_prompts=4,
         eval_max_new_tokens=NEW,
         eval_engines=[engine],
+        layer_ids=LAYER_IDS[engine],
         **OWN.get(arch, {}),
     )
 
@@ -194,7 +200,8 @@ def _check_measured(man: dict, engine: str, arch: str, row, kept: Path) -> None:
     )
     rec = rule["measured"]
     assert (rec["engine"], rec["version"], rec["arch"]) == (engine, VERSION[engine], arch)
-    assert rec["capture_route"] == ROUTE[engine] and len(rec["probes"]) == 4
+    assert rec["capture_route"] == ROUTE[engine]
+    assert [x["ids"] for x in rec["probes"]] == probe_plan(6), rec["probes"]
     assert len(rec["model_file_sha256"]) == 64 and rec["model_file"].startswith(engine)
     assert json.loads((kept / f"{engine}-{VERSION[engine]}-{arch}.json").read_text())["kind"] == (
         row.kind
