@@ -9,7 +9,7 @@ of tests/engines/test_twin_engines.py, written with weights by ``eagle3nb.target
 6 layers, vocab 512), and the workbook's own steps run on it: 01 generates (HF), 02a (vLLM) or 02b
 (SGLang, ``capture_route: runner``) starts the engine on the target, its twin gate measures the rule
 on the running worker (no version file: ``rule_measured_now``) and the engine captures the dataset,
-03 trains a few steps and exports. Then:
+03 trains (24 prompts, 40 steps of 8, k 3) and exports. Then:
 
 - the dataset manifest's ``twin_check.engine_rule`` and the drafter config's
   ``eagle3nb.engine_ids.<engine>`` name the rule as ``measured`` (with its record), and the rule
@@ -22,12 +22,26 @@ on the running worker (no version file: ``rule_measured_now``) and the engine ca
   same held-out prompts), count for count; vLLM's gpt-oss within noise (its CPU kernels are
   bf16-level, as in tests/engines/test_serve_moe_archs.py).
 
-Which classes (see ``RUN``): CLASSES of test_twin_engines lists what the twins build per engine;
-tests/engines/test_measured_rules.py measures the rule for every one of them with the row hidden.
-A whole run per class did not fit CI's budget for both engines (seconds below), so the run covers
-the most distinct classes per engine and rule shape; the others share their rule shape and engine
-model code with a class run here (Mistral -> Llama, Qwen2 -> Qwen3). Seconds per case are printed
-(``-s``)."""
+Which classes (``RUN``): every class the twins build per engine (``CLASSES`` of
+tests/engines/test_twin_engines.py: vLLM 7, SGLang 6), and vLLM's DeepSeek-V3, whose twin it
+captures on CPU_MLA: its run trains and serves the MLA drafter head (``drafter_head: mla``, the
+head vLLM serves on CPU), and the Llama head is refused by preflight with eagle3nb's CPU limit,
+asserted by its exact message (``_llama_head_refused``: "No common block size for 128 (CPU_MLA:
+[16]; CPU_ATTN: [MultipleOf(32)])", ``boundaries/versions/vllm_0_32_0.py``). Every other class run
+here is served by its engine on CPU; the classes an engine does not capture on CPU (SGLang: gpt-oss,
+Llama-4, DeepSeek/Kimi, MiniMax-M2; vLLM: MiniMax-M2, Kimi-K2.5) are refused by preflight by
+name (tests/test_cpu_refusals.py), and those the table refuses outright (GLM-4.5 and Gemma-3 on
+vLLM, Mixtral) have no rule to measure. The measured-rule assertions tests/engines/
+test_measured_rules.py made per vLLM class are made here on the run's record (the rule, its
+record, the probe sets, the kept file, the lookup falling back to it); that module keeps SGLang's
+(its refusals of ids >= N by message, the re-set-equals-fresh-load proof).
+
+Seconds (``-s`` prints them per step), 2026-12-06, 2-core box under the heavy lock, vLLM 0.32.0
+and SGLang 0.5.23 (``pytest -s --durations=0 tests/engines/test_measured_run_classes.py``): the 14
+cases took 728 s (vLLM 50-66 s a class, of which 02, with the worker's start, the 4-set measurement
+and the capture, 38-44 s and the served check 8-19 s; SGLang 41-52 s a class, 02 26-32 s); a first
+run, whose vLLM runs measured a fifth set, 636 s on a quieter machine. Less the 166 s vLLM's
+classes took in tests/engines/test_measured_rules.py, this adds about 8-9 minutes to CI."""
 
 from __future__ import annotations
 
