@@ -4,7 +4,9 @@ parameters with vLLM capturing (02a), training on vLLM's dataset (03) and vLLM s
 preflight measures the rule on the installed engine, 02a's twin gate reads it back (same torch
 and model file), the dataset manifest, the drafter's config and 04's check line name it as
 measured, and it equals the hidden row (vllm/model_executor/models/llama.py:427-441: same, 0..N).
-The steps run in this process (no papermill); short: 24 prompts, 30 optimizer steps."""
+The steps run in this process (no papermill); short: 24 prompts, 30 optimizer steps. Per class
+the twins build, on both CI engines (02 measuring, 03, the engine serving the export):
+tests/engines/test_measured_run_classes.py."""
 
 from __future__ import annotations
 
