@@ -81,11 +81,11 @@ OWN = {
 CASES = [pytest.param(e, a, marks=requires_engine(e), id=f"{e}-{a}") for e in RUN for a in RUN[e]]
 pytestmark = pytest.mark.slow
 K, NEW = 3, 16
-ROUTE = {"vllm": "engine", "sglang": "runner"}
+ROUTE = {"vllm": "engine", "sglang": "runner"}  # how each engine captures the twin
 # the run's boundaries: vLLM [1, 3, 4] (its ids [1, 3, 4]), SGLang [1, 4, 5] (its ids [0, 3, 4]),
 # given as the run's (SGLang-convention) layer_ids: each engine's ids are one of the measurement's
 # probe sets (probe_plan(6)), so the twin gate builds no fifth set
-LAYER_IDS = {"vllm": [0, 2, 3], "sglang": [0, 3, 4]}  # how each engine captures the twin
+LAYER_IDS = {"vllm": [0, 2, 3], "sglang": [0, 3, 4]}
 NOISY = {("vllm", "GptOssForCausalLM")}  # served counters compared within noise, not exactly
 
 
