@@ -36,12 +36,13 @@ test_measured_rules.py made per vLLM class are made here on the run's record (th
 record, the probe sets, the kept file, the lookup falling back to it); that module keeps SGLang's
 (its refusals of ids >= N by message, the re-set-equals-fresh-load proof).
 
-Seconds (``-s`` prints them per step), 2026-12-06, 2-core box under the heavy lock, vLLM 0.32.0
-and SGLang 0.5.23 (``pytest -s --durations=0 tests/engines/test_measured_run_classes.py``): the 14
-cases took 728 and 738 s in two runs (vLLM 49-81 s a class, of which 02, with the worker's start, the 4-set measurement
-and the capture, 38-61 s, the served check 8-19 s; SGLang 40-52 s a class, 02 25-32 s); a first
-run, whose vLLM runs measured a fifth set, 636 s on a quieter machine. Less the 166 s vLLM's
-classes took in tests/engines/test_measured_rules.py, this adds about 8-9 minutes to CI."""
+Seconds (``-s`` prints them per step), 2026-12-06, 2-core box under the heavy lock, vLLM 0.32.0 and
+SGLang 0.5.23 (``pytest -s --durations=0 tests/engines/test_measured_run_classes.py``): the 14 cases
+took 728 and 738 s in two runs (vLLM 49-81 s a class, of which 02, with the worker's start, the
+4-set measurement and the capture, 38-61 s, the served check 8-19 s; SGLang 40-52 s a class, 02
+25-32 s); a first run, whose vLLM runs measured a fifth set, 636 s on a quieter machine. Less the
+166 s vLLM's classes took in tests/engines/test_measured_rules.py, this adds about 8-9 minutes to
+CI."""
 
 from __future__ import annotations
 
