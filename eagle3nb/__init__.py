@@ -87,7 +87,9 @@ engines/            real engines (vLLM, SGLang) behind one interface, across a p
     sglang_netns    engine side: the SGLang worker's loopback-only network namespace
     sglang_transport  engine side: SGLang's scheduler hands captured states over as tensors
     sglang_forkserver  engine side: SGLang's scheduler and detokenizer forked from one preloaded server
-    sglang_spec_cpu  engine side: torch stand-ins for SGLang's missing CPU speculative ops; the gated install
+    sglang_spec_cpu  engine side: SGLang's missing CPU speculative ops registered; the gated install
+    sglang_spec_ops  engine side: the torch stand-ins for those ops, one function per op
+    sglang_spec_versions  engine side: per SGLang version (0.5.22, 0.5.23): each op's schema and callers
     sglang_spec_attn  engine side: SGLang's torch_native attention for the multi-step draft and the verify pass
     sglang_serve    engine side: SGLang serves an exported drafter (serve_acceptance), its own counters summed
     client          notebook side: EngineClient starts, talks to and stops the worker

@@ -46,6 +46,8 @@ ENGINE_SIDE = (
     "sglang_transport",
     "sglang_forkserver",
     "sglang_spec_cpu",
+    "sglang_spec_ops",
+    "sglang_spec_versions",
     "sglang_spec_attn",
     "sglang_serve",
     "vllm_connector",

@@ -219,6 +219,29 @@ def engine_file_lines(engine: str, rel: str) -> list[str]:
     return (root / rel).read_text().splitlines()
 
 
+def version_site_packages(engine: str, version: str) -> Path:
+    """The site-packages folder of ``engine`` ``version``: CI's venv where it holds that version
+    (``bash .ci/setup_engines.sh``), else the bench's venv ``<ENGINES_HOME>/<engine>[-cpu]-<version>``
+    (``bash bench/setup_engine_versions.sh``, outside CI; used once its ``.ready`` mark exists).
+    Skips the calling test, naming both and the fix, where neither holds it; no engine starts."""
+    from eagle3nb.engines.client import ENGINES_HOME
+    from eagle3nb.engines.versions import installed_engine_version
+
+    python = Path(ENGINE_PYTHONS[engine])
+    if python.is_file() and installed_engine_version(engine, str(python)) == version:
+        root = engine_site_packages(engine)
+        if root is not None:
+            return root
+    venv = ENGINES_HOME / (f"{engine}-cpu-{version}" if engine == "vllm" else f"{engine}-{version}")
+    hits = sorted(venv.glob("lib/python3*/site-packages"))
+    if not hits or not (venv / ".ready").is_file():
+        pytest.skip(
+            f"{engine} {version} absent: not CI's venv ({python}) nor {venv}; "
+            "`bash bench/setup_engine_versions.sh` installs the bench's versions"
+        )
+    return hits[0]
+
+
 def train_killed(q, fault: str) -> None:
     """Run 03 on params ``q`` under torchrun with ``fault`` (``"RANK:STEP"``: that rank SIGKILLs
     itself after that step, :data:`eagle3nb.training.loop.FAULT_ENV`) and check the run fails as

@@ -147,7 +147,7 @@ def serve_commands_markdown(run: str, cfg: dict, target: str, drafter: str, k: i
         c["vllm_cpu"],
         "```",
         "",
-        "## SGLang (GPU; on CPU stock SGLang 0.5.23 lacks seven sgl_kernel ops: 04 serves it through "
+        "## SGLang (GPU; on CPU stock SGLang 0.5.22/0.5.23 lacks seven sgl_kernel ops: 04 serves it through "
         "eagle3nb's stand-ins, eagle3nb/engines/sglang_spec_cpu.py)",
         "",
         "```bash",

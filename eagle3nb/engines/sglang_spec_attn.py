@@ -1,4 +1,7 @@
-"""SGLang 0.5.23's ``torch_native`` attention backend made to run chain EAGLE-3 (topk 1) on CPU.
+"""SGLang's ``torch_native`` attention backend made to run chain EAGLE-3 (topk 1) on CPU (SGLang
+0.5.23 and 0.5.22: ``srt/layers/attention/torch_native_backend.py`` is the same file in both, and
+``DraftBackendFactory._create_backend`` has the same signature at the same line; the lines each
+version's patched methods sit at are :data:`eagle3nb.engines.sglang_spec_versions.PATCHED`).
 
 Two gaps (``../shared/reference/sglang_cpu_serving.md``), filled by :func:`install`, which
 :func:`eagle3nb.engines.sglang_spec_cpu.install` calls after its version, device and topk gate:

@@ -56,26 +56,24 @@ def test_vllm_of_an_unknown_version_left_out_of_auto_is_printed(monkeypatch, tmp
 
 
 def test_sglang_without_cpu_stand_ins_left_out_of_auto_on_cpu(monkeypatch):
-    # SGLang 0.5.22 (installed outside CI: bench/setup_engine_versions.sh) serves EAGLE-3 on CPU
-    # only through stand-ins written for 0.5.23 (sglang_spec_cpu.VERSION); auto leaves it out
-    # with the engine's own refusal before 04 starts it. The venv's version read is replaced.
-    from eagle3nb.engines import sglang_spec_cpu
+    # SGLang serves EAGLE-3 on CPU only through stand-ins read from 0.5.22's and 0.5.23's sources
+    # (sglang_spec_versions.VERSIONS); another version is left out of auto with the engine's own
+    # refusal before 04 starts it. The venv's version read is replaced.
+    from eagle3nb.engines import sglang_spec_versions
 
-    got = {"v": "0.5.22"}
+    got = {"v": "0.5.21"}
     monkeypatch.setattr(versions, "installed_engine_version", lambda engine, py: got["v"])
     p = RunParams(sglang_python=str(REPO_ROOT / "README.md"), vllm_extract=False)
     path = models.resolve_model(p.model)
-    cfg = {"eagle3nb": {"aux_boundaries": [1, 2, 4]}}
-    why = eval_bench._engine_reason(p, "sglang", path, models.read_model_config(path), cfg, "cpu")
-    assert why.startswith("SGLang 0.5.22: eagle3nb's CPU speculative stand-ins are written for ")
-    assert f"SGLang {sglang_spec_cpu.VERSION} only" in why
     mcfg = models.read_model_config(path)
-    assert eval_bench._engine_reason(p, "sglang", path, mcfg, cfg, "cuda:0") is None  # no stand-ins
-    got["v"] = sglang_spec_cpu.VERSION
-    assert (
-        eval_bench._engine_reason(p, "sglang", path, models.read_model_config(path), cfg, "cpu")
-        is None
-    )
+    cfg = {"eagle3nb": {"aux_boundaries": [1, 2, 4]}}
+    why = eval_bench._engine_reason(p, "sglang", path, mcfg, cfg, "cpu")
+    assert why.startswith("SGLang 0.5.21: eagle3nb's CPU speculative stand-ins are written for ")
+    assert "SGLang 0.5.22 and 0.5.23 only" in why
+    assert sglang_spec_versions.VERSIONS == ("0.5.22", "0.5.23")
+    for got["v"] in sglang_spec_versions.VERSIONS:  # 0.5.22 is no longer left out by name
+        assert eval_bench._engine_reason(p, "sglang", path, mcfg, cfg, "cpu") is None
+        assert eval_bench._engine_reason(p, "sglang", path, mcfg, cfg, "cuda:0") is None
 
 
 def _only_vllm(real):

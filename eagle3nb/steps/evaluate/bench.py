@@ -67,8 +67,9 @@ def _free_bytes(device: str) -> int:
 def _engine_reason(p, engine: str, path, cfg: dict, drafter_cfg: dict, device: str) -> str | None:
     """Why ``engine`` cannot serve this export here (None: it can): not installed, the export
     refused it, its rule for the target's class refuses, or a CPU limit (SGLang serves EAGLE-3 on
-    CPU only in the version eagle3nb's stand-ins mirror, :func:`eagle3nb.engines.sglang_spec_cpu.check`:
-    the same refusal the engine would raise at start, given before 04 starts it)."""
+    CPU only in the versions eagle3nb's stand-ins mirror, 0.5.22 and 0.5.23,
+    :func:`eagle3nb.engines.sglang_spec_cpu.check`: the same refusal the engine would raise at
+    start, given before 04 starts it)."""
     from eagle3nb.engines.client import DEFAULT_ENGINE_PYTHONS
     from eagle3nb.engines.vllm_helpers import check_vllm_params, vllm_python
     from eagle3nb.preflight import check_engine_rules
