@@ -27,10 +27,16 @@ eagle3nb captures through SGLang's in-process ``ModelRunner`` instead
 (``eagle3nb/engines/sglang_runner.py``, ``capture_route: runner``; ``auto`` picks it here): the recipe
 ``benchmark/one_batch.py`` is byte-identical to 0.5.23's, and the runner's other lines are the ones
 read above plus ``forward_batch_info.py:937-972``, ``logits_processor.py:815-834`` and
-``schedule_batch.py:2556-2567`` (cited in the runner's docstring). EAGLE-3 serving on CPU (04) is
-refused: eagle3nb's CPU speculative stand-ins (``eagle3nb/engines/sglang_spec_cpu.py``) mirror
-0.5.23's kernel schemas, and 0.5.22's ``kernels/ops/speculative/cache_locs.py`` differs from them.
-What was measured through the runner, and the default job's served tau, is in
+``schedule_batch.py:2556-2567`` (cited in the runner's docstring).
+
+EAGLE-3 serving on CPU (04) runs through eagle3nb's CPU speculative stand-ins, whose table for
+0.5.22 is ``eagle3nb/engines/sglang_spec_versions.py``: the same seven ``sgl_kernel`` ops with the
+same schemas as 0.5.23 (sglang-kernel 0.4.9's ``sgl_kernel/speculative.py`` and ``kvcacheio.py``
+are 0.4.10's), called from other lines (0.5.22's ``kernels/ops/speculative/cache_locs.py`` lacks
+0.5.23's ``assign_draft_cache_locs_contiguous_func``; the draft slots and the tree ops are called
+inline at ``srt/speculative/eagle_worker_common.py:285`` and ``eagle_utils.py:263, 414``), and the
+same patched ``torch_native`` attention (``torch_native_backend.py`` is 0.5.23's file). What was
+measured through the runner, and the default job's served tau, is in
 ``bench/reference_engine_versions.json``.
 """
 
