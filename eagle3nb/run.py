@@ -83,7 +83,7 @@ def run_notebooks(
     (rd.root / "params.yaml").write_text(yaml.safe_dump(all_params, sort_keys=False))
     times = {}
     t_all = time.time()
-    with _environ(HEADLESS_ENV):  # inherited by each kernel
+    with _environ(kernel_env()):  # inherited by each kernel
         for name in names:
             if name in ENABLED_BY and not getattr(p, ENABLED_BY[name]):
                 off = "null" if getattr(p, ENABLED_BY[name]) is None else "false"
@@ -160,6 +160,20 @@ def _notices(rd: RunDir, name: str, start: int = 0) -> str:
     text = f.read_bytes()[start:].decode("utf-8", "replace")
     n = sum(line.startswith(prefix + NOTICE) for line in text.splitlines())
     return f", {n} notice{'s' * (n != 1)} above (refused or left out)" if n else ""
+
+
+def kernel_env() -> dict[str, str]:
+    """What each notebook kernel of a headless run gets beside the runner's environment:
+    :data:`HEADLESS_ENV`, and ``PYTHONPATH`` led by this checkout's root (``REPO_ROOT``), the
+    runner's own entries after it made absolute (against the runner's working directory). Why: the
+    kernels run in ``notebooks/``, where a relative entry (``PYTHONPATH=.``) names another folder;
+    the venv's editable install of another checkout was then the eagle3nb they imported (seen: a
+    second worktree's job ran the first checkout's code and wrote into its ``outputs/``)."""
+    parts = [str(REPO_ROOT)]
+    for x in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        if x and str(Path(x).resolve()) not in parts:
+            parts.append(str(Path(x).resolve()))
+    return {**HEADLESS_ENV, "PYTHONPATH": os.pathsep.join(parts)}
 
 
 @contextmanager

@@ -17,8 +17,12 @@ gone has exited: the thread interrupts the main thread (``SIGUSR2``, whose handl
 :class:`ChildExited`), the processes left of that engine are killed, and the call raises
 :class:`EngineChildExited` naming the process, its exit code (``/proc`` field 52, the
 ``waitpid`` status of a zombie), what the worker was doing (the model and id set) and the log's
-last lines. The worker answers that error and serves the next request; the backend's next call
-starts a fresh engine. A backend that stops its engine on purpose calls :func:`forget` first.
+last lines. Where the engine's own wait sees the process die first and raises (SGLang 0.5.23 on
+a scheduler that dies at init: "Rank 0 scheduler died during initialization (exit code: 255)", its
+reason only in the log), the block's error becomes the same :class:`EngineChildExited`, with the
+engine's line beside it. The worker answers that error and serves the next request; the backend's
+next call starts a fresh engine. A backend that stops its engine on purpose calls :func:`forget`
+first.
 
 Linux only (``/proc``); engine side: standard library only.
 """
@@ -50,6 +54,9 @@ _SIGNAL = signal.SIGUSR2
 _lock = threading.Lock()
 # pid -> (name, multiprocessing.Process or None) of the engine processes started, not yet stopped
 _watched: dict[int, tuple] = {}
+# (pid, name, code) of the processes found exited when stop_all cleared them (the engine's own wait
+# saw its process die first and raised: a watch under way names that process from here)
+_exited_at_stop: list = []
 
 
 class ChildExited(BaseException):
@@ -123,7 +130,10 @@ def _first_exited() -> tuple[int, str, int | None] | None:
 
 def stop_all() -> None:
     """SIGKILL the registered processes still running and forget them all: the rest of an engine
-    that failed (its start raised, or one of its processes exited)."""
+    that failed (its start raised, or one of its processes exited). The ones already exited are
+    kept for :func:`watching`'s message."""
+    if hit := _first_exited():
+        _exited_at_stop.append(hit)
     for pid in watched():
         if not exit_status(pid)[0]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -131,12 +141,17 @@ def stop_all() -> None:
     forget()
 
 
-def _message(hit, what: str, log: str | None) -> str:
+def _message(hit, what: str, log: str | None, raised: BaseException | None = None) -> str:
     pid, name, code = hit
     how = f"exited with code {code}" if code is not None else "exited (its code was not kept)"
+    if raised is None:
+        said = "the worker stopped waiting on it"
+    else:  # the engine's own wait saw it first (SGLang: a scheduler that dies at init)
+        first = (str(raised).strip().splitlines() or [""])[0]
+        said = f"the engine raised {type(raised).__name__}: {first}"
     return (
-        f"the engine's process {name} (pid {pid}) {how} while the worker was {what}; the worker "
-        f"stopped waiting on it (the engine's own error is in its log)\n{log_tail(log)}"
+        f"the engine's process {name} (pid {pid}) {how} while the worker was {what}; {said} "
+        f"(the engine's own error is in its log)\n{log_tail(log)}"
     )
 
 
@@ -161,11 +176,14 @@ def watching(what: str, log: str | os.PathLike | None = None, interval: float = 
 
     Raises:
         EngineChildExited: a registered process exited before or during the block (the block is
-            interrupted; the engine's processes left are killed and forgotten).
+            interrupted; the engine's processes left are killed and forgotten), or the block
+            raised an error while one had exited (the engine's own wait saw it die first: the
+            message names the process, its code and the log's tail beside the engine's error).
     """
     if threading.current_thread() is not threading.main_thread():
         yield  # signals reach the main thread only: no watch here
         return
+    _exited_at_stop.clear()
     if hit := _first_exited():  # died while the worker was idle
         stop_all()
         raise EngineChildExited(_message(hit, what, log))
@@ -189,6 +207,12 @@ def watching(what: str, log: str | os.PathLike | None = None, interval: float = 
     except ChildExited as e:
         stop_all()
         raise EngineChildExited(_message(e.args[0], what, log)) from None
+    except Exception as e:
+        hit = _first_exited() or (_exited_at_stop[0] if _exited_at_stop else None)
+        if hit is None or isinstance(e, EngineChildExited):
+            raise
+        stop_all()
+        raise EngineChildExited(_message(hit, what, log, e)) from e
     finally:  # a signal still on its way finds the watch disarmed (the next call's check sees it)
         signal.pthread_sigmask(signal.SIG_BLOCK, {_SIGNAL})
         stop.set()

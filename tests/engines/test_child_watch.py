@@ -74,6 +74,30 @@ def test_a_child_killed_by_a_signal_and_one_dead_before_the_call(tmp_path):
     killed.wait()
 
 
+def test_an_engine_that_saw_its_child_die_first_gets_the_code_and_the_log(tmp_path):
+    # SGLang's own wait (a pipe's EOF) notices a scheduler that dies at init before the watch does,
+    # raises its own error, and the backend stops the rest of that engine (stop_all): the call's
+    # error still names the process, its code and the log's tail, beside the engine's own line
+    log = tmp_path / "engine.log"
+    log.write_text("ValueError: --return-aux-hidden-state-layer-ids [9] out of range\n")
+    with pytest.raises(child_watch.EngineChildExited) as got:
+        with child_watch.watching(WHAT, log, interval=30):  # the watch's thread never reads /proc
+            dies = _child("sys.exit(255)")  # the scheduler, started during the call
+            child_watch.register(dies.pid, "run_scheduler_process")
+            while not child_watch.exit_status(dies.pid)[0]:  # a zombie: its code in /proc
+                time.sleep(0.05)
+            child_watch.stop_all()  # the backend, in its start's except
+            raise RuntimeError("Rank 0 scheduler died during initialization (exit code: 255).")
+    dies.wait()
+    msg = str(got.value)
+    assert f"run_scheduler_process (pid {dies.pid}) exited with code 255" in msg and WHAT in msg
+    assert "the engine raised RuntimeError: Rank 0 scheduler died during initialization" in msg
+    assert "[9] out of range" in msg and isinstance(got.value.__cause__, RuntimeError)
+    with pytest.raises(ValueError, match="bad input"):  # nothing exited: the error as it came
+        with child_watch.watching(WHAT, log):
+            raise ValueError("bad input")
+
+
 def test_a_child_stopped_on_purpose_or_alive_is_not_reported(tmp_path):
     alive = _child("time.sleep(120)")
     child_watch.register(alive.pid, "run_scheduler_process")
