@@ -221,10 +221,9 @@ def engine_file_lines(engine: str, rel: str) -> list[str]:
 
 def version_site_packages(engine: str, version: str) -> Path:
     """The site-packages folder of ``engine`` ``version``: CI's venv where it holds that version
-    (``bash .ci/setup_engines.sh``), else the bench's venv ``<ENGINES_HOME>/<engine>[-cpu]-<version>``
-    (``bash bench/setup_engine_versions.sh``, outside CI; used once its ``.ready`` mark exists).
-    Skips the calling test, naming both and the fix, where neither holds it; no engine starts."""
-    from eagle3nb.engines.client import ENGINES_HOME
+    (``bash .ci/setup_engines.sh``), else the bench's venv ``<engine>[-cpu]-<version>``
+    (:func:`venv_site_packages`; ``bash bench/setup_engine_versions.sh``, outside CI). Skips the
+    calling test, naming both and the fix, where neither holds it; no engine starts."""
     from eagle3nb.engines.versions import installed_engine_version
 
     python = Path(ENGINE_PYTHONS[engine])
@@ -232,14 +231,14 @@ def version_site_packages(engine: str, version: str) -> Path:
         root = engine_site_packages(engine)
         if root is not None:
             return root
-    venv = ENGINES_HOME / (f"{engine}-cpu-{version}" if engine == "vllm" else f"{engine}-{version}")
-    hits = sorted(venv.glob("lib/python3*/site-packages"))
-    if not hits or not (venv / ".ready").is_file():
+    venv = f"{engine}-cpu-{version}" if engine == "vllm" else f"{engine}-{version}"
+    root = venv_site_packages(venv)
+    if root is None:
         pytest.skip(
-            f"{engine} {version} absent: not CI's venv ({python}) nor {venv}; "
+            f"{engine} {version} absent: not CI's venv ({python}) nor {ENGINES_HOME / venv}; "
             "`bash bench/setup_engine_versions.sh` installs the bench's versions"
         )
-    return hits[0]
+    return root
 
 
 def train_killed(q, fault: str) -> None:
