@@ -30,15 +30,7 @@ from __future__ import annotations
 import os
 import sys
 
-from eagle3nb.engines.sglang_spec_ops import (
-    assign_draft_cache_locs_contiguous_cpu,
-    assign_extend_cache_locs_cpu,
-    assign_req_to_token_pool_cpu,
-    build_tree_kernel_efficient_cpu,
-    copy_all_layer_kv_cache_cpu,
-    fill_bonus_tokens_cpu,
-    verify_tree_greedy_cpu,
-)
+from eagle3nb.engines import sglang_spec_ops
 from eagle3nb.engines.sglang_spec_versions import VERSIONS, table
 
 __all__ = [
@@ -50,28 +42,13 @@ __all__ = [
     "register_ops",
     "enabled",
     "hook_scheduler",
-    "copy_all_layer_kv_cache_cpu",
-    "assign_req_to_token_pool_cpu",
-    "assign_draft_cache_locs_contiguous_cpu",
-    "build_tree_kernel_efficient_cpu",
-    "assign_extend_cache_locs_cpu",
-    "verify_tree_greedy_cpu",
-    "fill_bonus_tokens_cpu",
 ]
 
 ENV = "EAGLE3NB_SGLANG_SPEC_CPU"
 LATEST = VERSIONS[-1]  # the schemas register_ops defines when no version is named
 
 # name -> stand-in, in the order the chain path calls them (schemas: sglang_spec_versions.TABLES)
-OPS = {
-    "copy_all_layer_kv_cache_cpu": copy_all_layer_kv_cache_cpu,
-    "assign_req_to_token_pool_cpu": assign_req_to_token_pool_cpu,
-    "assign_draft_cache_locs_contiguous_cpu": assign_draft_cache_locs_contiguous_cpu,
-    "build_tree_kernel_efficient_cpu": build_tree_kernel_efficient_cpu,
-    "assign_extend_cache_locs_cpu": assign_extend_cache_locs_cpu,
-    "verify_tree_greedy_cpu": verify_tree_greedy_cpu,
-    "fill_bonus_tokens_cpu": fill_bonus_tokens_cpu,
-}
+OPS = {name: getattr(sglang_spec_ops, name) for name in sglang_spec_ops.__all__}
 _LIBS: dict = {}  # namespace -> torch.library.Library (kept alive: dropping it unregisters)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 
+# in the order the chain path calls them: sglang_spec_cpu.OPS is read from this list
 __all__ = [
     "copy_all_layer_kv_cache_cpu",
     "assign_req_to_token_pool_cpu",

@@ -8,7 +8,12 @@ lines against each version's own wheel: tests/engines/test_sglang_spec_sources.p
 import pytest
 import torch
 
-from eagle3nb.engines import sglang_spec_attn, sglang_spec_cpu as spec, sglang_spec_versions
+from eagle3nb.engines import (
+    sglang_spec_attn,
+    sglang_spec_cpu as spec,
+    sglang_spec_ops,
+    sglang_spec_versions,
+)
 
 NS = "eagle3nb_spec_cpu_test"  # not sgl_kernel: this process has no SGLang
 
@@ -28,7 +33,7 @@ class DispatchedOps:
 @pytest.fixture(params=["python", *sglang_spec_versions.VERSIONS])
 def ops(request):
     """The Python stand-ins, then the dispatcher's ops under each version's schemas."""
-    return spec if request.param == "python" else DispatchedOps(request.param)
+    return sglang_spec_ops if request.param == "python" else DispatchedOps(request.param)
 
 
 def test_copy_all_layer_kv_cache_reads_every_row_before_writing(ops):
@@ -124,7 +129,7 @@ def test_build_tree_chain_full_mask_writes_only_the_tree_columns(ops):
 
 def test_build_tree_refuses_bitpacked_mask():
     with pytest.raises(NotImplementedError, match="tree_mask_mode=2"):
-        _chain_tree(spec, [2], 2, False)
+        _chain_tree(sglang_spec_ops, [2], 2, False)
 
 
 def _verify(ops, candidates, target, nxt, sib, depth):
