@@ -9,6 +9,7 @@ it accepts is ``convention`` (HF capturing at SGLang's capture point is still HF
 
 from __future__ import annotations
 
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Protocol, Sequence
@@ -97,13 +98,23 @@ def _boundary_hooks(model, boundaries: Sequence[int], store: dict):
     (the last layer's output before the norm). HF Llama keeps the residual stream whole (no fused
     add+norm), so the layer input *is* the residual stream; we clone because later in-place kernels
     could overwrite a view (failure kind "residual aliased").
+
+    Only calls from the thread that entered the context are recorded. Why: a module's hooks fire
+    in every thread that calls it, and online training calls the target's final norm (the TTT
+    objective's labels) on the main thread while the capture thread runs the target (SGLang's
+    boundary N from HF, the HF-fed source); the trainer's call then overwrote the capture's
+    boundary N with a training batch's state (about 1 batch in 10 of the HF-fed tests, weights
+    ~1e-3 off; ``tests/target/test_capture.py::test_hooks_ignore_other_threads``).
     """
     dec = decoder_of(model)
     n = len(dec.layers)
     handles = []
+    owner = threading.get_ident()
 
     def grab(b):
         def hook(_mod, args, kwargs):
+            if threading.get_ident() != owner:  # another thread's forward of the same module
+                return
             x = args[0] if args else kwargs["hidden_states"]
             store[b] = x.detach().clone()
 

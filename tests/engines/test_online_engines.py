@@ -31,11 +31,17 @@ from eagle3nb.steps.extract.from_sglang import extract_sglang_step
 from eagle3nb.steps.extract.from_vllm import extract_vllm_step
 from eagle3nb.steps.generate.step import generate_step
 from eagle3nb.steps.train.step import train_step
+from eagle3nb.threads import available_cores
 from eagle3nb.training.loop import FAULT_ENV
 
+# threads pinned (the trainer's and each engine worker's): the killed run's own process reads
+# the machine's real load, which this process's rebalancing does not (tests/conftest.py
+# steady_threads); automatic threads there followed the load (a vLLM capture burst counts), and
+# float32 sums over another thread count differ in the last bits (the CI run of stop 48 failed so)
 BASE = dict(
     max_train_prompts=24, max_new_tokens=24, batch_size=4, max_steps=6, warmup_steps=2,
     checkpoint_every=3, eval_every=0, drift_samples=0, online_recheck_every=2, interactive=False,
+    threads=available_cores().available,
 )  # fmt: skip
 # offline states come from capture calls of 32 samples, online ones from calls of one training
 # batch (4); float32 CPU kernels over other batch shapes differ by a few ulp (vLLM's own test:
@@ -147,6 +153,8 @@ def test_online_from_vllm_resumes_after_sigkill(runs, embed, vllm_online):
     )  # fmt: skip
     assert r.returncode == -signal.SIGKILL, r.stderr[-3000:]
     assert read_json(RunDir(k).train / "checkpoints" / "latest.json")["step"] == 3
+    th = read_metrics(RunDir(k).metrics)["threads"]  # the killed process's, as pinned
+    assert th["kernel"]["torch_threads"] == th["per_engine_worker"] == BASE["threads"]
     _no_states_under(RunDir(k).root)  # also what the killed process left
     want = {b["step"]: b["sample_ids"] for b in _batches(q)}
     assert sorted(want) == list(range(6))

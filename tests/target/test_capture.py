@@ -1,6 +1,8 @@
 """eagle3nb.target.capture: hooks return HF's hidden_states[b], cloned, equal padded and one by one, at
 the boundaries each convention's ids name."""
 
+import threading
+
 import pytest
 import torch
 
@@ -28,6 +30,36 @@ def test_capture_is_cloned_not_aliased(target):
     a = capture_boundaries(model, ids, [1, 2])
     b = capture_boundaries(model, ids, [1, 2])
     assert a[1].data_ptr() != b[1].data_ptr() and torch.equal(a[1], b[1])
+
+
+def test_hooks_ignore_other_threads(target):
+    """Online training calls the target's final norm on the main thread (the TTT objective's
+    labels) while a capture thread runs the target: a call from another thread inside the
+    capture's window (here: right after the capture's own norm call, the last moment before its
+    hooks are removed) must not change what the capture recorded. The old hooks recorded it: the
+    capture's boundary N was then the other thread's tensor."""
+    model, tok, _ = target
+    ids = tok(["One day, Tom went to the park."], return_tensors="pt").input_ids
+    n = model.config.num_hidden_layers
+    norm = model.model.norm
+    want = capture_boundaries(model, ids, [1, n])  # undisturbed
+    other = torch.full((1, 3, want[n].shape[-1]), 7.0)  # a training batch's state
+    done = []
+
+    def trainer_call(_mod, _args, _out):  # after the capture's own norm call, inside its window
+        if not done:
+            done.append(1)
+            th = threading.Thread(target=lambda: norm(other))
+            th.start()
+            th.join()
+
+    h = norm.register_forward_hook(trainer_call)
+    try:
+        got = capture_boundaries(model, ids, [1, n])
+    finally:
+        h.remove()
+    assert done == [1]
+    assert torch.equal(got[n], want[n]) and torch.equal(got[1], want[1])
 
 
 def test_padded_batch_equals_one_by_one(target):
