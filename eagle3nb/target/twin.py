@@ -157,8 +157,34 @@ def twin_ids(ids: Sequence[int], n_target: int, n_twin: int) -> list[int]:
     return [fixed.get(i, m.get(i)) for i in ids]
 
 
+_DTYPE_KEYS = ("dtype", "torch_dtype")
+
+
+def _declare_dtype(saved: dict, cfg: dict) -> None:
+    """Make the twin's config.json declare the dtype the target's declares (or none), in place.
+
+    Why: ``save_pretrained`` writes the dtype of the twin's float32 weights, and engines build some
+    layers in the declared dtype instead of the run's: SGLang's gpt-oss router and attention take
+    ``params_dtype=config.dtype`` (``sglang/srt/models/gpt_oss.py:253, 556`` in 0.5.17, ``:263,
+    559`` in 0.5.23), so a bf16 run of a twin declaring float32 failed on every probe with "mat1 and
+    mat2 must have the same dtype" (H100, 2026-12-06, ``bench/gpu_2026-12-06/gpu_rules.json``),
+    where the released gpt-oss (declaring bfloat16) runs. With no declared dtype SGLang builds those
+    layers in the run's dtype (``layers/linear.py:173-174`` in 0.5.17: ``torch.get_default_dtype()``,
+    which its loader sets to the run's dtype). The weights stay
+    float32 in the file; engines and HF cast them to the dtype they are loaded in."""
+    levels = [(saved, cfg)]
+    if isinstance(saved.get("text_config"), dict):
+        levels.append((saved["text_config"], cfg.get("text_config") or {}))
+    for out, src in levels:
+        for k in _DTYPE_KEYS:
+            out.pop(k, None)
+            if src.get(k) is not None:
+                out[k] = src[k]
+
+
 def _source_hash(cfg: dict, n_layers: int, seed: int, vocab: int) -> str:
-    blob = json.dumps([cfg, n_layers, seed, vocab, 1], sort_keys=True).encode()
+    # the last item: the twin's format (2: config.json declares the target's dtype)
+    blob = json.dumps([cfg, n_layers, seed, vocab, 2], sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()
 
 
@@ -174,9 +200,9 @@ def build_twin(
     """Write a tiny random-weight twin of the target in ``target_path`` to ``out_dir``.
 
     The config is :func:`twin_config` of the target's config.json (vocabulary cut to
-    :data:`TWIN_VOCAB` when larger), the weights transformers' random init in float32 with router
-    weights drawn at std 1 (top-k choices not near ties), seeded; the target's tokenizer files are
-    copied. Nothing is downloaded. The folder is written under a temp name and renamed; an existing
+    :data:`TWIN_VOCAB` when larger), declaring the target's dtype (:func:`_declare_dtype`), the
+    weights transformers' random init in float32 with router weights drawn at std 1 (top-k choices
+    not near ties), seeded; the target's tokenizer files are copied. Nothing is downloaded. The folder is written under a temp name and renamed; an existing
     twin of the same config, layers and seed is reused (``twin.json`` holds the hash).
 
     Args:
@@ -224,6 +250,7 @@ def build_twin(
     if mt in aliases:  # the target's own model_type (e.g. kimi_k2), as the engines read it
         saved["model_type"] = mt
     saved["architectures"] = cfg.get("architectures") or [arch]
+    _declare_dtype(saved, cfg)
     (tmp / "config.json").write_text(json.dumps(saved, indent=2))
     tok = Path(tokenizer_from) if tokenizer_from else src
     for f in _TOKENIZER_FILES:

@@ -87,3 +87,36 @@ def test_twin_of_full_size_config(arch):
 def test_twin_refuses_too_few_layers():
     with pytest.raises(ValueError, match=r"n_layers=2: a twin needs >= 4 decoder layers"):
         twin_config({"hidden_size": 64, "num_attention_heads": 4}, n_layers=2)
+
+
+@pytest.mark.parametrize("declared", [None, "bfloat16"])
+def test_twin_declares_the_targets_dtype(declared, tmp_path):
+    """The twin's config.json declares what the target's declares (released gpt-oss: bfloat16),
+    or nothing, not the float32 of its weights: SGLang builds gpt-oss's router and attention in
+    ``config.dtype`` (gpt_oss.py:253, 556 in 0.5.17), and a twin declaring float32 failed every
+    bf16 probe on the H100 with a dtype mismatch. What an engine reads is what transformers'
+    config gives (``config.dtype``: None, or the declared dtype)."""
+    import json
+
+    from transformers import AutoConfig
+
+    from eagle3nb.target.twin import build_twin
+
+    cfg = _full("GptOssForCausalLM")
+    cfg["num_hidden_layers"] = 4
+    if declared:
+        cfg["torch_dtype"] = declared
+    src = tmp_path / "full"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps(cfg))
+    out = build_twin(src, tmp_path / "twin", 4, 0, "GptOssForCausalLM")
+    saved = json.loads((out / "config.json").read_text())
+    assert {k: saved[k] for k in ("dtype", "torch_dtype") if k in saved} == (
+        {"torch_dtype": declared} if declared else {}
+    )
+    got = AutoConfig.from_pretrained(out).dtype
+    assert got == (getattr(torch, declared) if declared else None)
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), "pt") as f:  # weights stay float32
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F32"}
