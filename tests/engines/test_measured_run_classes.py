@@ -20,7 +20,7 @@ on the running worker (no version file: ``rule_measured_now``) and the engine ca
   ``eagle3nb.engines.pool``: no new start), its served output equals HF greedy (float32), and its
   own per-position acceptance counters equal eagle3nb's simulator (HF target + the same drafter,
   same held-out prompts), count for count; vLLM's gpt-oss within noise (its CPU kernels are
-  bf16-level, as in tests/engines/test_serve_moe_archs.py).
+  bf16-level: HF and vLLM float32 forwards of the gpt-oss twin differ by ~1e-2).
 
 Which classes (``RUN``): every class the twins build per engine (``CLASSES`` of
 tests/engines/test_twin_engines.py: vLLM 7, SGLang 6), and vLLM's DeepSeek-V3, whose twin it
@@ -74,7 +74,7 @@ RUN = {
     "sglang": CLASSES["sglang"],
 }
 # per class: what its run sets apart (DeepSeek on vLLM: the MLA head, the one vLLM serves on CPU;
-# Llama-4: the full draft vocab, as tests/engines/test_serve_moe_archs.py serves it)
+# Llama-4: the full draft vocab, whose export carries no d2t/t2d)
 OWN = {
     "DeepseekV3ForCausalLM": {"drafter_head": "mla"},
     "Llama4ForCausalLM": {"draft_vocab_size": 512},

