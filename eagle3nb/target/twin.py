@@ -170,8 +170,8 @@ def _declare_dtype(saved: dict, cfg: dict) -> None:
     mat2 must have the same dtype" (H100, 2026-12-06, ``bench/gpu_2026-12-06/gpu_rules.json``),
     where the released gpt-oss (declaring bfloat16) runs. With no declared dtype SGLang builds those
     layers in the run's dtype (``layers/linear.py:173-174`` in 0.5.17: ``torch.get_default_dtype()``,
-    which its loader sets to the run's dtype). The weights stay
-    float32 in the file; engines and HF cast them to the dtype they are loaded in."""
+    which its loader sets to the run's dtype). The weights stay float32 in the file; engines and HF
+    cast them to the dtype they are loaded in."""
     levels = [(saved, cfg)]
     if isinstance(saved.get("text_config"), dict):
         levels.append((saved["text_config"], cfg.get("text_config") or {}))
@@ -202,8 +202,9 @@ def build_twin(
     The config is :func:`twin_config` of the target's config.json (vocabulary cut to
     :data:`TWIN_VOCAB` when larger), declaring the target's dtype (:func:`_declare_dtype`), the
     weights transformers' random init in float32 with router weights drawn at std 1 (top-k choices
-    not near ties), seeded; the target's tokenizer files are copied. Nothing is downloaded. The folder is written under a temp name and renamed; an existing
-    twin of the same config, layers and seed is reused (``twin.json`` holds the hash).
+    not near ties), seeded; the target's tokenizer files are copied. Nothing is downloaded. The
+    folder is written under a temp name and renamed; an existing twin of the same config, layers
+    and seed is reused (``twin.json`` holds the hash).
 
     Args:
         target_path: folder with the target's config.json (weights are not read).

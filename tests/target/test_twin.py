@@ -4,11 +4,14 @@ GLM-4.5-Air, Llama-4 Scout, Gemma-3, MiniMax-M2; YaRN rope set by hand) keeps th
 ranks, router fields and per-layer pattern, shrinks layers/heads/experts, loads in HF, and its HF
 capture equals HF's own hidden_states at every boundary b < N."""
 
+import json
+
 import pytest
 import torch
+from safetensors import safe_open
 
 from eagle3nb.target.capture import capture_boundaries
-from eagle3nb.target.twin import twin_config
+from eagle3nb.target.twin import build_twin, twin_config
 
 from tiny_archs import TINY
 
@@ -96,11 +99,7 @@ def test_twin_declares_the_targets_dtype(declared, tmp_path):
     ``config.dtype`` (gpt_oss.py:253, 556 in 0.5.17), and a twin declaring float32 failed every
     bf16 probe on the H100 with a dtype mismatch. What an engine reads is what transformers'
     config gives (``config.dtype``: None, or the declared dtype)."""
-    import json
-
     from transformers import AutoConfig
-
-    from eagle3nb.target.twin import build_twin
 
     cfg = _full("GptOssForCausalLM")
     cfg["num_hidden_layers"] = 4
@@ -116,7 +115,5 @@ def test_twin_declares_the_targets_dtype(declared, tmp_path):
     )
     got = AutoConfig.from_pretrained(out).dtype
     assert got == (getattr(torch, declared) if declared else None)
-    from safetensors import safe_open
-
     with safe_open(str(out / "model.safetensors"), "pt") as f:  # weights stay float32
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F32"}
